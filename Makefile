@@ -1,0 +1,35 @@
+# Two commands for a fresh machine (see README):
+#   make run   -- create .venv, install pinned dependencies and data, run the main job
+#   make test  -- the same set-up, then the test suite
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+OUT     ?= out
+STAMP   := $(VENV)/.installed
+
+.PHONY: setup data run test clean
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -r requirements.txt
+	$(BIN)/python -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+setup: $(STAMP) data
+
+# Real Fashion-MNIST images from the Debian package (no network at run time).
+data:
+	@if [ ! -f /usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz ]; then \
+	  (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist) || \
+	  echo "warning: could not install dataset-fashion-mnist; the application falls back to scikit-learn digits"; \
+	fi
+
+run: setup
+	$(BIN)/stateremat main --out $(OUT)
+
+test: setup
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest tests
+
+clean:
+	rm -rf $(VENV) $(OUT)

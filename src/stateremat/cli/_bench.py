@@ -1,0 +1,1 @@
+"""CLI commands: bench (registered on import)."""

@@ -1,0 +1,1 @@
+"""CLI commands: cohort (registered on import)."""

@@ -1,0 +1,1 @@
+"""CLI commands: moco (registered on import)."""

@@ -1,0 +1,1 @@
+"""CLI commands: verify (registered on import)."""

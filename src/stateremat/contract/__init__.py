@@ -1,0 +1,25 @@
+"""Shared vocabulary of every layer: rules, outcomes, errors, records, units.
+
+This layer imports neither torch nor jax.
+"""
+from ._errors import (
+    ProfileCardError as ProfileCardError,
+    RecordsError as RecordsError,
+    ReplayDivergenceError as ReplayDivergenceError,
+    ReplayError as ReplayError,
+    UndeclaredStateError as UndeclaredStateError,
+    UnsupportedError as UnsupportedError,
+    internal_assert as internal_assert,
+)
+from ._io import (
+    atomic_write_bytes as atomic_write_bytes,
+    atomic_write_json as atomic_write_json,
+    loadavg as loadavg,
+    provenance as provenance,
+    sha256_bytes as sha256_bytes,
+    source_hash as source_hash,
+)
+from ._outcome import Outcome as Outcome
+from ._records import RecordStore as RecordStore, read_records as read_records
+from ._rules import RULES as RULES, rule as rule
+from ._units import format_bytes as format_bytes, parse_seed_range as parse_seed_range, parse_size as parse_size

@@ -1,0 +1,143 @@
+"""Atomic file writes and provenance shared by every record writer (DESIGN.md, "Records")."""
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
+
+    A reader never sees a half-written file; an interrupted write leaves the old file intact.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):  # numpy / torch scalars
+        return obj.item()
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    if hasattr(obj, "value"):  # enums
+        return obj.value
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def _finite(obj: Any) -> Any:
+    # JSON has no NaN/inf: write null so every consumer can parse the file.
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    """Write ``obj`` as indented JSON atomically (non-finite floats become ``null``)."""
+    obj = json.loads(json.dumps(obj, default=_json_default))
+    text = json.dumps(_finite(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
+    return atomic_write_bytes(path, text.encode())
+
+
+def sha256_bytes(data: bytes) -> str:
+    """Hex SHA-256 of ``data``."""
+    return hashlib.sha256(data).hexdigest()
+
+
+def source_hash(obj: Any) -> str:
+    """Stable hex SHA-256 of a JSON-serialisable object (program spec, profile card, config).
+
+    Strings and bytes are hashed as they are; anything else as canonical sorted JSON.
+    """
+    if isinstance(obj, bytes):
+        return sha256_bytes(obj)
+    if isinstance(obj, str):
+        return sha256_bytes(obj.encode())
+    text = json.dumps(obj, sort_keys=True, default=_json_default, separators=(",", ":"))
+    return sha256_bytes(text.encode())
+
+
+def git_revision() -> str:
+    """The git commit of the source tree stateremat runs from, or ``"unknown"``."""
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5
+        )
+        rev = out.stdout.strip()
+        if out.returncode == 0 and rev:
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=here, capture_output=True, text=True, timeout=5,
+            ).stdout.strip()
+            return rev + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "unknown"
+
+
+def utc_now() -> str:
+    """Current UTC time as ISO-8601 with seconds."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def loadavg() -> str:
+    """Contents of ``/proc/loadavg`` (the machine is shared; benchmarks record it)."""
+    try:
+        return Path("/proc/loadavg").read_text().strip()
+    except OSError:
+        return "unavailable"
+
+
+def provenance(**extra: Any) -> dict[str, Any]:
+    """Metadata every record sidecar carries: versions, git revision, host, time, load.
+
+    Framework versions are included only for frameworks already imported (never imports them).
+    """
+    import sys
+
+    import numpy
+
+    from .. import __version__
+
+    meta: dict[str, Any] = {
+        "package_version": __version__,
+        "git_revision": git_revision(),
+        "python_version": platform.python_version(),
+        "numpy_version": numpy.__version__,
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "created_utc": utc_now(),
+        "loadavg": loadavg(),
+    }
+    if "torch" in sys.modules:
+        meta["torch_version"] = sys.modules["torch"].__version__
+    if "jax" in sys.modules:
+        meta["jax_version"] = sys.modules["jax"].__version__
+    meta.update(extra)
+    return meta

@@ -1,0 +1,1 @@
+"""stateremat.experiments (see DESIGN.md, layer `experiments`)."""

@@ -1,0 +1,1 @@
+"""stateremat.finite (see DESIGN.md, layer `finite`)."""

@@ -1,0 +1,1 @@
+"""stateremat.jax (see DESIGN.md, layer `jax`)."""

@@ -1,0 +1,1 @@
+"""stateremat.planner (see DESIGN.md, layer `planner`)."""

@@ -1,0 +1,1 @@
+"""stateremat.profile (see DESIGN.md, layer `profile`)."""

@@ -1,0 +1,1 @@
+"""stateremat.report (see DESIGN.md, layer `report`)."""

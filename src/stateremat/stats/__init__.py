@@ -1,0 +1,1 @@
+"""stateremat.stats (see DESIGN.md, layer `stats`)."""

@@ -1,0 +1,1 @@
+"""stateremat.torch (see DESIGN.md, layer `torch`)."""

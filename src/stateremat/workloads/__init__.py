@@ -1,0 +1,1 @@
+"""stateremat.workloads (see DESIGN.md, layer `workloads`)."""

@@ -1,0 +1,96 @@
+import json
+
+import pandas as pd
+import pytest
+
+import stateremat
+from stateremat.contract import (
+    RULES, Outcome, RecordStore, RecordsError, ReplayError, ProfileCardError,
+    UndeclaredStateError, ReplayDivergenceError, UnsupportedError,
+    atomic_write_json, internal_assert, parse_seed_range, parse_size, read_records, source_hash,
+)
+
+
+def test_rules_are_numbered_and_cited():
+    assert list(RULES) == [f"R{i}" for i in range(1, len(RULES) + 1)]
+    assert "eq. 2" in RULES["R2"]
+
+
+def test_error_hierarchy():
+    for cls in (UndeclaredStateError, ReplayDivergenceError, UnsupportedError, ProfileCardError):
+        assert issubclass(cls, ReplayError) and issubclass(cls, RuntimeError)
+    assert issubclass(ProfileCardError, ValueError)
+    with pytest.raises(AssertionError, match="this is a bug|This is a bug"):
+        internal_assert(False, "x")
+
+
+def test_outcome_values():
+    assert [str(o) for o in Outcome] == ["M", "R", "D", "unsupported"]
+    assert f"{Outcome.M}" == "M"
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("4096", 4096), (4096, 4096), ("32GiB", 32 * 2**30), ("1.5 MiB", 1572864),
+    ("64mib", 64 * 2**20), ("2KiB", 2048), ("1GB", 10**9),
+])
+def test_parse_size(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["-1", "12XB", "GiB", "", "1 2"])
+def test_parse_size_rejects(bad):
+    with pytest.raises(ValueError, match="size"):
+        parse_size(bad)
+
+
+def test_seed_range_half_open():
+    assert parse_seed_range("2701:2703") == [2701, 2702]
+    assert parse_seed_range("5") == [5]
+    for bad in ("3:3", "4:2", "a:b", "1:2:3"):
+        with pytest.raises(ValueError, match="seed range"):
+            parse_seed_range(bad)
+
+
+def test_record_store_appends_reads_and_resumes(tmp_path):
+    store = RecordStore(tmp_path, "t", key=["seed", "check"], meta={"programs": 3})
+    assert store.done_keys() == set()
+    store.append([{"seed": 0, "check": "a", "outcome": "M", "err": 0.0},
+                  {"seed": 1, "check": "a", "outcome": "D", "err": 1.5}])
+    store.append([{"seed": 2, "check": "a", "outcome": "R", "err": float("nan")}])
+    again = RecordStore(tmp_path, "t", key=["seed", "check"], meta={"programs": 3})
+    assert again.done_keys() == {(0, "a"), (1, "a"), (2, "a")}
+    df = read_records(tmp_path, "t")
+    assert sorted(df["outcome"]) == ["D", "M", "R"]
+    side = json.loads((tmp_path / "t.json").read_text())
+    assert side["config"] == {"programs": 3} and "git_revision" in side["provenance"]
+    assert len(side["resumed_utc"]) == 1
+    with pytest.raises(RecordsError, match="new --out"):
+        RecordStore(tmp_path, "t", key=["seed"], meta={"programs": 4})
+    with pytest.raises(RecordsError, match="key columns"):
+        store.append([{"check": "b"}])
+
+
+def test_atomic_json_writes_null_for_nan(tmp_path):
+    p = atomic_write_json(tmp_path / "x.json", {"a": float("nan"), "b": [1.0, float("inf")]})
+    assert json.loads(p.read_text()) == {"a": None, "b": [1.0, None]}
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_source_hash_is_stable():
+    assert source_hash({"b": 1, "a": 2}) == source_hash({"a": 2, "b": 1})
+    assert source_hash("x") != source_hash("y")
+
+
+def test_version_and_public_names():
+    assert stateremat.__version__
+    assert {"ReplayError", "Outcome", "RULES"} <= set(dir(stateremat))
+
+
+def test_cli_help_lists_commands():
+    from typer.testing import CliRunner
+    from stateremat.cli import app
+
+    res = CliRunner().invoke(app, ["--help"])
+    assert res.exit_code == 0
+    for cmd in ("verify", "cohort", "bench", "app"):
+        assert cmd in res.output
