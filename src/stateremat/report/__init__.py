@@ -1,1 +1,5 @@
-"""stateremat.report (see DESIGN.md, layer `report`)."""
+"""Tables (markdown/CSV) and figures (matplotlib) recomputed from raw records.
+
+Reporter modules register themselves on import (one import line each below).
+"""
+from ._registry import REPORTERS as REPORTERS, register_reporter as register_reporter, tables_in as tables_in
