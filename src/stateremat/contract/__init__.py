@@ -23,3 +23,10 @@ from ._outcome import Outcome as Outcome
 from ._records import RecordStore as RecordStore, read_records as read_records
 from ._rules import RULES as RULES, rule as rule
 from ._units import format_bytes as format_bytes, parse_seed_range as parse_seed_range, parse_size as parse_size
+from ._card import (
+    OptionCost as OptionCost,
+    ProfileCard as ProfileCard,
+    SegmentCard as SegmentCard,
+    load_card as load_card,
+    save_card as save_card,
+)

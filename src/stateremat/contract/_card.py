@@ -1,0 +1,330 @@
+"""Profile cards: measured per-segment option costs, the planner's only input (paper §4).
+
+A card is JSON with a versioned schema (``schema_version: 1``)::
+
+    {"schema_version": 1, "persistent_bytes": 123,
+     "segments": [{"name": "seg0",
+                   "options": {"eager":  {"retained_bytes": 1, "temp_bytes": 2, "time_s": 0.1},
+                               "whole":  {...}, "region": {...}, "recompute_only": {...}},
+                   "meta": {...}}, ...],
+     "meta": {"device": ..., "dtype": ..., "workload": {...}, "method": ..., "source_hash": ...}}
+
+Options per segment:
+
+* ``eager`` (required): keep the segment's activations; no replay, so no state preservation.
+* ``whole`` (required): discard activations, replay in backward from a whole snapshot of the
+  segment's declared state (R2, R5).
+* ``region`` (optional): replay from a journal of the written regions only (R6). Omitted when the
+  segment has no declared state; then only ``eager``/``whole`` apply there.
+* ``recompute_only`` (optional, never executed): the cost of replay *without* any state
+  preservation, i.e. ``whole`` minus its preservation memory and time. Only the
+  ``state_agnostic`` control planner reads it (it is the cost such a planner believes ``whole``
+  has, §4). When absent, the control falls back to ``whole``'s own costs for that segment
+  (preservation cost treated as unknown = zero omitted), which makes the control coincide with
+  ``eager_whole`` there; the planner's explanation says so.
+
+Per option: ``retained_bytes`` ``r`` (held from forward to backward), ``temp_bytes`` ``q``
+(transient workspace while the segment runs or replays; the budget charges only the maximum),
+``time_s`` ``c`` (forward + backward seconds of the segment under that option, replay and
+preservation included). Persistent bytes ``P`` (parameters, optimiser state, state buffers)
+are charged once. The static model is ``P + Σ r + max q ≤ M`` (eq. 3).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from ._errors import ProfileCardError
+from ._io import atomic_write_json, source_hash
+
+SCHEMA_VERSION = 1
+REQUIRED_OPTIONS = ("eager", "whole")
+OPTIONAL_OPTIONS = ("region", "recompute_only")
+OPTION_NAMES = REQUIRED_OPTIONS + OPTIONAL_OPTIONS
+_COST_KEYS = ("retained_bytes", "temp_bytes", "time_s")
+_TIP = "Tip: see the schema in the docstring of stateremat.contract.ProfileCard."
+
+
+def _err(where: str, what: str, tip: str = _TIP) -> ProfileCardError:
+    return ProfileCardError(f"profile card: {where}: {what}. {tip}")
+
+
+def _as_bytes(value: Any, where: str) -> int:
+    # JSON written by hand may say 1e9; accept integral floats, refuse bools and fractions.
+    if value is None:
+        raise _err(where, "expected a non-negative integer number of bytes, got null",
+                   "Tip: null is how non-finite numbers are written; re-profile that segment.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _err(where, f"expected a non-negative integer number of bytes, got "
+                          f"{type(value).__name__} {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or value != int(value):
+            raise _err(where, f"expected a non-negative integer number of bytes, got {value!r}")
+        value = int(value)
+    if value < 0:
+        raise _err(where, f"expected a non-negative integer number of bytes, got {value}")
+    return int(value)
+
+
+def _as_seconds(value: Any, where: str) -> float:
+    if value is None:
+        raise _err(where, "expected a finite non-negative time in seconds, got null",
+                   "Tip: null is how NaN/inf are written; the measurement failed, re-profile.")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _err(where, f"expected a finite non-negative time in seconds, got "
+                          f"{type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0:
+        raise _err(where, f"expected a finite non-negative time in seconds, got {value!r}",
+                   "Tip: a NaN/inf time usually means the profiler's measurement failed; "
+                   "re-profile that segment.")
+    return value
+
+
+@dataclass(frozen=True)
+class OptionCost:
+    """Measured cost of one segment under one option.
+
+    Args:
+        retained_bytes: ``r``, bytes held from the segment's forward until its backward (int, ≥ 0).
+        temp_bytes: ``q``, transient bytes while the segment runs or replays (int, ≥ 0).
+        time_s: ``c``, forward + backward seconds under this option, preservation included.
+
+    Raises:
+        ProfileCardError: negative or non-integral sizes, NaN/inf/negative times, wrong types.
+
+    References:
+        Paper §4, eq. (3).
+    """
+
+    retained_bytes: int
+    temp_bytes: int
+    time_s: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "retained_bytes", _as_bytes(self.retained_bytes, "retained_bytes"))
+        object.__setattr__(self, "temp_bytes", _as_bytes(self.temp_bytes, "temp_bytes"))
+        object.__setattr__(self, "time_s", _as_seconds(self.time_s, "time_s"))
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "option") -> "OptionCost":
+        """Parse ``{"retained_bytes", "temp_bytes", "time_s"}``; errors name ``where`` and the field."""
+        if not isinstance(d, Mapping):
+            raise _err(where, f"expected an object with keys {list(_COST_KEYS)}, got "
+                              f"{type(d).__name__}")
+        missing = [k for k in _COST_KEYS if k not in d]
+        if missing:
+            raise _err(where, f"missing field(s) {missing}; expected {list(_COST_KEYS)}")
+        extra = sorted(set(d) - set(_COST_KEYS))
+        if extra:
+            raise _err(where, f"unknown field(s) {extra}; expected {list(_COST_KEYS)}",
+                       "Tip: check the spelling (sizes end in _bytes, times in _s).")
+        return cls(_as_bytes(d["retained_bytes"], f"{where}.retained_bytes"),
+                   _as_bytes(d["temp_bytes"], f"{where}.temp_bytes"),
+                   _as_seconds(d["time_s"], f"{where}.time_s"))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of this option."""
+        return {"retained_bytes": self.retained_bytes, "temp_bytes": self.temp_bytes,
+                "time_s": self.time_s}
+
+
+@dataclass(frozen=True)
+class SegmentCard:
+    """Costs of one segment under each of its options.
+
+    Args:
+        name: unique segment name (matches the module/segment name the runtime applies plans to).
+        options: option name (``eager``, ``whole``, optional ``region``, optional
+            ``recompute_only``) → :class:`OptionCost`. ``eager`` and ``whole`` are required.
+        meta: free-form per-segment metadata (e.g. declared state bytes, write fraction).
+
+    Raises:
+        ProfileCardError: missing required option, unknown option name, bad name.
+
+    Danger:
+        ``recompute_only`` is expected to be at most ``whole`` in every field (it is ``whole``
+        without preservation); this is not checked because measured times are noisy.
+    """
+
+    name: str
+    options: dict[str, OptionCost]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise _err("segment", f"expected a non-empty string name, got {self.name!r}")
+        where = f"segment {self.name!r}"
+        if not isinstance(self.options, Mapping):
+            raise _err(f"{where}.options", f"expected an object, got {type(self.options).__name__}")
+        missing = [o for o in REQUIRED_OPTIONS if o not in self.options]
+        if missing:
+            raise _err(f"{where}.options", f"missing option(s) {missing}; every segment needs "
+                       f"{list(REQUIRED_OPTIONS)} (region is optional)")
+        unknown = sorted(set(self.options) - set(OPTION_NAMES))
+        if unknown:
+            raise _err(f"{where}.options", f"unknown option(s) {unknown}; expected a subset of "
+                       f"{list(OPTION_NAMES)}", "Tip: check the spelling of the option names.")
+        for o, cost in self.options.items():
+            if not isinstance(cost, OptionCost):
+                raise _err(f"{where}.options.{o}",
+                           f"expected an OptionCost, got {type(cost).__name__}")
+        if not isinstance(self.meta, Mapping):
+            raise _err(f"{where}.meta", f"expected an object, got {type(self.meta).__name__}")
+        # Canonical option order (eager, whole, region, recompute_only) for stable output.
+        object.__setattr__(self, "options", {o: self.options[o] for o in OPTION_NAMES
+                                             if o in self.options})
+        object.__setattr__(self, "meta", dict(self.meta))
+
+    @classmethod
+    def from_dict(cls, d: Any, index: int = 0) -> "SegmentCard":
+        """Parse one ``segments[i]`` entry; errors name the segment (or its index) and field."""
+        if not isinstance(d, Mapping):
+            raise _err(f"segments[{index}]", f"expected an object, got {type(d).__name__}")
+        name = d.get("name")
+        if not isinstance(name, str) or not name:
+            raise _err(f"segments[{index}].name", f"expected a non-empty string, got {name!r}")
+        where = f"segment {name!r}"
+        extra = sorted(set(d) - {"name", "options", "meta"})
+        if extra:
+            raise _err(where, f"unknown field(s) {extra}; expected name, options, meta")
+        opts = d.get("options")
+        if not isinstance(opts, Mapping):
+            raise _err(f"{where}.options", f"expected an object of options, got "
+                                           f"{type(opts).__name__}")
+        parsed = {}
+        for o, v in opts.items():
+            if o not in OPTION_NAMES:
+                raise _err(f"{where}.options", f"unknown option {o!r}; expected a subset of "
+                           f"{list(OPTION_NAMES)}", "Tip: check the spelling of the option names.")
+            parsed[o] = OptionCost.from_dict(v, f"{where}.options.{o}")
+        return cls(name, parsed, d.get("meta", {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of this segment (``meta`` omitted when empty)."""
+        out: dict[str, Any] = {"name": self.name,
+                               "options": {o: c.to_dict() for o, c in self.options.items()}}
+        if self.meta:
+            out["meta"] = dict(self.meta)
+        return out
+
+
+@dataclass(frozen=True)
+class ProfileCard:
+    """A measured profile: persistent bytes, per-segment option costs and metadata (§4).
+
+    Args:
+        persistent_bytes: ``P``, bytes live for the whole step (int, ≥ 0).
+        segments: list of :class:`SegmentCard` in forward order, names unique, at least one.
+        meta: device, dtype, workload parameters, measurement method, source hash, … (free-form).
+        schema_version: must be 1.
+
+    Raises:
+        ProfileCardError: unknown schema version, duplicate names, no segments, wrong types.
+
+    References:
+        Paper §4, eq. (3); the schema is in this module's docstring.
+    """
+
+    persistent_bytes: int
+    segments: list[SegmentCard]
+    meta: dict[str, Any] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self) -> None:
+        if isinstance(self.schema_version, bool) or self.schema_version != SCHEMA_VERSION:
+            raise _err("schema_version", f"expected {SCHEMA_VERSION}, got {self.schema_version!r}",
+                       "Tip: this stateremat reads schema 1 only; re-export the card or upgrade.")
+        object.__setattr__(self, "persistent_bytes",
+                           _as_bytes(self.persistent_bytes, "persistent_bytes"))
+        if isinstance(self.segments, (str, bytes, Mapping)) or not hasattr(self.segments, "__iter__"):
+            raise _err("segments", f"expected a list of segments, got {type(self.segments).__name__}")
+        segs = list(self.segments)
+        if not segs:
+            raise _err("segments", "expected at least one segment, got an empty list")
+        seen: dict[str, int] = {}
+        for i, s in enumerate(segs):
+            if not isinstance(s, SegmentCard):
+                raise _err(f"segments[{i}]", f"expected a SegmentCard, got {type(s).__name__}")
+            if s.name in seen:
+                raise _err(f"segment {s.name!r}", f"duplicate name (segments[{seen[s.name]}] and "
+                           f"segments[{i}])", "Tip: segment names must be unique; suffix an index.")
+            seen[s.name] = i
+        if not isinstance(self.meta, Mapping):
+            raise _err("meta", f"expected an object, got {type(self.meta).__name__}")
+        object.__setattr__(self, "segments", segs)
+        object.__setattr__(self, "meta", dict(self.meta))
+
+    @property
+    def segment_names(self) -> list[str]:
+        """Segment names in forward order."""
+        return [s.name for s in self.segments]
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "ProfileCard":
+        """Validate and parse a card's JSON object.
+
+        Raises:
+            ProfileCardError: naming the segment and field that is wrong.
+        """
+        if not isinstance(d, Mapping):
+            raise _err("top level", f"expected a JSON object, got {type(d).__name__}")
+        if "schema_version" not in d:
+            raise _err("schema_version", "missing; expected 1")
+        version = d["schema_version"]
+        if isinstance(version, bool) or version != SCHEMA_VERSION:
+            raise _err("schema_version", f"expected {SCHEMA_VERSION}, got {version!r}",
+                       "Tip: this stateremat reads schema 1 only; re-export the card or upgrade.")
+        for key in ("persistent_bytes", "segments"):
+            if key not in d:
+                raise _err(key, "missing required field")
+        extra = sorted(set(d) - {"schema_version", "persistent_bytes", "segments", "meta"})
+        if extra:
+            raise _err("top level", f"unknown field(s) {extra}; expected schema_version, "
+                                    "persistent_bytes, segments, meta")
+        segs = d["segments"]
+        if not isinstance(segs, list):
+            raise _err("segments", f"expected a list, got {type(segs).__name__}")
+        return cls(_as_bytes(d["persistent_bytes"], "persistent_bytes"),
+                   [SegmentCard.from_dict(s, i) for i, s in enumerate(segs)],
+                   d.get("meta", {}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The card's JSON object (inverse of :meth:`from_dict`)."""
+        return {"schema_version": self.schema_version, "persistent_bytes": self.persistent_bytes,
+                "segments": [s.to_dict() for s in self.segments], "meta": dict(self.meta)}
+
+    def source_hash(self) -> str:
+        """SHA-256 of the canonical JSON of this card (records cite it as the profile digest)."""
+        return source_hash(self.to_dict())
+
+
+def load_card(path: str | os.PathLike) -> ProfileCard:
+    """Read and validate a profile card JSON file.
+
+    Raises:
+        ProfileCardError: unreadable file, invalid JSON, or an invalid card (names the field).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ProfileCardError(f"profile card: cannot read {str(path)!r}: {exc.strerror or exc}. "
+                               "Tip: check the path.") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileCardError(f"profile card: {str(path)!r} is not valid JSON ({exc}). "
+                               "Tip: NaN/Infinity are not JSON; the profiler writes null.") from exc
+    return ProfileCard.from_dict(data)
+
+
+def save_card(card: ProfileCard, path: str | os.PathLike) -> Path:
+    """Write ``card`` as JSON atomically (temp file + rename) and return the path."""
+    if not isinstance(card, ProfileCard):
+        raise TypeError(f"save_card: expected a ProfileCard, got {type(card).__name__}")
+    return atomic_write_json(path, card.to_dict())

@@ -1,0 +1,143 @@
+"""Profile card format: round trip, atomic save, validation errors naming segment and field."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+
+from stateremat.contract import (
+    OptionCost,
+    ProfileCard,
+    ProfileCardError,
+    SegmentCard,
+    load_card,
+    save_card,
+)
+
+
+def _opt(r, q, c):
+    return {"retained_bytes": r, "temp_bytes": q, "time_s": c}
+
+
+def _card_dict():
+    return {
+        "schema_version": 1,
+        "persistent_bytes": 1000,
+        "segments": [
+            {"name": "seg0", "options": {"eager": _opt(100, 5, 0.1), "whole": _opt(10, 50, 0.3),
+                                         "region": _opt(12, 20, 0.2)}},
+            {"name": "seg1", "options": {"eager": _opt(200, 5, 0.1), "whole": _opt(1, 60, 0.25),
+                                         "recompute_only": _opt(0, 40, 0.2)},
+             "meta": {"state_bytes": 0}},
+        ],
+        "meta": {"device": "cpu", "dtype": "float32", "method": "hand-written"},
+    }
+
+
+def test_round_trip_and_canonical_option_order(tmp_path):
+    d = _card_dict()
+    card = ProfileCard.from_dict(d)
+    assert card.to_dict() == d
+    assert card.segment_names == ["seg0", "seg1"]
+    assert card.segments[0].options["region"] == OptionCost(12, 20, 0.2)
+    assert list(card.segments[1].options) == ["eager", "whole", "recompute_only"]
+    path = save_card(card, tmp_path / "sub" / "card.json")
+    assert load_card(path) == card
+    assert json.loads(path.read_text()) == d
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+    assert card.source_hash() == ProfileCard.from_dict(copy.deepcopy(d)).source_hash()
+
+
+def test_integral_float_sizes_are_accepted():
+    d = _card_dict()
+    d["persistent_bytes"] = 1e9
+    d["segments"][0]["options"]["eager"]["retained_bytes"] = 2.0
+    card = ProfileCard.from_dict(d)
+    assert card.persistent_bytes == 10**9 and isinstance(card.persistent_bytes, int)
+    assert card.segments[0].options["eager"].retained_bytes == 2
+
+
+def _mutated(fn):
+    d = _card_dict()
+    fn(d)
+    return d
+
+
+@pytest.mark.parametrize(
+    "mutate, match",
+    [
+        (lambda d: d["segments"][1]["options"].pop("whole"),
+         r"segment 'seg1'\.options: missing option\(s\) \['whole'\]"),
+        (lambda d: d["segments"][0]["options"].pop("eager"), r"segment 'seg0'.*missing.*'eager'"),
+        (lambda d: d["segments"][0]["options"]["whole"].update(temp_bytes=-1),
+         r"segment 'seg0'\.options\.whole\.temp_bytes: .*non-negative integer.*got -1"),
+        (lambda d: d["segments"][1]["options"]["eager"].update(retained_bytes=1.5),
+         r"segment 'seg1'\.options\.eager\.retained_bytes: .*got 1\.5"),
+        (lambda d: d["segments"][0]["options"]["region"].update(time_s=float("nan")),
+         r"segment 'seg0'\.options\.region\.time_s: .*finite.*got nan"),
+        (lambda d: d["segments"][0]["options"]["region"].update(time_s=float("inf")),
+         r"segment 'seg0'\.options\.region\.time_s: .*got inf"),
+        (lambda d: d["segments"][0]["options"]["region"].update(time_s=None),
+         r"segment 'seg0'\.options\.region\.time_s: .*got null"),
+        (lambda d: d["segments"][0]["options"]["region"].update(time_s=-0.5),
+         r"region\.time_s: .*got -0\.5"),
+        (lambda d: d["segments"][0]["options"]["region"].update(time_s="fast"),
+         r"region\.time_s: .*got str 'fast'"),
+        (lambda d: d["segments"][0]["options"]["eager"].update(temp_bytes=True),
+         r"eager\.temp_bytes: .*got bool True"),
+        (lambda d: d["segments"][0]["options"]["eager"].pop("time_s"),
+         r"segment 'seg0'\.options\.eager: missing field\(s\) \['time_s'\]"),
+        (lambda d: d["segments"][0]["options"]["eager"].update(retained=3),
+         r"segment 'seg0'\.options\.eager: unknown field\(s\) \['retained'\]"),
+        (lambda d: d["segments"][0]["options"].update(regoin=_opt(1, 1, 1.0)),
+         r"segment 'seg0'\.options: unknown option 'regoin'"),
+        (lambda d: d.update(schema_version=2), r"schema_version: expected 1, got 2"),
+        (lambda d: d.pop("schema_version"), r"schema_version: missing"),
+        (lambda d: d.update(persistent_bytes=-5), r"persistent_bytes: .*got -5"),
+        (lambda d: d.pop("segments"), r"segments: missing required field"),
+        (lambda d: d.update(segments=[]), r"segments: expected at least one segment"),
+        (lambda d: d.update(segments={"seg0": {}}), r"segments: expected a list, got dict"),
+        (lambda d: d["segments"][1].update(name="seg0"),
+         r"segment 'seg0': duplicate name \(segments\[0\] and segments\[1\]\)"),
+        (lambda d: d["segments"][1].update(name=""), r"segments\[1\]\.name: expected a non-empty"),
+        (lambda d: d["segments"][1].update(options=[1]), r"segment 'seg1'\.options: expected an object"),
+        (lambda d: d["segments"][1].update(extra=1), r"segment 'seg1': unknown field\(s\) \['extra'\]"),
+        (lambda d: d.update(meta=[1]), r"meta: expected an object, got list"),
+        (lambda d: d.update(budget=3), r"top level: unknown field\(s\) \['budget'\]"),
+    ],
+)
+def test_validation_errors_name_segment_and_field(mutate, match):
+    d = _mutated(mutate)
+    with pytest.raises(ProfileCardError, match=match) as info:
+        ProfileCard.from_dict(d)
+    assert "Tip:" in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_direct_construction_is_validated_too():
+    with pytest.raises(ProfileCardError, match=r"missing option\(s\) \['whole'\]"):
+        SegmentCard("s", {"eager": OptionCost(1, 1, 0.1)})
+    with pytest.raises(ProfileCardError, match="time_s: .*got nan"):
+        OptionCost(1, 1, math.nan)
+    seg = SegmentCard("s", {"whole": OptionCost(1, 1, 0.1), "eager": OptionCost(2, 0, 0.05)})
+    assert list(seg.options) == ["eager", "whole"]
+    with pytest.raises(ProfileCardError, match="duplicate name"):
+        ProfileCard(0, [seg, seg])
+    with pytest.raises(ProfileCardError, match="schema_version: expected 1, got 3"):
+        ProfileCard(0, [seg], schema_version=3)
+
+
+def test_load_card_errors(tmp_path):
+    with pytest.raises(ProfileCardError, match="cannot read"):
+        load_card(tmp_path / "missing.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(ProfileCardError, match="not valid JSON"):
+        load_card(bad)
+    nan = tmp_path / "nan.json"
+    d = _card_dict()
+    nan.write_text(json.dumps(d).replace('"time_s": 0.3', '"time_s": NaN'))
+    with pytest.raises(ProfileCardError, match=r"segment 'seg0'\.options\.whole\.time_s"):
+        load_card(nan)
