@@ -1,0 +1,367 @@
+"""Dense-queue application (paper §12, Table 9, Figure 3C): seven methods, one seed at a time.
+
+For each ``(seed, method)``: build the MoCo model from the seed, wrap its seven segments for the
+method, train the encoder with deterministic algorithms and seeded data order / augmentation,
+unwrap, fit the frozen-encoder linear probe, and write the per-image test scores. One raw row per
+``(seed, method)`` goes to the ``moco`` records table; :func:`summarize` recomputes
+``summary.json`` from those rows only.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..contract import RecordStore, atomic_write_bytes, read_records, source_hash
+from ._moco_methods import METHODS
+
+__all__ = ["MocoPreset", "PRESETS", "TABLE", "run_moco", "train_one", "summarize"]
+
+TABLE = "moco"
+KEY = ("seed", "method")
+
+
+@dataclass(frozen=True)
+class MocoPreset:
+    """Every knob of one dense-queue configuration (written into the records' sidecar).
+
+    Sizes are counts; ``budget_bytes`` is the planners' logical selection budget (eq. 3), which
+    constrains the static model, not the allocator.
+    """
+
+    name: str
+    dataset: str
+    width: int
+    dim: int
+    hidden_dim: int
+    queue_size: int
+    batch_size: int
+    temperature: float
+    momentum: float
+    lr: float
+    weight_decay: float
+    encoder_epochs: int
+    fit_images: int | None
+    validation_images: int | None
+    test_images: int | None
+    probe_fit_images: int | None
+    probe_epochs: int
+    probe_batch_size: int
+    probe_lr: float
+    budget_bytes: int
+    peak_steps: tuple[int, ...] = (1, 2)   # steps observed by the peak tracker (0 = warm-up)
+    n_validation: int = 10_000
+    profile_steps: int = 3
+
+
+PRESETS: dict[str, MocoPreset] = {
+    # The paper's scale (GPU + CIFAR-100): 64 MiB queue (131,072 × 128 FP32), 100 + 25 epochs,
+    # 40,000 fitting images, the frozen 1,024 MiB selection budget.
+    "paper": MocoPreset("paper", "cifar-100", width=64, dim=128, hidden_dim=512, queue_size=131_072,
+                        batch_size=256, temperature=0.2, momentum=0.99, lr=0.06, weight_decay=5e-4,
+                        encoder_epochs=100, fit_images=None, validation_images=None, test_images=None,
+                        probe_fit_images=None, probe_epochs=25, probe_batch_size=256, probe_lr=0.1,
+                        budget_bytes=1024 * 2**20),
+    # Fits 2 shared cores: narrow trunk, Fashion-MNIST subset, a 1 MiB queue (4,096 × 64). The
+    # budget keeps the paper's ratio to the queue bytes (1,024 MiB / 64 MiB = 16 queues).
+    "cpu": MocoPreset("cpu", "fashion-mnist", width=8, dim=64, hidden_dim=128, queue_size=4096,
+                      batch_size=128, temperature=0.2, momentum=0.99, lr=0.06, weight_decay=5e-4,
+                      encoder_epochs=3, fit_images=6400, validation_images=2000, test_images=None,
+                      probe_fit_images=10_000, probe_epochs=20, probe_batch_size=256, probe_lr=0.1,
+                      budget_bytes=16 * 2**20),
+    # Test-suite scale: seconds per method.
+    "tiny": MocoPreset("tiny", "fashion-mnist", width=4, dim=16, hidden_dim=32, queue_size=128,
+                       batch_size=32, temperature=0.2, momentum=0.99, lr=0.06, weight_decay=5e-4,
+                       encoder_epochs=1, fit_images=192, validation_images=256, test_images=1000,
+                       probe_fit_images=1000, probe_epochs=5, probe_batch_size=128, probe_lr=0.1,
+                       budget_bytes=2 * 2**20, peak_steps=(1,), profile_steps=2),
+}
+
+
+def _device(name: str | None):
+    import torch
+
+    if name:
+        return torch.device(name)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _state_sha256(modules) -> str:
+    h = hashlib.sha256()
+    for m in modules:
+        for name, t in sorted(m.state_dict().items()):
+            h.update(name.encode())
+            h.update(t.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def train_one(preset: MocoPreset, split, seed: int, method: str, device, plan: Any = None,
+              on_step: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Train the encoder with ``method`` and fit the probe; returns the raw row and the scores.
+
+    Args:
+        preset: configuration.
+        split: a :class:`~stateremat.experiments._moco_probe.Split`.
+        seed: seeds parameters, queue, data order, augmentation and the probe.
+        method: one of :data:`~stateremat.experiments._moco_methods.METHODS`.
+        device: torch device.
+        plan: planner result for ``state_agnostic``/``joint``.
+        on_step: called after every encoder step (progress).
+
+    Returns:
+        dict with the row fields and ``"scores"`` (float32 ``(n_test, classes)``).
+
+    References:
+        Paper §12: strict in-forward enqueue; deferred eager enqueues after backward and update.
+    """
+    import torch
+
+    from ..torch._memory import PeakMemory, memory_method
+    from ..workloads._moco import MoCo, two_views
+    from ._moco_methods import apply_method, unwrap
+    from ._moco_probe import extract_features, linear_probe
+
+    torch.manual_seed(seed)
+    model = MoCo(preset.width, split.fit_x.shape[1], preset.dim, preset.hidden_dim,
+                 preset.queue_size, preset.temperature, preset.momentum,
+                 generator=torch.Generator().manual_seed(seed),
+                 mode="deferred" if method == "deferred" else "strict").to(device)
+    originals, policy = apply_method(model, method, plan)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(params, lr=preset.lr, momentum=0.9, weight_decay=preset.weight_decay)
+    g_order = torch.Generator().manual_seed(seed)
+    g_aug = torch.Generator().manual_seed(seed + 1_000_003)
+    n = len(split.fit_x)
+    steps_per_epoch = n // preset.batch_size
+    targets = torch.zeros(preset.batch_size, dtype=torch.long, device=device)
+    peak_bytes, losses, step = 0, [], 0
+    _sync(device)
+    t0 = time.perf_counter()
+    for _epoch in range(preset.encoder_epochs):
+        perm = torch.randperm(n, generator=g_order)
+        for s in range(steps_per_epoch):
+            idx = perm[s * preset.batch_size:(s + 1) * preset.batch_size]
+            xq, xk = two_views(split.fit_x[idx], g_aug)
+            xq, xk = xq.to(device), xk.to(device)
+            opt.zero_grad(set_to_none=True)
+            tracker = None
+            if step in preset.peak_steps:
+                roots = [*model.parameters(), *model.buffers(), xq, xk,
+                         *(t for st in opt.state.values() for t in st.values()
+                           if isinstance(t, torch.Tensor))]
+                tracker = PeakMemory(device, roots=roots)
+                tracker.__enter__()
+            model.momentum_update()
+            logits, k = model(xq, xk)
+            loss = torch.nn.functional.cross_entropy(logits, targets)
+            loss.backward()
+            opt.step()
+            if method == "deferred":
+                model.queue.enqueue(k)   # the legal control: after backward and update
+            if tracker is not None:
+                tracker.__exit__(None, None, None)
+                peak_bytes = max(peak_bytes, tracker.peak_bytes)
+            losses.append(loss.detach())
+            step += 1
+            if on_step is not None:
+                on_step()
+    _sync(device)
+    encoder_time_s = time.perf_counter() - t0
+    unwrap(model, originals)
+    loss_bytes = torch.stack(losses).cpu().numpy().tobytes()
+    encoder_sha256 = _state_sha256([model.encoder_q, model.head_q, model.queue])
+
+    nf = preset.probe_fit_images
+    feats = [extract_features(model.encoder_q, x, 512, device)
+             for x in (split.fit_x[:nf], split.val_x, split.test_x)]
+    probe = linear_probe(feats[0], split.fit_y[:nf], feats[1], split.val_y, feats[2], split.test_y,
+                         split.num_classes, preset.probe_epochs, preset.probe_batch_size,
+                         preset.probe_lr, seed)
+    return {"seed": seed, "method": method, "dataset": split.dataset, "preset": preset.name,
+            "device": str(device), "memory_method": memory_method(device),
+            "peak_bytes": int(peak_bytes), "encoder_time_s": encoder_time_s, "steps": step,
+            "test_accuracy": probe.test_accuracy, "test_cross_entropy": probe.test_cross_entropy,
+            "validation_accuracy": probe.validation_accuracy, "final_loss": float(losses[-1]),
+            "loss_sha256": hashlib.sha256(loss_bytes).hexdigest(), "encoder_sha256": encoder_sha256,
+            "policy": json.dumps(policy), "scores": probe.test_scores}
+
+
+def _scores_bytes(scores) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, scores.detach().cpu().numpy().astype("<f4"), allow_pickle=False)
+    return buf.getvalue()
+
+
+def scores_path(out_dir: str | os.PathLike, seed: int, method: str) -> Path:
+    """Where the per-image test-score file of ``(seed, method)`` lives (``.npy``, float32)."""
+    return Path(out_dir) / "scores" / f"seed-{seed}" / f"{method}.npy"
+
+
+def _done(store: RecordStore) -> set[tuple]:
+    df = store.read()
+    if df.empty:
+        return set()
+    ok = df[df["outcome"] == "ok"]
+    return set(map(tuple, ok[list(KEY)].itertuples(index=False, name=None)))
+
+
+def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
+             data: str | os.PathLike | None = None, device: str | None = None,
+             methods: tuple[str, ...] = METHODS, progress: bool = True) -> dict[str, Any]:
+    """Run every ``(seed, method)`` not yet recorded under ``out_dir``, then write the summary.
+
+    Args:
+        preset: configuration (``PRESETS[name]``).
+        seeds: training seeds (paper: 2701–2706).
+        out_dir: run folder: records table ``moco``, ``scores/``, ``cards/``, ``summary.json``.
+        data: dataset path (CIFAR-100 folder, or a Fashion-MNIST folder); None = package default.
+        device: ``"cpu"``/``"cuda"``; None picks CUDA when present.
+        methods: subset of :data:`METHODS` (all seven by default).
+        progress: show a rich progress bar.
+
+    Returns:
+        The summary dict (also written to ``out_dir/summary.json``).
+
+    Raises:
+        RecordsError: ``out_dir`` holds a run with a different configuration.
+
+    Danger:
+        Byte identity across methods assumes deterministic kernels on one device and thread
+        count; ``torch.use_deterministic_algorithms(True)`` is enabled for the run and restored.
+    """
+    import torch
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..workloads._datasets import load_dataset
+    from ._moco_probe import make_split
+
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise ValueError(f"run_moco: unknown methods {bad}; expected a subset of {METHODS}. "
+                         "Tip: omit --methods to run all seven.")
+    dev = _device(device)
+    images = load_dataset(preset.dataset, data)
+    split = make_split(images, preset.n_validation, preset.fit_images, preset.validation_images,
+                       preset.test_images)
+    config = {"preset": asdict(preset), "dataset": images.name, "data_source": images.source,
+              "device": str(dev), "torch": torch.__version__}
+    store = RecordStore(out_dir, TABLE, key=list(KEY), meta=config)
+    done = _done(store)
+    todo = [(s, m) for s in seeds for m in methods if (s, m) not in done]
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    was_det = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    steps = preset.encoder_epochs * (len(split.fit_x) // preset.batch_size)
+    try:
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), disable=not progress) as bar:
+            runs = bar.add_task("moco runs", total=len(todo))
+            stepbar = bar.add_task("encoder steps", total=steps)
+            for seed, method in todo:
+                bar.update(stepbar, completed=0, description=f"seed {seed} {method}")
+                row = _run_row(preset, split, seed, method, dev, out_dir,
+                               lambda: bar.advance(stepbar))
+                store.append([row])
+                bar.advance(runs)
+    finally:
+        torch.use_deterministic_algorithms(was_det)
+    return write_summary(out_dir)
+
+
+def _run_row(preset: MocoPreset, split, seed: int, method: str, dev, out_dir,
+             on_step: Callable[[], None]) -> dict[str, Any]:
+    plan_fields: dict[str, Any] = {"budget_bytes": None, "feasible": None,
+                                   "predicted_peak_bytes": None, "predicted_time_s": None}
+    try:
+        plan = None
+        if method in ("state_agnostic", "joint"):
+            from ._moco_card import plan_for
+
+            plan = plan_for(preset, split, seed, method, dev, out_dir)
+            plan_fields = {"budget_bytes": int(preset.budget_bytes), "feasible": bool(plan.feasible),
+                           "predicted_peak_bytes": int(plan.predicted_peak_bytes),
+                           "predicted_time_s": float(plan.predicted_time_s)}
+        row = train_one(preset, split, seed, method, dev, plan, on_step)
+    except Exception as exc:  # recorded, never hidden: the row says what failed
+        return {"seed": seed, "method": method, "dataset": split.dataset, "preset": preset.name,
+                "device": str(dev), "outcome": "error", "error_type": type(exc).__name__,
+                "error": str(exc)[:2000], **plan_fields}
+    data = _scores_bytes(row.pop("scores"))
+    path = scores_path(out_dir, seed, method)
+    atomic_write_bytes(path, data)
+    return {**row, **plan_fields, "outcome": "ok", "error_type": None, "error": None,
+            "scores_file": str(path.relative_to(out_dir)),
+            "scores_sha256": hashlib.sha256(data).hexdigest()}
+
+
+def summarize(out_dir: str | os.PathLike) -> dict[str, Any]:
+    """Recompute the summary from the raw rows and the score files (never from memory).
+
+    ``scores_sha256`` is re-hashed from each score file on disk; a file missing or differing from
+    its row's hash counts as a mismatch. ``identical_within_seed`` is true only if every seed has
+    all its recorded methods finished and one single hash among them.
+
+    Returns:
+        ``{"dataset", "seeds", "methods": [{"method", "seed", "peak_bytes", "encoder_time_s",
+        "test_accuracy", "test_cross_entropy", "scores_sha256", "policy"}], "identical_within_seed"}``.
+    """
+    out_dir = Path(out_dir)
+    df = read_records(out_dir, TABLE)
+    if df.empty:
+        return {"dataset": None, "seeds": [], "methods": [], "identical_within_seed": False}
+    # latest row per key, a finished row over a failed one
+    df = df.assign(_ok=(df["outcome"] == "ok").astype(int), _order=range(len(df)))
+    df = df.sort_values(["_ok", "_order"]).groupby(list(KEY), as_index=False).tail(1)
+    order = {m: i for i, m in enumerate(METHODS)}
+    df = df.assign(_m=df["method"].map(order)).sort_values(["seed", "_m"])
+    entries, identical = [], True
+    for _, r in df.iterrows():
+        sha = None
+        if r["outcome"] == "ok":
+            f = out_dir / str(r["scores_file"])
+            sha = hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None
+            if sha != r["scores_sha256"]:
+                sha = None
+        entries.append({"method": r["method"], "seed": int(r["seed"]),
+                        "peak_bytes": _num(r.get("peak_bytes"), int),
+                        "encoder_time_s": _num(r.get("encoder_time_s"), float),
+                        "test_accuracy": _num(r.get("test_accuracy"), float),
+                        "test_cross_entropy": _num(r.get("test_cross_entropy"), float),
+                        "scores_sha256": sha,
+                        "policy": json.loads(r["policy"]) if isinstance(r.get("policy"), str) else None})
+    seeds = sorted({e["seed"] for e in entries})
+    for s in seeds:
+        hashes = [e["scores_sha256"] for e in entries if e["seed"] == s]
+        identical &= None not in hashes and len(set(hashes)) == 1
+    datasets = sorted(set(df["dataset"].dropna()))
+    return {"dataset": datasets[0] if len(datasets) == 1 else datasets, "seeds": seeds,
+            "methods": entries, "identical_within_seed": bool(identical)}
+
+
+def _num(v: Any, kind: type) -> Any:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return None
+    return kind(v)
+
+
+def write_summary(out_dir: str | os.PathLike) -> dict[str, Any]:
+    """:func:`summarize` and write it atomically to ``out_dir/summary.json``."""
+    from ..contract import atomic_write_json
+
+    summary = summarize(out_dir)
+    atomic_write_json(Path(out_dir) / "summary.json", summary)
+    return summary
