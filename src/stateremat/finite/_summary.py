@@ -1,0 +1,66 @@
+"""Summaries recomputed from stored raw rows (never from in-memory results of a run).
+
+References: paper §6 (finite suites), §7 and Table 3 (engines, joint alias).
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+
+def _count(df: pd.DataFrame, check: str, outcome: str | None = None, detected: bool | None = None) -> int:
+    sel = df[df["check"] == check]
+    if outcome is not None:
+        sel = sel[sel["outcome"] == outcome]
+    if detected is not None:
+        sel = sel[sel["detected"].astype("boolean").fillna(False) == detected]
+    return int(len(sel))
+
+
+def _max(df: pd.DataFrame, check: str) -> float:
+    sel = df.loc[df["check"] == check, "max_error"]
+    return float(sel.max()) if len(sel) else float("nan")
+
+
+def summarise_finite(rows: pd.DataFrame) -> dict:
+    """Summary of the finite suites from their raw rows (table ``finite``).
+
+    Args:
+        rows: every row written by ``stateremat verify finite`` (columns ``suite``,
+            ``program``, ``check``, ``outcome``, ``max_error``, ``coordinates``, ``detected``).
+
+    Returns:
+        ``{"derivative_suite": {...}, "byte_suite": {...}, "complex_step": {...},
+        "outcomes": {suite: {check: {outcome: count}}}}``.
+    """
+    d = rows[rows["suite"] == "derivative"]
+    b = rows[rows["suite"] == "byte"]
+    cs = d[d["check"] == "complex_step"]
+    outcomes: dict = {}
+    for (suite, check, outcome), n in rows.groupby(["suite", "check", "outcome"]).size().items():
+        outcomes.setdefault(suite, {}).setdefault(check, {})[outcome] = int(n)
+    return {
+        "derivative_suite": {
+            "programs": int(d["program"].nunique()),
+            "scalar_outputs_exact": _count(d, "scalar_output", "M"),
+            "gradients_matched": _count(d, "gradient", "M"),
+            "max_grad_error": _max(d, "gradient"),
+            "final_storage_control_detected": _count(d, "final_storage_control", detected=True),
+            "unsupported": int((d["outcome"] == "unsupported").sum()),
+        },
+        "byte_suite": {
+            "programs": int(b["program"].nunique()),
+            "snapshot_replay_match": _count(b, "snapshot_replay", "M"),
+            "region_undo_match": _count(b, "region_undo", "M"),
+            "wrong_rng_detected": _count(b, "wrong_rng", detected=True),
+            "wrong_rng_detected_by_state_only": int(
+                b[(b["check"] == "wrong_rng") & (b["bytes_differing"] == 0)
+                  & b["detected"].astype("boolean").fillna(False)].shape[0]),
+        },
+        "complex_step": {
+            "programs": int(len(cs)),
+            "coordinates": int(cs["coordinates"].sum()) if len(cs) else 0,
+            "max_error": float(cs["max_error"].max()) if len(cs) else float("nan"),
+            "matched": int((cs["outcome"] == "M").sum()),
+        },
+        "outcomes": outcomes,
+    }
