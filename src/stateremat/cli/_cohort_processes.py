@@ -1,0 +1,64 @@
+"""CLI: ``stateremat cohort processes`` (independent-process cohorts, paper §11) and the
+hidden per-process entry point ``stateremat cohort process-worker``."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ._app import cohort_app, fail
+
+
+@cohort_app.command("processes")
+def processes(
+    experiment: str = typer.Option(..., "--experiment",
+                                   help="fair44 | pressure32 | workloads3 (paper §11)."),
+    n_processes: int = typer.Option(..., "--processes", help="Independent processes N."),
+    preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu or h100."),
+    out: Path = typer.Option(..., "--out", help="Run folder (rerun to resume)."),
+    jobs: int = typer.Option(1, "--jobs", help="Concurrent local processes."),
+    dask: Optional[str] = typer.Option(None, "--dask",
+                                       help="Dask scheduler address, e.g. tcp://host:8786."),
+    warmups: Optional[int] = typer.Option(None, "--warmups", help="Warmup steps per method."),
+    steps: Optional[int] = typer.Option(None, "--steps", help="Measured steps per method."),
+    seed: int = typer.Option(0, "--seed", help="Base seed of the per-process method orders."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    timeout_s: Optional[float] = typer.Option(None, "--timeout-s",
+                                              help="Kill a process after this many seconds."),
+) -> None:
+    """Launch N fresh interpreters, each timing every method; rows go to OUT/cohort_timing."""
+    from ..contract import RecordsError
+    from ..experiments._process_cohort import EXPERIMENTS, run_process_cohort
+
+    if experiment not in EXPERIMENTS:
+        raise fail(f"stateremat cohort processes: --experiment must be one of "
+                   f"{', '.join(EXPERIMENTS)}, got {experiment!r}. Tip: fair44 is the 44 GiB "
+                   "fair-control cohort.")
+    for name, v, lo in (("--processes", n_processes, 1), ("--jobs", jobs, 1),
+                        ("--warmups", warmups, 0), ("--steps", steps, 1)):
+        if v is not None and v < lo:
+            raise fail(f"stateremat cohort processes: {name} must be >= {lo}, got {v}. "
+                       "Tip: see --help.")
+    try:
+        res = run_process_cohort(out, experiment, n_processes, preset=preset, warmups=warmups,
+                                 steps=steps, jobs=jobs, dask_address=dask, seed=seed,
+                                 device=device, timeout_s=timeout_s, progress=True)
+    except (RecordsError, ValueError) as exc:
+        raise fail(str(exc))
+    typer.echo(f"cohort {experiment}: {res['already_done']} processes already done, ran "
+               f"{res['ran']}, ok {res['ok']}, failed {len(res['failed'])} -> {out}")
+    if res["failed"]:
+        raise fail(f"stateremat cohort processes: processes {res['failed']} failed (exit codes "
+                   f"and stderr tails in {out}/cohort_processes). Tip: rerun the same command "
+                   "to retry only those; finished processes are kept.", code=1)
+
+
+@cohort_app.command("process-worker", hidden=True,
+                    context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+                                      "help_option_names": []})
+def process_worker(ctx: typer.Context) -> None:
+    """One cohort process (launched by ``cohort processes``; not for direct use)."""
+    from ..experiments._process_cohort import worker_main
+
+    raise typer.Exit(worker_main(list(ctx.args)))

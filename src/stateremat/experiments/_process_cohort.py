@@ -1,0 +1,353 @@
+"""Independent-process cohorts: N fresh interpreters, every method each, raw timing rows kept.
+
+Paper §11. The parent freezes the cohort before any measurement (experiment spec, warmups,
+steps, seeds, prespecified comparisons and the profile, all in the records' sidecar) and
+launches one fresh Python interpreter per process, locally (``jobs`` at a time) or as Dask
+tasks (each task still starts a fresh interpreter on its worker, so processes stay
+independent). A child runs every method of every cell in an order shuffled from
+``(seed, process)``, writes its rows to one Parquet file and exits; the parent appends them
+as one atomic part of the ``cohort_timing`` table. A process therefore counts as finished
+exactly when its rows are in that table: a killed or crashed child leaves none, is recorded
+as failed in ``cohort_processes`` (exit code, stderr tail) and is re-run on resume; finished
+processes are never redone, and every attempt's status row is kept.
+
+Layout under ``out_dir``: ``cohort_timing/`` + ``.json`` (raw step rows, key
+``process, cell, method, step``) and ``cohort_processes/`` + ``.json`` (one row per attempt).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..contract import RecordStore, atomic_write_bytes, loadavg, source_hash
+
+TIMING_TABLE = "cohort_timing"
+STATUS_TABLE = "cohort_processes"
+EXPERIMENTS = ("fair44", "pressure32", "workloads3")
+STDERR_TAIL_CHARS = 4000
+
+#: Prespecified comparisons (paper §11, Table 8): (numerator, denominator, primary metrics).
+#: Each metric listed counts once in the cohort's Bonferroni family.
+PRESPECIFIED: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
+    # 44 GiB fair control: joint vs the correctly costed eager/whole planner, time and peak.
+    "fair44": (("joint", "eager_whole", ("time", "peak")),),
+    # 32 GiB pressure: joint vs fixed regions (time); joint vs state-agnostic (peak).
+    "pressure32": (("joint", "regions", ("time",)), ("joint", "state_agnostic", ("peak",))),
+    # Three workloads: regions vs whole snapshots, time and peak, in every cell (6 tests).
+    "workloads3": (("regions", "whole", ("time", "peak")),),
+}
+
+
+def prespecified_comparisons(experiment: str, cells: Sequence[Any]) -> list[dict[str, Any]]:
+    """The cohort's prespecified comparisons, one per cell holding both methods.
+
+    Args:
+        experiment: ``fair44``, ``pressure32`` or ``workloads3``.
+        cells: the spec's cells (``.name``, ``.methods``).
+
+    Returns:
+        JSON-ready dicts ``{"cell", "numerator", "denominator", "primary"}`` (read back by
+        ``stateremat.stats.Comparison.from_dict``).
+    """
+    out = []
+    for cell in cells:
+        for num, den, primary in PRESPECIFIED[experiment]:
+            if num in cell.methods and den in cell.methods:
+                out.append({"cell": cell.name, "numerator": num, "denominator": den,
+                            "primary": list(primary)})
+    return out
+
+
+def cohort_config(spec: Any, experiment: str, preset: str, *, warmups: int | None,
+                  steps: int | None, seed: int, device: str,
+                  profile: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The frozen cohort configuration written into both sidecars (resume must match it)."""
+    cells = [{"cell": c.name, "methods": list(c.methods), "budget_bytes": int(c.budget_bytes),
+              "warmups": int(c.warmups if warmups is None else warmups),
+              "steps": int(c.steps if steps is None else steps)} for c in spec.cells]
+    return {"experiment": experiment, "preset": preset, "seed": int(seed), "device": device,
+            "cells": cells, "comparisons": prespecified_comparisons(experiment, spec.cells),
+            "profile": dict(profile) if profile else None}
+
+
+def method_order(methods: Sequence[str], seed: int, process: int) -> list[str]:
+    """Methods in the order process ``process`` runs them: a permutation seeded by
+    ``(seed, process)``, so it is recorded by the pair and reproducible."""
+    rng = np.random.default_rng([int(seed), int(process)])
+    return [methods[i] for i in rng.permutation(len(methods))]
+
+
+# --------------------------------------------------------------------------- child side
+def worker_main(argv: Sequence[str] | None = None, *,
+                cell_runner: Callable[..., list[dict]] | None = None,
+                spec_fn: Callable[[str, str], Any] | None = None) -> int:
+    """Body of one cohort process (``stateremat cohort process-worker ...``).
+
+    Runs every method of every cell (W warmups, K steps; method order from
+    :func:`method_order`) and writes all rows to ``--rows-out`` atomically, once, at the end,
+    so a killed process leaves no partial rows.
+
+    Args:
+        argv: command-line arguments (see ``_worker_parser``).
+        cell_runner: replaces :func:`stateremat.experiments.run_cell_methods` (tests).
+        spec_fn: replaces :func:`stateremat.experiments.experiment_spec` (tests).
+
+    Returns:
+        0 on success (the process exits with it).
+    """
+    a = _worker_parser().parse_args(argv)
+    t0 = time.perf_counter()
+    if cell_runner is None or spec_fn is None:
+        from . import experiment_spec, run_cell_methods  # lazy: torch is heavy
+        cell_runner = cell_runner or run_cell_methods
+        spec_fn = spec_fn or experiment_spec
+    spec = spec_fn(a.experiment, a.preset)
+    if a.profile:
+        os.environ["STATEREMAT_FROZEN_PROFILE"] = a.profile
+    rows: list[dict] = []
+    for cell in spec.cells:
+        order = method_order(list(cell.methods), a.seed, a.process)
+        warm = cell.warmups if a.warmups is None else a.warmups
+        steps = cell.steps if a.steps is None else a.steps
+        got = cell_runner(spec, cell, order, warmups=warm, steps=steps, device=a.device,
+                          order=order, progress=False)
+        for r in got:
+            r = dict(r)
+            r.update({"process": a.process, "seed": a.seed, "order_index": order.index(r["method"]),
+                      "warmups": int(warm), "steps": int(steps)})
+            rows.append(r)
+    host, pid, load = platform.node(), os.getpid(), loadavg()
+    wall = time.perf_counter() - t0
+    for r in rows:
+        r.update({"hostname": host, "pid": pid, "loadavg": load, "process_wall_s": wall})
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    buf = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows), buf)
+    atomic_write_bytes(a.rows_out, buf.getvalue())
+    return 0
+
+
+def _worker_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="stateremat cohort process-worker",
+                                description="One process of an independent-process cohort.")
+    p.add_argument("--experiment", required=True, choices=EXPERIMENTS)
+    p.add_argument("--preset", default="cpu")
+    p.add_argument("--process", type=int, required=True)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmups", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--profile", default=None, help="frozen profile card path")
+    p.add_argument("--rows-out", required=True)
+    return p
+
+
+# --------------------------------------------------------------------------- launcher
+def run_one_process(args: Sequence[str], worker_cmd: Sequence[str] | None = None,
+                    timeout_s: float | None = None) -> dict[str, Any]:
+    """Launch one fresh interpreter for one cohort process and collect its rows.
+
+    Runs wherever it is called: in a thread of the parent (local executor) or inside a Dask
+    task on a worker, where ``sys.executable`` is the worker's interpreter. Needs no shared
+    file system: the rows come back as Parquet bytes.
+
+    Args:
+        args: worker arguments without ``--rows-out``.
+        worker_cmd: command prefix; default ``[sys.executable, "-m", "stateremat", "cohort",
+            "process-worker"]``.
+        timeout_s: kill the child after this many seconds (None: no limit).
+
+    Returns:
+        ``{"exit_code", "status" ("ok" | "failed" | "timeout"), "stderr_tail", "wall_s",
+        "hostname", "rows_parquet" (bytes or None)}``.
+    """
+    cmd = list(worker_cmd or [sys.executable, "-m", "stateremat", "cohort", "process-worker"])
+    with tempfile.TemporaryDirectory(prefix="stateremat-cohort-") as tmp:
+        rows_out = Path(tmp) / "rows.parquet"
+        t0 = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd + list(args) + ["--rows-out", str(rows_out)],
+                                  capture_output=True, text=True, timeout=timeout_s)
+            code, err, status = proc.returncode, proc.stderr + proc.stdout, None
+        except subprocess.TimeoutExpired as exc:
+            code, status = -9, "timeout"
+            err = _text(exc.stderr) + _text(exc.stdout) + f"\nkilled after {timeout_s} s"
+        data = rows_out.read_bytes() if code == 0 and rows_out.exists() else None
+        if status is None:
+            status = "ok" if data is not None else "failed"
+        return {"exit_code": int(code), "status": status, "stderr_tail": err[-STDERR_TAIL_CHARS:],
+                "wall_s": time.perf_counter() - t0, "hostname": platform.node(),
+                "rows_parquet": data}
+
+
+def _text(b: bytes | str | None) -> str:
+    if b is None:
+        return ""
+    return b.decode(errors="replace") if isinstance(b, bytes) else b
+
+
+def _local_results(tasks: list[tuple[int, list[str]]], jobs: int, worker_cmd, timeout_s
+                   ) -> Iterator[tuple[int, dict]]:
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        pending = {pool.submit(run_one_process, a, worker_cmd, timeout_s): p for p, a in tasks}
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for f in done:
+                yield pending.pop(f), f.result()
+
+
+def _dask_results(tasks: list[tuple[int, list[str]]], address: Any, worker_cmd, timeout_s
+                  ) -> Iterator[tuple[int, dict]]:
+    from distributed import Client, as_completed
+
+    own = not hasattr(address, "submit")
+    client = Client(address, set_as_default=False) if own else address
+    try:
+        futures = {client.submit(run_one_process, a, worker_cmd, timeout_s, pure=False,
+                                 key=f"stateremat-process-{p}-{os.getpid()}-{time.time_ns()}"): p
+                   for p, a in tasks}
+        for fut in as_completed(list(futures), loop=client.loop):
+            p = futures[fut]
+            try:
+                yield p, fut.result()
+            except Exception as exc:  # the task itself died (worker lost): a failed attempt
+                yield p, {"exit_code": -1, "status": "failed", "stderr_tail":
+                          f"dask task error: {type(exc).__name__}: {exc}"[-STDERR_TAIL_CHARS:],
+                          "wall_s": float("nan"), "hostname": "unknown", "rows_parquet": None}
+    finally:
+        if own:
+            client.close()
+
+
+# --------------------------------------------------------------------------- driver
+def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: int, *,
+                       preset: str = "cpu", warmups: int | None = None,
+                       steps: int | None = None, jobs: int = 1, dask_address: Any = None,
+                       seed: int = 0, device: str = "cpu", timeout_s: float | None = None,
+                       profile: Mapping[str, Any] | None = None,
+                       worker_cmd: Sequence[str] | None = None,
+                       spec_fn: Callable[[str, str], Any] | None = None,
+                       progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) an independent-process cohort into ``out_dir``.
+
+    Args:
+        out_dir: run folder; rerun with the same options to resume.
+        experiment: ``fair44``, ``pressure32`` or ``workloads3``.
+        processes: number of independent processes ``N`` (processes ``0..N-1``; a rerun with
+            a larger ``N`` extends the cohort).
+        preset: spec preset (``cpu``, ``h100``).
+        warmups, steps: per method and process; default: the spec's cells.
+        jobs: concurrent local processes (ignored with ``dask_address``).
+        dask_address: scheduler address (``tcp://host:8786``) or a ``distributed.Client``;
+            each task launches a fresh interpreter on its worker.
+        seed: base seed; process ``p`` shuffles its method order from ``(seed, p)``.
+        device: ``cpu`` or ``cuda``.
+        timeout_s: kill a process after this many seconds (recorded as ``timeout``).
+        profile: frozen profile ``{"path", "hash"}`` passed to every child (§11: the profile
+            is frozen before confirmation and identical across processes).
+        worker_cmd: child command prefix (tests use a fake worker script).
+        spec_fn: replaces :func:`stateremat.experiments.experiment_spec` (tests).
+        progress: show a rich progress bar.
+
+    Returns:
+        ``{"out_dir", "processes", "already_done", "ran", "ok", "failed": [process ids]}``.
+
+    Raises:
+        ValueError: on an unknown experiment or ``processes < 1``.
+        RecordsError: if ``out_dir`` holds a cohort with a different configuration.
+
+    References:
+        Paper §11 ("Independent-process confirmation").
+    """
+    if experiment not in EXPERIMENTS:
+        raise ValueError(f"stateremat cohort processes: --experiment must be one of "
+                         f"{list(EXPERIMENTS)}, got {experiment!r}. Tip: fair44 is the 44 GiB "
+                         "fair-control cohort of paper §11.")
+    if int(processes) < 1:
+        raise ValueError(f"stateremat cohort processes: --processes must be >= 1, got "
+                         f"{processes}. Tip: the paper uses 50.")
+    if spec_fn is None:
+        from . import experiment_spec as spec_fn  # type: ignore[no-redef]
+    spec = spec_fn(experiment, preset)
+    config = cohort_config(spec, experiment, preset, warmups=warmups, steps=steps, seed=seed,
+                           device=device, profile=profile)
+    config["config_hash"] = source_hash(config)
+    timing = RecordStore(out_dir, TIMING_TABLE, key=["process", "cell", "method", "step"],
+                         meta=config)
+    status = RecordStore(out_dir, STATUS_TABLE, key=["process", "attempt"], meta=config)
+    done_df = timing.read()
+    done = set(done_df["process"].astype(int)) if not done_df.empty else set()
+    st = status.read()
+    attempts = st.groupby("process").size().to_dict() if not st.empty else {}
+    todo = [p for p in range(int(processes)) if p not in done]
+    tasks = []
+    for p in todo:
+        a = ["--experiment", experiment, "--preset", preset, "--process", str(p),
+             "--seed", str(seed), "--device", device]
+        if warmups is not None:
+            a += ["--warmups", str(warmups)]
+        if steps is not None:
+            a += ["--steps", str(steps)]
+        if profile:
+            a += ["--profile", str(profile["path"])]
+        tasks.append((p, a))
+    results = (_dask_results(tasks, dask_address, worker_cmd, timeout_s) if dask_address
+               else _local_results(tasks, jobs, worker_cmd, timeout_s))
+    ok, failed = 0, []
+    with _progress(progress, len(tasks), experiment) as advance:
+        for p, res in results:
+            attempt = int(attempts.get(p, 0)) + 1
+            n_rows = 0
+            if res["status"] == "ok":
+                import pyarrow.parquet as pq
+
+                rows = pq.read_table(io.BytesIO(res["rows_parquet"])).to_pylist()
+                for r in rows:
+                    r["attempt"] = attempt
+                n_rows = timing.append(rows)  # one atomic part: the process is now done
+                ok += 1
+            else:
+                failed.append(p)
+            status.append([{"process": p, "attempt": attempt, "status": res["status"],
+                            "exit_code": res["exit_code"], "stderr_tail": res["stderr_tail"],
+                            "wall_s": res["wall_s"], "hostname": res["hostname"],
+                            "n_rows": n_rows, "executor": "dask" if dask_address else "local"}])
+            advance()
+    return {"out_dir": str(out_dir), "processes": int(processes), "already_done": len(done),
+            "ran": len(tasks), "ok": ok, "failed": sorted(failed)}
+
+
+class _progress:
+    """Context manager yielding ``advance()``; a rich bar when enabled."""
+
+    def __init__(self, enabled: bool, total: int, label: str):
+        self.enabled, self.total, self.label, self.bar = enabled and total > 0, total, label, None
+
+    def __enter__(self) -> Callable[[], None]:
+        if not self.enabled:
+            return lambda: None
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn)
+
+        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), transient=False)
+        self.bar.__enter__()
+        task = self.bar.add_task(f"cohort {self.label}: processes", total=self.total)
+        return lambda: self.bar.advance(task)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)

@@ -1,0 +1,168 @@
+"""Independent-process cohort runner: resume after a killed process, Dask executor, report.
+
+The timing rows here come from a *fake* worker script (test fixture, clearly not a
+measurement) so the runner's process handling is tested in seconds; the real runtime is
+exercised by tests/test_process_cohort_real.py.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stateremat.cli import app
+from stateremat.contract import RecordsError, read_records
+from stateremat.experiments._process_cohort import method_order, run_process_cohort
+
+FAKE_WORKER = textwrap.dedent('''
+    """Fake cohort worker (tests only): deterministic rows, optional self-kill."""
+    import os, signal, sys
+    from types import SimpleNamespace
+    from stateremat.experiments._process_cohort import worker_main
+
+    BASE_S = {"eager": 0.5, "regions": 1.2, "eager_whole": 1.0, "joint": 0.8}
+    PEAK = {"eager": 300, "regions": 100, "eager_whole": 190, "joint": 180}
+
+    def fake_spec(experiment, preset):
+        cell = SimpleNamespace(name="large_sparse", methods=list(BASE_S), budget_bytes=200,
+                               warmups=3, steps=20)
+        return SimpleNamespace(name=experiment, cells=[cell])
+
+    def fake_runner(spec, cell, methods, *, warmups, steps, device="cpu", order=None,
+                    progress=False):
+        p = int(sys.argv[sys.argv.index("--process") + 1])
+        marker = os.environ.get("FAKE_KILL_MARKER")
+        if marker and p == 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)  # a crashed process: no rows
+        rows = []
+        for m in methods:
+            for s in range(steps):
+                t = BASE_S[m] * (1 + 0.01 * p) if m == "joint" else BASE_S[m]
+                rows.append({"cell": cell.name, "method": m, "step": s,
+                             "step_time_s": t * (1 + 0.001 * s), "peak_bytes": PEAK[m],
+                             "fits_budget": PEAK[m] <= cell.budget_bytes, "feasible": True,
+                             "policy": None, "semantic_checks": "pass",
+                             "predicted_peak_bytes": PEAK[m], "predicted_time_s": t,
+                             "profile_hash": "fakeprofile", "source_hash": "fakesource",
+                             "memory_method": "fake"})
+        return rows
+
+    if __name__ == "__main__":
+        sys.exit(worker_main(sys.argv[1:], cell_runner=fake_runner, spec_fn=fake_spec))
+''')
+
+
+@pytest.fixture()
+def fake(tmp_path):
+    script = tmp_path / "fake_worker.py"
+    script.write_text(FAKE_WORKER)
+    spec = importlib.util.spec_from_file_location("fake_worker", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod, [sys.executable, str(script)]
+
+
+def _run(out, fake, n, **kw):
+    mod, cmd = fake
+    return run_process_cohort(out, "fair44", n, warmups=1, steps=2, worker_cmd=cmd,
+                              spec_fn=mod.fake_spec, progress=False, **kw)
+
+
+def test_killed_process_is_recorded_and_rerun_on_resume_finished_ones_never_redone(
+        tmp_path, fake, monkeypatch):
+    out = tmp_path / "run"
+    monkeypatch.setenv("FAKE_KILL_MARKER", str(tmp_path / "killed-once"))
+    first = _run(out, fake, 3, jobs=2)
+    assert first["ok"] == 2 and first["failed"] == [1]
+    st = read_records(out, "cohort_processes")
+    bad = st[st["process"] == 1].iloc[0]
+    assert bad["status"] == "failed" and bad["exit_code"] == -9  # SIGKILL
+    assert sorted(read_records(out, "cohort_timing")["process"].unique()) == [0, 2]
+    parts_before = sorted((out / "cohort_timing").glob("part-*.parquet"))
+
+    second = _run(out, fake, 3, jobs=2)
+    assert second == {"out_dir": str(out), "processes": 3, "already_done": 2, "ran": 1, "ok": 1,
+                      "failed": []}
+    rows = read_records(out, "cohort_timing")
+    assert sorted(rows["process"].unique()) == [0, 1, 2]
+    assert len(rows) == 3 * 4 * 2  # processes x methods x steps, each kept once
+    assert set(rows[rows["process"] == 1]["attempt"]) == {2}
+    assert set(parts_before) < set((out / "cohort_timing").glob("part-*.parquet"))
+    st = read_records(out, "cohort_processes")
+    assert st.groupby("process").size().to_dict() == {0: 1, 1: 2, 2: 1}  # every attempt kept
+    assert _run(out, fake, 3)["ran"] == 0
+    # each process ran every method in its own recorded, seeded order
+    for p, g in rows.groupby("process"):
+        order = g.sort_values("order_index").drop_duplicates("method")["method"].tolist()
+        assert order == method_order(list(fake[0].BASE_S), 0, p)
+
+
+def test_resume_with_other_options_is_refused(tmp_path, fake):
+    out = tmp_path / "run"
+    _run(out, fake, 1)
+    with pytest.raises(RecordsError, match="config"):
+        run_process_cohort(out, "fair44", 1, warmups=1, steps=3, worker_cmd=fake[1],
+                           spec_fn=fake[0].fake_spec, progress=False)
+
+
+def test_method_order_is_a_seeded_permutation():
+    ms = ["eager", "whole", "regions", "functional", "state_agnostic", "eager_whole", "joint"]
+    orders = [method_order(ms, 0, p) for p in range(10)]
+    assert all(sorted(o) == sorted(ms) for o in orders)
+    assert orders[3] == method_order(ms, 0, 3) and len({tuple(o) for o in orders}) > 5
+
+
+def test_report_recomputes_summary_and_figures_from_raw_rows(tmp_path, fake):
+    out = tmp_path / "run"
+    _run(out, fake, 3, jobs=2)
+    res = CliRunner().invoke(app, ["report", str(out)])
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "summary.json").read_text())
+    [c] = s["comparisons"]
+    assert c["comparison"] == "joint/eager_whole"
+    # joint/eager_whole = 0.8 (1 + 0.01 p) per process (step factors cancel): geometric mean
+    want = 0.8 * math.prod(1 + 0.01 * p for p in range(3)) ** (1 / 3)
+    assert c["time_ratio"] == pytest.approx(want, rel=1e-9)
+    assert c["ci"][0] <= c["time_ratio"] <= c["ci"][1]
+    assert c["ci"] == pytest.approx([0.8, 0.8 * 1.02])  # 3 processes: [min, max] (see test_stats)
+    assert c["peak_ratio"] == pytest.approx(180 / 190) and c["peak_ci"] == [c["peak_ratio"]] * 2
+    assert c["fits"] == {"joint": 3, "eager_whole": 3} and c["confidence_level"] == 0.975
+    eager = next(r for r in s["methods"] if r["method"] == "eager")
+    assert eager["fits"] == 0 and eager["mean_step_time_s"] == pytest.approx(0.5 * 1.0005)
+    for f in ("figure1.png", "figure1.svg", "figure3.png", "figure3.svg", "cohort.md",
+              "processes.md"):
+        assert (out / f).stat().st_size > 0, f
+    md = (out / "cohort.md").read_text()
+    assert "OOM" not in md and "over budget" in md
+    assert "| Eager | 500.25 | 0.293 | 0/3 |" in md
+
+
+def test_cli_rejects_bad_input_and_report_needs_records(tmp_path):
+    r = CliRunner().invoke(app, ["cohort", "processes", "--experiment", "fair45",
+                                 "--processes", "2", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "fair44" in r.output
+    r = CliRunner().invoke(app, ["cohort", "processes", "--experiment", "fair44",
+                                 "--processes", "0", "--out", str(tmp_path / "x")])
+    assert r.exit_code == 2 and "--processes must be >= 1" in r.output
+    (tmp_path / "empty").mkdir()
+    r = CliRunner().invoke(app, ["report", str(tmp_path / "empty")])
+    assert r.exit_code == 2 and "holds no records" in r.output
+
+
+@pytest.mark.dist
+def test_dask_local_cluster_executor(tmp_path, fake):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  dashboard_address=None, host="127.0.0.1") as cluster:
+        res = _run(tmp_path / "run", fake, 2, dask_address=cluster.scheduler_address)
+    assert res["ok"] == 2 and res["failed"] == []
+    st = read_records(tmp_path / "run", "cohort_processes")
+    assert set(st["executor"]) == {"dask"} and set(st["status"]) == {"ok"}
+    assert sorted(read_records(tmp_path / "run", "cohort_timing")["process"].unique()) == [0, 1]
