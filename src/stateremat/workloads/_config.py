@@ -1,0 +1,173 @@
+"""Workload parameters and the named scale presets (``h100`` = paper shapes, ``cpu`` = scaled).
+
+The ``cpu`` preset keeps every shape of the paper's H100 experiments and divides every byte
+quantity by :data:`CPU_BYTES_FACTOR` = 1024: state buffers (1,024 MiB -> 1 MiB, 64 MiB -> 64 KiB),
+activations (width and batch each divided by 32, so one ``(batch, width)`` float32 activation is
+1 GiB / 1024 = 1 MiB in the large cell) and logical budgets (20/32/44 GiB -> 20/32/44 MiB).
+Counts are not scaled: segments, live versions, write fractions, warmups. The region granularity
+stays 4,096 bytes (a page, not a shape), so at the cpu scale a sparse write touches relatively
+more of the buffer than on the H100 (1 region of 256 per segment instead of 256 of 262,144).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+WORKLOADS = ("feature_queue", "prototype_memory", "unrolled_recurrence")
+PRESETS = ("h100", "cpu")
+
+#: cpu preset = h100 bytes / CPU_BYTES_FACTOR (width and batch each / CPU_DIM_FACTOR).
+CPU_BYTES_FACTOR = 1024
+CPU_DIM_FACTOR = 32
+_MIB = 1024**2
+_GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class WorkloadConfig:
+    """One stateful workload shape: a chain of segments over one declared state buffer.
+
+    Args:
+        workload: one of :data:`WORKLOADS`.
+        state_bytes: size of the declared state buffer ``(rows, width)``, bytes.
+        write_fraction: fraction of the buffer's rows each live segment writes per step (0, 1].
+        live_versions: number of segments that write the buffer (the last ones of the chain);
+            each write creates a version whose history must stay recoverable for replay.
+        segments: number of segments in the chain (``>= live_versions``).
+        width: feature width of activations and state rows.
+        batch: rows of the input batch; activations are ``(batch, width)``.
+        granularity_bytes: region granularity of the region journal, bytes.
+        dtype: ``"float32"`` or ``"float64"``.
+        dropout: dropout probability inside each segment (exercises RNG replay, R3).
+        seed: seed for parameters, inputs and index choices.
+
+    Raises:
+        ValueError: on an unknown workload, non-positive sizes or a write fraction outside (0, 1].
+
+    References:
+        Paper §8 (factorial grid), §9 (activation-pressure cells).
+    """
+
+    workload: str = "feature_queue"
+    state_bytes: int = _MIB
+    write_fraction: float = 0.001
+    live_versions: int = 16
+    segments: int = 16
+    width: int = 128
+    batch: int = 2048
+    granularity_bytes: int = 4096
+    dtype: str = "float32"
+    dropout: float = 0.1
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise ValueError(f"WorkloadConfig: workload {self.workload!r} is not one of {WORKLOADS}. "
+                             "Tip: use feature_queue, prototype_memory or unrolled_recurrence.")
+        if not 0 < self.write_fraction <= 1:
+            raise ValueError(f"WorkloadConfig: write_fraction must be in (0, 1], got "
+                             f"{self.write_fraction}. Tip: 0.001 is sparse, 1 is dense.")
+        for name in ("state_bytes", "live_versions", "segments", "width", "batch",
+                     "granularity_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"WorkloadConfig: {name} must be positive, got "
+                                 f"{getattr(self, name)}. Tip: sizes are bytes, counts integers.")
+        if self.live_versions > self.segments:
+            raise ValueError(f"WorkloadConfig: live_versions ({self.live_versions}) exceeds segments "
+                             f"({self.segments}). Tip: at most one version per segment.")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"WorkloadConfig: dtype must be float32 or float64, got {self.dtype!r}.")
+        if self.state_rows < 1:
+            raise ValueError(f"WorkloadConfig: state_bytes {self.state_bytes} holds no row of width "
+                             f"{self.width}. Tip: state_bytes >= width * itemsize.")
+
+    @property
+    def hidden(self) -> int:
+        """Hidden width of each segment's dense block: ``round(1.25 * width)`` (see ``_chain``)."""
+        return max(self.width, round(1.25 * self.width))
+
+    @property
+    def itemsize(self) -> int:
+        return 4 if self.dtype == "float32" else 8
+
+    @property
+    def state_rows(self) -> int:
+        """Rows of the ``(rows, width)`` state buffer (float32 sizing; float64 doubles bytes)."""
+        return self.state_bytes // (self.width * 4)
+
+    @property
+    def write_rows(self) -> int:
+        """Rows each live segment writes per step (at least one)."""
+        return max(1, min(self.state_rows, round(self.write_fraction * self.state_rows)))
+
+    def replace(self, **changes) -> "WorkloadConfig":
+        """A copy with ``changes`` applied (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def scale(preset: str) -> dict:
+    """Byte and dimension scale of ``preset`` relative to the paper's H100 shapes.
+
+    Returns:
+        ``{"bytes_factor": int, "dim_factor": int}``: H100 bytes / preset bytes, and H100
+        width (or batch) / preset width.
+
+    Raises:
+        ValueError: on an unknown preset.
+    """
+    if preset == "h100":
+        return {"bytes_factor": 1, "dim_factor": 1}
+    if preset == "cpu":
+        return {"bytes_factor": CPU_BYTES_FACTOR, "dim_factor": CPU_DIM_FACTOR}
+    raise ValueError(f"preset {preset!r} is not one of {PRESETS}. Tip: use --preset cpu here, "
+                     "h100 on an 80+ GiB GPU.")
+
+
+def scaled_bytes(h100_bytes: int, preset: str) -> int:
+    """``h100_bytes`` at ``preset`` scale (exact division by the bytes factor)."""
+    return h100_bytes // scale(preset)["bytes_factor"]
+
+
+def scaled_dim(h100_dim: int, preset: str) -> int:
+    """A width or batch of the paper at ``preset`` scale (at least 1)."""
+    return max(1, h100_dim // scale(preset)["dim_factor"])
+
+
+def preset_config(preset: str, *, workload: str = "feature_queue", state_mib: int = 1024,
+                  write_fraction: float = 0.001, live_versions: int = 16,
+                  activations: str = "large", **overrides) -> WorkloadConfig:
+    """A :class:`WorkloadConfig` given in the paper's H100 units, scaled to ``preset``.
+
+    Args:
+        preset: ``"h100"`` or ``"cpu"``.
+        workload: one of :data:`WORKLOADS`.
+        state_mib: the paper's state size in MiB (64 or 1,024), scaled by the preset.
+        write_fraction: 0.001 (sparse) or 1 (dense); not scaled.
+        live_versions: live segments (1, 16 or 64); also the segment count.
+        activations: ``"large"`` = width/batch 4,096/65,536, ``"small"`` = 256/256 (paper §9),
+            scaled by the preset.
+        overrides: any other :class:`WorkloadConfig` field.
+
+    Returns:
+        The validated config.
+
+    Raises:
+        ValueError: on an unknown preset or activation size.
+    """
+    if activations not in ("large", "small"):
+        raise ValueError(f"preset_config: activations must be 'large' or 'small', got {activations!r}.")
+    width, batch = (4096, 65536) if activations == "large" else (256, 256)
+    fields = dict(workload=workload, state_bytes=scaled_bytes(state_mib * _MIB, preset),
+                  write_fraction=write_fraction, live_versions=live_versions,
+                  segments=live_versions, width=scaled_dim(width, preset),
+                  batch=scaled_dim(batch, preset))
+    fields.update(overrides)
+    return WorkloadConfig(**fields)
+
+
+def preset_budget(h100_gib: float, preset: str) -> int:
+    """A logical budget of the paper (20, 32 or 44 GiB) at ``preset`` scale, bytes."""
+    return int(h100_gib * _GIB) // scale(preset)["bytes_factor"]
