@@ -1,2 +1,22 @@
-"""stateremat.torch (see DESIGN.md, layer `torch`)."""
+"""stateremat.torch (see DESIGN.md, layer `torch`): transactional activation checkpointing.
+
+``checkpoint`` / ``StatefulCheckpoint`` replay a segment with its declared state restored to
+the bytes of the original forward and reinstate the visible state afterwards (paper §3.1, §5).
+"""
+from stateremat.contract import (
+    ReplayDivergenceError as ReplayDivergenceError,
+    ReplayError as ReplayError,
+    UndeclaredStateError as UndeclaredStateError,
+    UnsupportedError as UnsupportedError,
+)
+
+from ._checkpoint import checkpoint as checkpoint
 from ._memory import PeakMemory as PeakMemory, memory_method as memory_method, storage_bytes as storage_bytes  # issue 5
+from ._mode import UndeclaredStateWarning as UndeclaredStateWarning
+from ._module import StatefulCheckpoint as StatefulCheckpoint
+from ._plan import apply_plan as apply_plan
+from ._stats import (
+    PreservationStats as PreservationStats,
+    preservation_stats as preservation_stats,
+    reset_preservation_stats as reset_preservation_stats,
+)

@@ -1,0 +1,177 @@
+"""``checkpoint``: non-reentrant activation checkpointing with a state transaction (§3.1, §5)."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+
+from stateremat.contract import ReplayError, UndeclaredStateError, rule
+
+from . import _journal, _rng
+from ._context import LOCAL, replaying
+from ._mode import StateMode, warn_undeclared
+from ._scan import reachable, resolve_state, root_module
+from ._segment import RecomputeSink, Segment, undeclared_message
+from ._storage import storage_key
+from ._txn import PRESERVE_OPTIONS, Transaction
+
+UNDECLARED_OPTIONS = ("raise", "warn", "declare")
+
+
+def _validate(fn: Any, preserve: str, granularity_bytes: int, on_undeclared: str) -> None:
+    if not callable(fn):
+        raise TypeError(f"stateremat.torch.checkpoint: fn must be callable, got {type(fn).__name__}. "
+                        "Tip: pass the function or module to run, then its arguments.")
+    if preserve not in PRESERVE_OPTIONS:
+        raise ValueError(f"stateremat.torch.checkpoint: preserve must be one of {PRESERVE_OPTIONS}, "
+                         f"got {preserve!r}. Tip: 'region' journals only written bytes.")
+    if not isinstance(granularity_bytes, int) or granularity_bytes <= 0:
+        raise ValueError("stateremat.torch.checkpoint: granularity_bytes must be a positive int, got "
+                         f"{granularity_bytes!r}. Tip: 4096 is a good default.")
+    if on_undeclared not in UNDECLARED_OPTIONS:
+        raise ValueError(f"stateremat.torch.checkpoint: on_undeclared must be one of {UNDECLARED_OPTIONS}, "
+                         f"got {on_undeclared!r}. Tip: keep 'raise' unless you know the write is benign.")
+
+
+def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "region",
+               granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False,
+               preserve_rng_state: bool = True, **kwargs: Any) -> Any:
+    """Run ``fn(*args, **kwargs)`` without keeping its activations; replay it transactionally in backward.
+
+    Like ``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)``, but declared
+    state is restored to the bytes it had when the segment's forward began before the replay
+    and reinstated afterwards, together with the RNG state; a buffer update (BatchNorm running
+    statistics, a queue enqueue) therefore happens exactly once per forward.
+
+    Args:
+        fn: the segment; a function or ``nn.Module``.
+        *args: positional arguments of ``fn`` (tensors of any shape and dtype, or other objects).
+        state: declared state: a tensor, an ``nn.Module`` (all its buffers), or a list of them.
+        preserve: ``"region"`` journals only the bytes written (default) or ``"whole"``
+            snapshots every declared tensor when the forward begins.
+        granularity_bytes: region journal chunk size in bytes.
+        on_undeclared: an in-place write inside the segment to a pre-existing tensor that is not
+            declared: ``"raise"`` :class:`UndeclaredStateError`, ``"warn"`` (the replay repeats
+            the write) or ``"declare"`` (snapshot it whole before the first write).
+        verify: at recomputation compare every recomputed saved tensor with the forward's bit for
+            bit (keeps a copy of each: debugging only, doubles activation memory).
+        preserve_rng_state: replay with the forward's generator state (CPU and all initialized
+            CUDA devices). ``False`` is a negative control: dropout then draws new masks.
+        **kwargs: keyword arguments of ``fn``.
+
+    Returns:
+        Whatever ``fn`` returns.
+
+    Raises:
+        UndeclaredStateError: an undeclared pre-existing tensor was written in place (R7).
+        ReplayError: at recomputation, state cannot be reconstructed exactly (R8), or the replay
+            saved different tensors.
+        ReplayDivergenceError: ``verify=True`` and a recomputed saved tensor differs (R4).
+
+    Danger:
+        Writes that bypass the dispatcher and version counters are invisible; tensors reached
+        only through deeper object graphs are not checked for undeclared writes; the first write
+        is already done when a version-counter check raises ``UndeclaredStateError``.
+
+    References:
+        Paper §3 (eq. 2), §3.1 (selective preservation, the transaction), §5.
+    """
+    _validate(fn, preserve, granularity_bytes, on_undeclared)
+    if not torch.is_grad_enabled():
+        return fn(*args, **kwargs)  # no graph, nothing will be replayed
+    return run_segment(fn, args, kwargs, state=state, preserve=preserve, granularity_bytes=granularity_bytes,
+                       on_undeclared=on_undeclared, verify=verify, preserve_rng_state=preserve_rng_state)
+
+
+def _segment_name(fn: Any) -> str:
+    return getattr(fn, "__qualname__", None) or type(fn).__name__
+
+
+def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, granularity_bytes: int,
+                on_undeclared: str, verify: bool, preserve_rng_state: bool, name: str | None = None,
+                module_prefix: str = "", sink: RecomputeSink | None = None,
+                declared: list | None = None, on_done: dict | None = None) -> Any:
+    """Run one checkpointed segment (shared by :func:`checkpoint` and ``StatefulCheckpoint``)."""
+    seg = Segment(fn, name or _segment_name(fn), verify, on_undeclared, sink)
+    if declared is None:
+        declared = resolve_state(state, root_module(fn), module_prefix)
+    if replaying():
+        # Met during an enclosing segment's replay: that transaction restores our state.
+        seg.passive_declared = bool(declared)
+        seg.attach(Transaction(id(seg), [], preserve, granularity_bytes))
+        seg.save_inputs(args, kwargs)
+        seg.rng = _rng.capture() if preserve_rng_state else None
+        with seg.forward_hooks():
+            return fn(*args, **kwargs)
+
+    txn = Transaction(id(seg), declared, preserve, granularity_bytes)
+    seg.attach(txn)
+    cuda_before = _rng.cuda_ready()
+    seg.rng = _rng.capture() if preserve_rng_state else None
+    txn.begin(journaled=LOCAL.mode_depth > 0)
+    seg.save_inputs(args, kwargs)
+    declared_ids = {id(t) for _, t, _ in declared}
+    scan = [(n, t, t._version) for n, t in reachable(fn, args, kwargs, module_prefix) if id(t) not in declared_ids]
+    need_mode = txn.needs_journal() or on_undeclared == "declare"
+    if need_mode:
+        seg.candidate_keys = {}
+        for n, t, _ in scan:
+            k = storage_key(t)
+            if k not in txn.items:
+                seg.candidate_keys.setdefault(k, (n, t))
+    push = need_mode and LOCAL.mode_depth == 0
+    LOCAL.forward.append(seg)
+    try:
+        with _journal_mode(push), seg.forward_hooks():
+            out = fn(*args, **kwargs)
+        journaled = need_mode or LOCAL.mode_depth > 0
+        txn.end_forward(journaled=journaled)
+        _version_scan(seg, scan)
+    except BaseException:
+        txn.release()
+        raise
+    finally:
+        LOCAL.forward.pop()
+    if preserve_rng_state and not cuda_before and _rng.cuda_ready():
+        txn.release()
+        raise ReplayError(
+            f"stateremat.torch.checkpoint: CUDA was initialized inside segment {seg.name!r}, so its "
+            f"generator state at the forward's start is unknown ({rule('R3')}). Tip: initialize CUDA "
+            "before the first checkpoint (e.g. torch.cuda.init())."
+        )
+    for enclosing in LOCAL.forward:  # enclosing segments replay us too: our B0 is theirs
+        enclosing.txn.adopt(txn)
+    if on_done is not None:
+        on_done["snapshot_bytes"] = txn.snapshot_bytes
+        on_done["journal_bytes"] = txn.journal_bytes
+    return out
+
+
+@contextlib.contextmanager
+def _journal_mode(push: bool):
+    if not push:
+        yield
+        return
+    for tr in list(_journal.TRACKERS.values()):
+        tr.observe(journaled=False)  # writes before the mode are not in the journal
+    LOCAL.mode_depth += 1
+    try:
+        with StateMode("forward"):
+            yield
+    finally:
+        LOCAL.mode_depth -= 1
+        for tr in list(_journal.TRACKERS.values()):
+            tr.observe(journaled=True)
+
+
+def _version_scan(seg: Segment, scan: list) -> None:
+    changed = [(n, t) for n, t, v in scan if t._version != v]
+    changed = [(n, t) for n, t in changed if storage_key(t) not in seg.txn.items]
+    if not changed:
+        return
+    names = ", ".join(n for n, _ in changed)
+    if seg.on_undeclared == "warn":
+        warn_undeclared(undeclared_message(seg, names, "seen by its version counter"))
+        return
+    raise UndeclaredStateError(undeclared_message(seg, names, "seen by its version counter after the forward"))

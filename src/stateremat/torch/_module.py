@@ -1,0 +1,89 @@
+"""``StatefulCheckpoint``: an ``nn.Module`` wrapper that checkpoints a block transactionally."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._checkpoint import _validate, run_segment
+from ._scan import resolve_state
+from ._segment import RecomputeSink
+
+
+class StatefulCheckpoint(nn.Module):
+    """Wrap ``block`` so its forward is checkpointed with declared state (see :func:`checkpoint`).
+
+    Args:
+        block: the module to checkpoint; its parameters and buffers stay registered under
+            ``block.`` so ``state_dict`` keys gain that prefix.
+        state: ``"buffers"`` (all buffers of ``block``, the default), ``None`` (nothing), or a
+            tensor / module / list of them.
+        preserve: ``"region"`` or ``"whole"``.
+        granularity_bytes: region journal chunk size in bytes.
+        on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"``.
+        verify: compare recomputed saved tensors with the forward's bit for bit.
+        preserve_rng_state: replay with the forward's RNG state.
+        name: segment name used in errors and undeclared-state messages (module path).
+
+    Attributes:
+        snapshot_bytes: whole-snapshot bytes the last forward retained.
+        journal_bytes: region-journal bytes the last forward's own writes retained.
+        retained_state_bytes: ``snapshot_bytes + journal_bytes``.
+        recompute_count: replays run so far (one per backward that needs this block).
+
+    References:
+        Paper §3.1, §5.
+    """
+
+    def __init__(self, block: nn.Module, state: Any = "buffers", preserve: str = "region",
+                 granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False,
+                 preserve_rng_state: bool = True, name: str | None = None) -> None:
+        super().__init__()
+        _validate(block, preserve, granularity_bytes, on_undeclared)
+        if isinstance(state, str) and state != "buffers":
+            raise ValueError(f"StatefulCheckpoint: state must be 'buffers', None, or tensors/modules, "
+                             f"got {state!r}. Tip: state='buffers' declares every buffer of the block.")
+        self.block = block
+        self.state = state
+        self.preserve = preserve
+        self.granularity_bytes = granularity_bytes
+        self.on_undeclared = on_undeclared
+        self.verify = verify
+        self.preserve_rng_state = preserve_rng_state
+        self.segment_name = name or type(block).__name__
+        self._sink = RecomputeSink()
+        self.snapshot_bytes = 0
+        self.journal_bytes = 0
+
+    @property
+    def retained_state_bytes(self) -> int:
+        return self.snapshot_bytes + self.journal_bytes
+
+    @property
+    def recompute_count(self) -> int:
+        return self._sink.recompute_count
+
+    def _declared(self) -> list:
+        prefix = self.segment_name if self.segment_name != type(self.block).__name__ else ""
+        if self.state == "buffers":
+            return resolve_state(self.block, self.block, prefix)
+        return resolve_state(self.state, self.block, prefix)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if not torch.is_grad_enabled():
+            return self.block(*args, **kwargs)
+        captured: dict[str, int] = {}
+        out = run_segment(
+            self.block, args, kwargs, state=None, preserve=self.preserve,
+            granularity_bytes=self.granularity_bytes, on_undeclared=self.on_undeclared,
+            verify=self.verify, preserve_rng_state=self.preserve_rng_state, name=self.segment_name,
+            module_prefix=self.segment_name if self.segment_name != type(self.block).__name__ else "",
+            sink=self._sink, declared=self._declared(), on_done=captured,
+        )
+        self.snapshot_bytes = captured.get("snapshot_bytes", 0)
+        self.journal_bytes = captured.get("journal_bytes", 0)
+        return out
+
+    def extra_repr(self) -> str:
+        return f"preserve={self.preserve!r}, state={'buffers' if self.state == 'buffers' else '...'}"

@@ -1,0 +1,141 @@
+"""Names of declared state and of tensors a segment can reach (undeclared-write detection, R7).
+
+A segment can reach: the parameters and buffers of the module it runs (``fn`` itself, a
+bound method's ``self``, modules captured in its closure or named as globals), tensors in its
+arguments, and tensors captured in its closure or named as globals. Their version counters
+are read before and after the forward; a change on one that is not declared is an
+undeclared in-place write.
+
+Danger:
+    Tensors reachable only through deeper object graphs (attributes of plain objects, items
+    of captured containers) are not scanned; writes that do not bump version counters
+    (``native_batch_norm``'s running statistics, ``.data`` writes) are seen only while the
+    dispatch mode is active (region journaling or ``on_undeclared="declare"``).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+from torch import nn
+from torch.utils._pytree import tree_flatten
+
+from stateremat.contract import ReplayError
+
+
+def root_module(fn: Callable) -> nn.Module | None:
+    """The module ``fn`` runs: ``fn`` itself or a bound method's ``self``, else ``None``."""
+    if isinstance(fn, nn.Module):
+        return fn
+    owner = getattr(fn, "__self__", None)
+    return owner if isinstance(owner, nn.Module) else None
+
+
+def _module_path(m: nn.Module, root: nn.Module | None) -> str:
+    if root is not None:
+        if m is root:
+            return ""
+        for path, sub in root.named_modules():
+            if sub is m:
+                return path
+    return type(m).__name__
+
+
+def resolve_state(state: Any, root: nn.Module | None, prefix: str = "") -> list[tuple[str, torch.Tensor, int]]:
+    """Flatten ``state=`` into ``(name, tensor, group)``; a module contributes all its buffers.
+
+    Raises:
+        ReplayError: if an entry is neither a tensor nor a module.
+    """
+    out: list[tuple[str, torch.Tensor, int]] = []
+
+    def add(obj: Any, where: str) -> None:
+        if obj is None:
+            return
+        if isinstance(obj, torch.Tensor):
+            out.append((where, obj, id(obj)))
+        elif isinstance(obj, nn.Module):
+            path = _module_path(obj, root)
+            base = ".".join(p for p in (prefix, path) if p)
+            for bname, b in obj.named_buffers():
+                if b is not None:
+                    out.append((f"{base}.{bname}" if base else bname, b, id(obj)))
+        elif isinstance(obj, (list, tuple)):
+            for i, x in enumerate(obj):
+                add(x, f"state[{i}]")
+        else:
+            raise ReplayError(
+                f"stateremat.torch.checkpoint: state= expects tensors and/or nn.Modules (all their "
+                f"buffers), got {type(obj).__name__} at {where}. Tip: pass e.g. "
+                "state=[model.queue, model.bn]."
+            )
+
+    add(state, "state")
+    return out
+
+
+def _add_module(out: dict[int, tuple[str, torch.Tensor]], m: nn.Module, prefix: str) -> None:
+    for name, p in m.named_parameters(prefix=prefix):
+        out.setdefault(id(p), (f"parameter {name!r}", p))
+    for name, b in m.named_buffers(prefix=prefix):
+        if b is not None:
+            out.setdefault(id(b), (f"buffer {name!r}", b))
+
+
+def _add_callable(out: dict[int, tuple[str, torch.Tensor]], fn: Any, prefix: str, depth: int = 0) -> None:
+    if depth > 2:
+        return
+    if isinstance(fn, functools.partial):
+        _add_callable(out, fn.func, prefix, depth + 1)
+        _add_values(out, list(fn.args) + list(fn.keywords.values()), "partial argument", prefix)
+        return
+    root = root_module(fn)
+    if root is not None:
+        _add_module(out, root, prefix)
+        fn = getattr(type(root), "forward", None) if fn is root else getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return
+    cells = getattr(fn, "__closure__", None) or ()
+    for name, cell in zip(code.co_freevars, cells):
+        try:
+            v = cell.cell_contents
+        except ValueError:  # empty cell
+            continue
+        _add_value(out, v, f"captured variable {name!r}", name)
+    glb = getattr(fn, "__globals__", {})
+    for name in code.co_names:
+        v = glb.get(name)
+        if isinstance(v, (torch.Tensor, nn.Module)):
+            _add_value(out, v, f"global {name!r}", name)
+
+
+def _add_value(out: dict[int, tuple[str, torch.Tensor]], v: Any, what: str, prefix: str) -> None:
+    if isinstance(v, torch.Tensor):
+        out.setdefault(id(v), (what, v))
+    elif isinstance(v, nn.Module):
+        _add_module(out, v, prefix)
+
+
+def _add_values(out: dict[int, tuple[str, torch.Tensor]], values: list[Any], what: str, prefix: str) -> None:
+    for i, v in enumerate(values):
+        _add_value(out, v, f"{what} {i}", prefix)
+
+
+def reachable(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") -> list[tuple[str, torch.Tensor]]:
+    """Pre-existing tensors the segment can reach, each with a human-readable name."""
+    out: dict[int, tuple[str, torch.Tensor]] = {}
+    _add_callable(out, fn, module_prefix)
+    for i, a in enumerate(args):
+        if isinstance(a, nn.Module):
+            _add_module(out, a, f"argument{i}")
+        else:
+            for leaf in tree_flatten(a)[0]:
+                if isinstance(leaf, torch.Tensor):
+                    out.setdefault(id(leaf), (f"argument {i}", leaf))
+    for k, a in kwargs.items():
+        for leaf in tree_flatten(a)[0]:
+            if isinstance(leaf, torch.Tensor):
+                out.setdefault(id(leaf), (f"keyword argument {k!r}", leaf))
+    return [v for v in out.values() if v[1].layout == torch.strided and v[1].device.type != "meta"]

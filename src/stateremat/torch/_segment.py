@@ -1,0 +1,259 @@
+"""One checkpointed segment: saved-tensor hooks, recomputation under the transaction, checks.
+
+Follows ``torch.utils.checkpoint``'s non-reentrant design (its "Nestable Checkpoint" note,
+Rules 1–6): saved tensors are replaced by holders; the first unpack in a backward re-runs
+the segment under a recomputation hook that fills the holders, stopping early once all are
+filled. The re-run happens inside :meth:`Transaction.replay` and with the forward's RNG state.
+"""
+from __future__ import annotations
+
+import contextlib
+import uuid
+import weakref
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+from torch._C._autograd import SavedTensor, _make_saved_tensor
+from torch.utils.checkpoint import GraphExecGroup, _get_autocast_kwargs, _infer_device_type
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from stateremat.contract import ReplayDivergenceError, ReplayError, UndeclaredStateError, internal_assert, rule
+
+from . import _rng
+from ._mode import StateMode
+from ._stats import COUNTERS
+from ._storage import storage_key
+from ._txn import Transaction
+
+
+class _Holder:
+    __slots__ = ("handles", "__weakref__")
+
+    def __init__(self) -> None:
+        self.handles: dict[Any, _Handle | None] = {}
+
+
+class _Handle:
+    __slots__ = ("__weakref__",)
+
+
+class _StopRecomputation(Exception):
+    pass
+
+
+class RecomputeSink:
+    """Counts replays for a wrapper (``StatefulCheckpoint.recompute_count``)."""
+
+    def __init__(self) -> None:
+        self.recompute_count = 0
+
+
+def _release(txn: Transaction) -> None:
+    txn.release()
+    COUNTERS.live_segments -= 1
+    COUNTERS.touch()
+
+
+def undeclared_message(seg: "Segment", name: str, when: str) -> str:
+    return (
+        f"stateremat.torch.checkpoint: segment {seg.name!r} wrote in place to {name}, which existed "
+        f"before the segment and is not declared state (expected only declared tensors to be "
+        f"mutated, got a write {when}); replay would repeat this write ({rule('R7')}). Tip: declare "
+        "it, e.g. checkpoint(fn, ..., state=[tensor_or_module]) or StatefulCheckpoint(block, "
+        "state='buffers'), or pass on_undeclared='declare'."
+    )
+
+
+class Segment:
+    """State of one checkpointed forward: inputs, holders, transaction, RNG, checks."""
+
+    def __init__(self, fn: Callable, name: str, verify: bool, on_undeclared: str,
+                 sink: RecomputeSink | None) -> None:
+        self.fn = fn
+        self.name = name
+        self.verify = verify
+        self.on_undeclared = on_undeclared
+        self.sink = sink
+        self.txn: Transaction = Transaction(id(self), [], "whole", 4096)
+        self.rng: _rng.RngState | None = None
+        self.candidate_keys: dict | None = None
+        self.weak_holders: list[weakref.ref] = []
+        self.metas: list[tuple] = []
+        self.originals: list[torch.Tensor] = []
+        self.recomputed: defaultdict = defaultdict(weakref.WeakKeyDictionary)
+        self.recomp_counter: defaultdict = defaultdict(int)
+        self.is_recomputed: defaultdict = defaultdict(bool)
+        self.mismatch: dict[Any, list[str]] = defaultdict(list)
+        self.recompute_count = 0
+        self.passive_declared = False
+        self._saved: list[Any] = []
+        self._spec: Any = None
+        self._autocast: tuple = ()
+
+    def attach(self, txn: Transaction) -> None:
+        """Own ``txn``; it is released when this segment is garbage (no graph needs it)."""
+        self.txn = txn
+        COUNTERS.live_segments += 1
+        weakref.finalize(self, _release, txn)
+
+    def undeclared_before_write(self, key: Any, entry: tuple, func: Any) -> None:
+        """Called by the dispatch mode before ``func`` writes an undeclared reachable tensor (R7)."""
+        name, t = entry
+        if self.on_undeclared == "raise":
+            raise UndeclaredStateError(undeclared_message(self, name, f"by {func} (not applied)"))
+        if self.on_undeclared == "declare":
+            self.txn.promote(name, t)
+            if self.candidate_keys is not None:
+                self.candidate_keys.pop(key, None)
+
+    # -- inputs (Rule 2 of torch's note: inputs are saved tensors of the enclosing segment) --
+    def save_inputs(self, args: tuple, kwargs: dict) -> None:
+        leaves, self._spec = tree_flatten((args, kwargs))
+        declared = self.txn.items
+        self._saved = [
+            _make_saved_tensor(x, is_output=False)
+            if isinstance(x, torch.Tensor) and not (x.layout == torch.strided and storage_key(x) in declared)
+            else x  # declared state is restored by the transaction, so it is held as is
+            for x in leaves
+        ]
+        device_type = _infer_device_type(*[x for x in leaves if isinstance(x, torch.Tensor)])
+        self._autocast = (device_type, *_get_autocast_kwargs(device_type=device_type))
+
+    def inputs(self) -> tuple[tuple, dict]:
+        leaves = [x.unpack() if isinstance(x, SavedTensor) else x for x in self._saved]
+        return tree_unflatten(leaves, self._spec)
+
+    # -- hooks ---------------------------------------------------------------------------
+    def forward_hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
+        seg = self
+
+        def pack(x: torch.Tensor) -> _Holder:
+            holder = _Holder()
+            seg.weak_holders.append(weakref.ref(holder))
+            seg.metas.append((tuple(x.shape), x.dtype, x.device))
+            if seg.verify:
+                with torch.no_grad():
+                    seg.originals.append(x.detach().clone())
+            return holder
+
+        def unpack(holder: _Holder) -> torch.Tensor:
+            gid: Any = GraphExecGroup._get_current_group()
+            if gid is None:
+                gid = torch._C._current_graph_task_id()
+                if gid == -1:
+                    gid = int(uuid.uuid4())
+            if not seg.is_recomputed[gid]:
+                seg.recompute(gid)
+            internal_assert(gid in holder.handles, "holder has no handle for this backward")
+            handle = holder.handles[gid]
+            if handle is None:
+                raise ReplayError(
+                    f"stateremat.torch.checkpoint: segment {seg.name!r}: a saved tensor was unpacked "
+                    "twice in one backward (expected once, got twice). Tip: read ctx.saved_tensors "
+                    "only once in custom autograd Functions."
+                )
+            out = seg.recomputed[gid][handle]
+            holder.handles[gid] = None
+            return out
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def _recompute_hooks(self, gid: Any) -> torch.autograd.graph.saved_tensors_hooks:
+        seg = self
+
+        def pack(x: torch.Tensor) -> torch.Tensor:
+            x = x.detach() if x.requires_grad else x
+            idx = seg.recomp_counter[gid]
+            seg.recomp_counter[gid] += 1
+            if idx >= len(seg.weak_holders):
+                raise ReplayError(
+                    f"stateremat.torch.checkpoint: segment {seg.name!r} saved more tensors during "
+                    f"recomputation than during the forward (expected {len(seg.weak_holders)}). Tip: "
+                    "make the segment's control flow depend only on its inputs and declared state."
+                )
+            holder = seg.weak_holders[idx]()
+            if holder is not None:
+                if seg.txn.items and x.layout == torch.strided and storage_key(x) in seg.txn.items:
+                    x = x.clone()  # an alias of declared state: keep the replayed version (R1)
+                if seg.verify:
+                    seg._compare(gid, idx, x)
+                holder.handles[gid] = _Handle()
+                seg.recomputed[gid][holder.handles[gid]] = x
+            if seg.recomp_counter[gid] == len(seg.weak_holders):
+                raise _StopRecomputation
+            return x
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x)
+
+    # -- recomputation -------------------------------------------------------------------
+    def recompute(self, gid: Any) -> None:
+        """Re-run the segment once for backward ``gid`` inside the replay transaction."""
+        if self.passive_declared:
+            raise ReplayError(
+                f"stateremat.torch.checkpoint: segment {self.name!r} with declared state was created "
+                "during another segment's recomputation and is now asked to replay (backward "
+                f"through a recomputed graph); its B0 was not preserved ({rule('R8')}). Tip: do not "
+                "differentiate through recomputed graphs of stateful segments."
+            )
+        args, kwargs = self.inputs()
+        device_type, device_kw, cpu_kw = self._autocast
+        device_ac = (
+            torch.amp.autocast(device_type=device_type, **device_kw)
+            if torch.amp.is_autocast_available(device_type) else contextlib.nullcontext()
+        )
+        with self.txn.replay(self.name) as log, _rng.replayed(self.rng):
+            mode = StateMode("replay") if log.keys else contextlib.nullcontext()
+            with self._recompute_hooks(gid), torch.autograd.enable_grad(), device_ac, \
+                    torch.amp.autocast("cpu", **cpu_kw), mode:
+                try:
+                    self.fn(*args, **kwargs)
+                except _StopRecomputation:
+                    pass
+        self.is_recomputed[gid] = True
+        self.recompute_count += 1
+        COUNTERS.recompute_count += 1
+        if self.sink is not None:
+            self.sink.recompute_count += 1
+        self._check(gid)
+
+    def _compare(self, gid: Any, idx: int, x: torch.Tensor) -> None:
+        ref = self.originals[idx]
+        if ref.shape != x.shape or ref.dtype != x.dtype:
+            return  # reported by the metadata check
+        with torch.no_grad():
+            a, b = ref.reshape(-1), x.detach().reshape(-1)
+            same = torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)) \
+                if a.dtype != torch.bool else torch.equal(a, b)
+            if not same:
+                diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+                self.mismatch[gid].append(f"saved tensor #{idx} shape {tuple(x.shape)} {x.dtype}: "
+                                          f"max |difference| {diff:.6g}")
+
+    def _check(self, gid: Any) -> None:
+        n, got = len(self.weak_holders), self.recomp_counter[gid]
+        if got != n:
+            raise ReplayError(
+                f"stateremat.torch.checkpoint: segment {self.name!r} saved a different number of "
+                f"tensors during recomputation (expected {n}, got {got}). Tip: make the segment's "
+                "control flow depend only on its inputs and declared state."
+            )
+        for idx, ref in enumerate(self.weak_holders):
+            holder = ref()
+            if holder is None or holder.handles.get(gid) is None:
+                continue
+            x = self.recomputed[gid][holder.handles[gid]]
+            meta = (tuple(x.shape), x.dtype, x.device)
+            if meta != self.metas[idx]:
+                raise ReplayError(
+                    f"stateremat.torch.checkpoint: segment {self.name!r}: saved tensor #{idx} has "
+                    f"different metadata at recomputation (expected {self.metas[idx]}, got {meta}). "
+                    "Tip: declare the state the segment reads and mutates (state=...)."
+                )
+        if self.mismatch.get(gid):
+            raise ReplayDivergenceError(
+                f"stateremat.torch.checkpoint(verify=True): segment {self.name!r} recomputed saved "
+                f"tensors that differ from the forward's bit for bit ({rule('R4')}): "
+                + "; ".join(self.mismatch[gid])
+                + ". Tip: declare the state the segment mutates and keep preserve_rng_state=True."
+            )
