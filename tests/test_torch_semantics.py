@@ -1,0 +1,273 @@
+"""Non-reentrant semantics with state: shared buffers, backward order, retain_graph, nesting,
+kwargs, version gaps (R6, R8), undeclared writes (R7), verify (R4), apply_plan."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.utils.checkpoint as tuc
+from torch import nn
+
+from stateremat.torch import (
+    ReplayDivergenceError,
+    ReplayError,
+    StatefulCheckpoint,
+    UndeclaredStateError,
+    UndeclaredStateWarning,
+    apply_plan,
+    checkpoint,
+    preservation_stats,
+    reset_preservation_stats,
+)
+
+
+def _segments(queue):
+    """Two segments sharing ``queue``: each reads it, then writes a different region."""
+    def seg1(x):
+        y = (x @ queue.clone().T).sin().sum()
+        queue[0:2] += 1.0
+        return y
+
+    def seg2(x):
+        y = (x @ queue.clone().T).pow(2).sum()
+        queue[2:4] *= 2.0
+        return y
+
+    return seg1, seg2
+
+
+def _shared_run(method, order, preserve="region"):
+    torch.manual_seed(0)
+    queue = torch.randn(6, 3, dtype=torch.float64)
+    x = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    seg1, seg2 = _segments(queue)
+    if method == "eager":
+        y1, y2 = seg1(x), seg2(x)
+    elif method == "torch":
+        y1, y2 = tuc.checkpoint(seg1, x, use_reentrant=False), tuc.checkpoint(seg2, x, use_reentrant=False)
+    else:
+        y1 = checkpoint(seg1, x, state=[queue], preserve=preserve)
+        y2 = checkpoint(seg2, x, state=[queue], preserve=preserve)
+    for y in ((y1, y2) if order == "forward" else (y2, y1)):
+        y.backward()
+    return x.grad, queue
+
+
+@pytest.mark.parametrize("order", ["forward", "reverse"])
+@pytest.mark.parametrize("preserve", ["region", "whole"])
+def test_segments_sharing_one_buffer_backward_in_any_order(order, preserve):
+    g_ref, q_ref = _shared_run("eager", order)
+    reset_preservation_stats()
+    g, q = _shared_run("ours", order, preserve)
+    assert preservation_stats().recompute_count == 2
+    torch.testing.assert_close(g, g_ref)
+    torch.testing.assert_close(q, q_ref)
+    g_t, q_t = _shared_run("torch", order)
+    assert not torch.allclose(g_t, g_ref)  # seg1's replay reads seg2's write (and its own)
+
+
+def test_retain_graph_repeated_backward_replays_each_time():
+    bn_ref = nn.BatchNorm1d(4).double()
+    x = torch.randn(8, 4, dtype=torch.float64, requires_grad=True)
+    out_ref = bn_ref(x).pow(3).sum()
+    g_ref, = torch.autograd.grad(out_ref, x)
+
+    bn = StatefulCheckpoint(nn.BatchNorm1d(4).double())
+    x2 = x.detach().clone().requires_grad_(True)
+    out = bn(x2).pow(3).sum()
+    out.backward(retain_graph=True)
+    out.backward(retain_graph=True)
+    out.backward()
+    assert bn.recompute_count == 3  # exactly once per backward
+    torch.testing.assert_close(x2.grad, 3 * g_ref)
+    torch.testing.assert_close(bn.block.running_mean, bn_ref.running_mean)
+    assert int(bn.block.num_batches_tracked) == 1
+
+
+def test_nested_checkpoints_with_state_only_in_the_inner_one():
+    torch.manual_seed(0)
+    lin, bn = nn.Linear(4, 4).double(), nn.BatchNorm1d(4).double()
+    ref_lin, ref_bn = nn.Linear(4, 4).double(), nn.BatchNorm1d(4).double()
+    ref_lin.load_state_dict(lin.state_dict())
+    x = torch.randn(8, 4, dtype=torch.float64)
+
+    ref_out = ref_bn(ref_lin(x).tanh()).sin().sum()
+    ref_out.backward()
+
+    def outer(x):
+        h = lin(x).tanh()
+        return checkpoint(bn, h, state=[bn]).sin().sum()
+
+    reset_preservation_stats()
+    checkpoint(outer, x).backward()
+    torch.testing.assert_close(lin.weight.grad, ref_lin.weight.grad)
+    torch.testing.assert_close(bn.running_var, ref_bn.running_var)
+    assert int(bn.num_batches_tracked) == 1
+    assert preservation_stats().recompute_count == 2  # outer once, inner once
+
+
+def test_kwargs_and_non_tensor_arguments():
+    x = torch.randn(3, 2, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(2, dtype=torch.float64, requires_grad=True)
+
+    def fn(x, scale, *, bias, square=False):
+        y = x * scale + bias
+        return (y.square() if square else y).sin().sum()
+
+    ref = fn(x, 2.0, bias=bias, square=True)
+    gx_ref, gb_ref = torch.autograd.grad(ref, (x, bias))
+    out = checkpoint(fn, x, 2.0, bias=bias, square=True)
+    gx, gb = torch.autograd.grad(out, (x, bias))
+    torch.testing.assert_close(gx, gx_ref)
+    torch.testing.assert_close(gb, gb_ref)
+
+
+def test_no_grad_runs_plainly():
+    buf = torch.zeros(3)
+    with torch.no_grad():
+        checkpoint(lambda t: buf.add_(t), torch.ones(3), state=[buf])
+    assert torch.equal(buf, torch.ones(3)) and preservation_stats().live_segments == 0
+
+
+# ---- R8: a declared tensor changed outside any checkpointed segment ------------------------
+def _outside_write(preserve):
+    queue = torch.arange(6.0, dtype=torch.float64).reshape(3, 2)
+    x = torch.randn(2, dtype=torch.float64, requires_grad=True)
+
+    def seg(x):
+        y = (queue.clone() @ x).exp().sum()
+        queue[0].mul_(3.0)
+        return y
+
+    y = checkpoint(seg, x, state=[queue], preserve=preserve)
+    queue[1].add_(5.0)  # outside any checkpointed segment, between forward and replay
+    return x, y, queue
+
+
+def test_outside_write_is_refused_by_a_region_journal():
+    x, y, queue = _outside_write("region")
+    with pytest.raises(ReplayError, match=r"written outside any checkpointed segment.*preserve='whole'"):
+        y.backward()
+
+
+def test_outside_write_is_recovered_by_a_whole_snapshot():
+    x, y, queue = _outside_write("whole")
+    y.backward()
+    q0 = torch.arange(6.0, dtype=torch.float64).reshape(3, 2)
+    torch.testing.assert_close(x.grad, ((q0 @ x).exp()[:, None] * q0).sum(0).detach())
+    expected = q0.clone()
+    expected[0] *= 3.0
+    expected[1] += 5.0
+    torch.testing.assert_close(queue, expected)  # the visible state is reinstated (R5)
+
+
+# ---- R7: undeclared state ----------------------------------------------------------------
+class Counter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("hits", torch.zeros(3))
+
+    def forward(self, x):
+        self.hits.add_(x.detach().mean(0))
+        return self.lin(x).tanh()
+
+
+def test_undeclared_buffer_write_raises_naming_it():
+    m = Counter()
+    with pytest.raises(UndeclaredStateError, match=r"buffer 'hits'.*Tip: declare it"):
+        checkpoint(m, torch.randn(4, 3, requires_grad=True))
+
+
+def test_undeclared_write_caught_before_it_happens_when_journaling():
+    m, queue = Counter(), torch.zeros(5)
+    with pytest.raises(UndeclaredStateError, match=r"buffer 'hits'.*not applied"):
+        checkpoint(m, torch.randn(4, 3, requires_grad=True), state=[queue])
+    assert torch.equal(m.hits, torch.zeros(3))  # refused before the write: nothing lost
+    assert preservation_stats().live_segments == 0
+
+
+def test_undeclared_warn_and_declare():
+    x = torch.randn(4, 3, requires_grad=True)
+    m = Counter()
+    with pytest.warns(UndeclaredStateWarning, match="hits"):
+        checkpoint(m, x, on_undeclared="warn").sum().backward()
+
+    m1, m2 = Counter(), Counter()
+    m2.load_state_dict(m1.state_dict())
+    m1(x).sum().backward()
+    checkpoint(m2, x, on_undeclared="declare").sum().backward()  # promoted to a whole snapshot
+    torch.testing.assert_close(m2.hits, m1.hits)
+    torch.testing.assert_close(m2.lin.weight.grad, m1.lin.weight.grad)
+
+
+def test_undeclared_input_and_captured_tensor_writes():
+    a = torch.randn(3)
+    with pytest.raises(UndeclaredStateError, match="argument 0"):
+        checkpoint(lambda t, w: t.mul_(2) * w, a, torch.ones(3, requires_grad=True))
+    cap = torch.zeros(3)
+    with pytest.raises(UndeclaredStateError, match="captured variable 'cap'"):
+        checkpoint(lambda w: cap.add_(1) * w, torch.ones(3, requires_grad=True))
+
+
+def test_tensors_created_inside_the_segment_may_be_mutated():
+    def fn(x):
+        h = x * 2
+        h.add_(1)
+        t = torch.zeros(3)
+        t.fill_(2)
+        return (h * t).sum()
+
+    x = torch.randn(3, requires_grad=True)
+    checkpoint(fn, x).backward()
+    torch.testing.assert_close(x.grad, torch.full((3,), 4.0))
+
+
+# ---- R4: verify ---------------------------------------------------------------------------
+def test_verify_passes_on_a_faithful_replay_and_catches_divergence():
+    x = torch.randn(5, requires_grad=True)
+    checkpoint(lambda t: (t * torch.rand(5)).sin().sum(), x, verify=True).backward()
+    with pytest.raises(ReplayDivergenceError, match=r"saved tensor #\d+ .*max \|difference\|"):
+        checkpoint(lambda t: (t * torch.rand(5)).sin().sum(), x, verify=True,
+                   preserve_rng_state=False).backward()
+
+
+def test_bad_options_are_clear():
+    with pytest.raises(ValueError, match="preserve must be one of"):
+        checkpoint(torch.sin, torch.ones(1), preserve="bogus")
+    with pytest.raises(ValueError, match="on_undeclared must be one of"):
+        checkpoint(torch.sin, torch.ones(1), on_undeclared="ignore")
+    with pytest.raises(ReplayError, match="state= expects tensors"):
+        checkpoint(torch.sin, torch.ones(1, requires_grad=True), state=[3])
+
+
+# ---- apply_plan ----------------------------------------------------------------------------
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.ReLU()) for _ in range(3)])
+
+
+def test_apply_plan_wraps_named_segments_and_stays_exact():
+    ref, model = _model(), _model()
+    plan = {"options": ["eager", "whole", "region"], "segment_names": ["0", "1", "2"]}
+    model = apply_plan(model, plan)
+    assert not isinstance(model[0], StatefulCheckpoint)
+    assert (model[1].preserve, model[2].preserve) == ("whole", "region")
+    x = torch.randn(8, 4)
+    ref(x).sum().backward()
+    model(x).sum().backward()
+    torch.testing.assert_close(model[2].block[0].weight.grad, ref[2][0].weight.grad)
+    torch.testing.assert_close(model[1].block[1].running_mean, ref[1][1].running_mean)
+
+    class Plan:
+        options, segment_names = ["eager"], ["1"]
+
+    assert not isinstance(apply_plan(model, Plan())[1], StatefulCheckpoint)  # re-planned to eager
+
+
+def test_apply_plan_errors():
+    with pytest.raises(ValueError, match="segment 'nope' is not a submodule"):
+        apply_plan(_model(), {"options": ["whole"], "segment_names": ["nope"]})
+    with pytest.raises(ValueError, match="2 options but 1 segment names"):
+        apply_plan(_model(), {"options": ["whole", "eager"], "segment_names": ["0"]})
+    with pytest.raises(ValueError, match="options must be in"):
+        apply_plan(_model(), {"options": ["functional"], "segment_names": ["0"]})
