@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from stateremat.cli import app
-from stateremat.contract import RecordsError, read_records
+from stateremat.contract import ProfileCard, RecordsError, read_records
 from stateremat.experiments._process_cohort import method_order, run_process_cohort
 
 FAKE_WORKER = textwrap.dedent('''
@@ -35,7 +35,7 @@ FAKE_WORKER = textwrap.dedent('''
         return SimpleNamespace(name=experiment, cells=[cell])
 
     def fake_runner(spec, cell, methods, *, warmups, steps, device="cpu", order=None,
-                    progress=False):
+                    progress=False, card=None):
         p = int(sys.argv[sys.argv.index("--process") + 1])
         marker = os.environ.get("FAKE_KILL_MARKER")
         if marker and p == 1 and not os.path.exists(marker):
@@ -50,7 +50,8 @@ FAKE_WORKER = textwrap.dedent('''
                              "fits_budget": PEAK[m] <= cell.budget_bytes, "feasible": True,
                              "policy": None, "semantic_checks": "pass",
                              "predicted_peak_bytes": PEAK[m], "predicted_time_s": t,
-                             "profile_hash": "fakeprofile", "source_hash": "fakesource",
+                             "profile_hash": card.source_hash() if card else "none",
+                             "source_hash": "fakesource",
                              "memory_method": "fake"})
         return rows
 
@@ -69,10 +70,21 @@ def fake(tmp_path):
     return mod, [sys.executable, str(script)]
 
 
+CARD = {"schema_version": 1, "persistent_bytes": 10, "meta": {"note": "hand-written test card"},
+        "segments": [{"name": "seg0", "options": {
+            "eager": {"retained_bytes": 8, "temp_bytes": 0, "time_s": 0.1},
+            "whole": {"retained_bytes": 2, "temp_bytes": 4, "time_s": 0.2}}}]}
+
+
+def fake_profiles(spec, out_dir, device, profile_dir):
+    return {c.name: json.dumps(CARD) for c in spec.cells}
+
+
 def _run(out, fake, n, **kw):
     mod, cmd = fake
     return run_process_cohort(out, "fair44", n, warmups=1, steps=2, worker_cmd=cmd,
-                              spec_fn=mod.fake_spec, progress=False, **kw)
+                              spec_fn=mod.fake_spec, profile_fn=fake_profiles, progress=False,
+                              **kw)
 
 
 def test_killed_process_is_recorded_and_rerun_on_resume_finished_ones_never_redone(
@@ -109,7 +121,7 @@ def test_resume_with_other_options_is_refused(tmp_path, fake):
     _run(out, fake, 1)
     with pytest.raises(RecordsError, match="config"):
         run_process_cohort(out, "fair44", 1, warmups=1, steps=3, worker_cmd=fake[1],
-                           spec_fn=fake[0].fake_spec, progress=False)
+                           spec_fn=fake[0].fake_spec, profile_fn=fake_profiles, progress=False)
 
 
 def test_method_order_is_a_seeded_permutation():
@@ -141,7 +153,9 @@ def test_report_recomputes_summary_and_figures_from_raw_rows(tmp_path, fake):
         assert (out / f).stat().st_size > 0, f
     md = (out / "cohort.md").read_text()
     assert "OOM" not in md and "over budget" in md
-    assert "| Eager | 500.25 | 0.293 | 0/3 |" in md
+    assert "| Eager | 500.25 | 0.293 | 0/3 | 3/3 |" in md
+    # every process planned on the one frozen card, passed to it by the parent
+    assert s["profile_frozen"] is True and s["profile_hashes"] == [ProfileCard.from_dict(CARD).source_hash()]
 
 
 def test_cli_rejects_bad_input_and_report_needs_records(tmp_path):

@@ -26,9 +26,12 @@ def processes(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     timeout_s: Optional[float] = typer.Option(None, "--timeout-s",
                                               help="Kill a process after this many seconds."),
+    profile: Optional[Path] = typer.Option(
+        None, "--profile", help="Folder of <cell>.json profile cards to freeze (default: "
+        "measure each cell's card once, before any process starts)."),
 ) -> None:
     """Launch N fresh interpreters, each timing every method; rows go to OUT/cohort_timing."""
-    from ..contract import RecordsError
+    from ..contract import ProfileCardError, RecordsError
     from ..experiments._process_cohort import EXPERIMENTS, run_process_cohort
 
     if experiment not in EXPERIMENTS:
@@ -43,8 +46,9 @@ def processes(
     try:
         res = run_process_cohort(out, experiment, n_processes, preset=preset, warmups=warmups,
                                  steps=steps, jobs=jobs, dask_address=dask, seed=seed,
-                                 device=device, timeout_s=timeout_s, progress=True)
-    except (RecordsError, ValueError) as exc:
+                                 device=device, timeout_s=timeout_s, profile_dir=profile,
+                                 progress=True)
+    except (RecordsError, ProfileCardError, ValueError) as exc:
         raise fail(str(exc))
     typer.echo(f"cohort {experiment}: {res['already_done']} processes already done, ran "
                f"{res['ran']}, ok {res['ok']}, failed {len(res['failed'])} -> {out}")

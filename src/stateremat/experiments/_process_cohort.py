@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import platform
 import subprocess
@@ -71,8 +72,11 @@ def prespecified_comparisons(experiment: str, cells: Sequence[Any]) -> list[dict
 
 def cohort_config(spec: Any, experiment: str, preset: str, *, warmups: int | None,
                   steps: int | None, seed: int, device: str,
-                  profile: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The frozen cohort configuration written into both sidecars (resume must match it)."""
+                  profile: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The frozen cohort configuration written into both sidecars (resume must match it).
+
+    ``profile`` maps cell -> SHA-256 of its frozen card (``ProfileCard.source_hash``).
+    """
     cells = [{"cell": c.name, "methods": list(c.methods), "budget_bytes": int(c.budget_bytes),
               "warmups": int(c.warmups if warmups is None else warmups),
               "steps": int(c.steps if steps is None else steps)} for c in spec.cells]
@@ -86,6 +90,44 @@ def method_order(methods: Sequence[str], seed: int, process: int) -> list[str]:
     ``(seed, process)``, so it is recorded by the pair and reproducible."""
     rng = np.random.default_rng([int(seed), int(process)])
     return [methods[i] for i in rng.permutation(len(methods))]
+
+
+def freeze_profiles(spec: Any, out_dir: str | os.PathLike, device: str = "cpu",
+                    profile_dir: str | os.PathLike | None = None) -> dict[str, str]:
+    """Freeze one profile card per cell in ``out_dir/profile/<cell>.json``; return their JSON.
+
+    An existing frozen card (a resumed cohort) is reused as it is. Otherwise the card comes
+    from ``profile_dir/<cell>.json`` (checked to describe the cell's workload) or is measured
+    once, here in the parent, on ``device``.
+
+    Returns:
+        ``{cell name: card JSON text}`` — the exact bytes every process plans on.
+
+    Raises:
+        ProfileCardError: a given card is invalid or describes another workload.
+    """
+    from ..contract import ProfileCardError, load_card, save_card
+
+    frozen = Path(out_dir) / "profile"
+    out: dict[str, str] = {}
+    for cell in spec.cells:
+        path = frozen / f"{cell.name}.json"
+        if not path.exists():
+            if profile_dir is not None:
+                card = load_card(Path(profile_dir) / f"{cell.name}.json")
+                if card.meta.get("workload") != cell.config.to_dict():
+                    raise ProfileCardError(
+                        f"stateremat cohort processes: {Path(profile_dir) / (cell.name + '.json')}"
+                        f" describes workload {card.meta.get('workload')!r}, but cell "
+                        f"{cell.name!r} is {cell.config.to_dict()!r}. Tip: profile with the "
+                        "same --preset, or omit --profile to measure the card once here.")
+            else:
+                from ._runner import cell_card  # lazy: imports torch
+
+                card = cell_card(spec, cell, device)
+            save_card(card, path)
+        out[cell.name] = path.read_text()
+    return out
 
 
 # --------------------------------------------------------------------------- child side
@@ -113,15 +155,18 @@ def worker_main(argv: Sequence[str] | None = None, *,
         cell_runner = cell_runner or run_cell_methods
         spec_fn = spec_fn or experiment_spec
     spec = spec_fn(a.experiment, a.preset)
-    if a.profile:
-        os.environ["STATEREMAT_FROZEN_PROFILE"] = a.profile
     rows: list[dict] = []
     for cell in spec.cells:
         order = method_order(list(cell.methods), a.seed, a.process)
         warm = cell.warmups if a.warmups is None else a.warmups
         steps = cell.steps if a.steps is None else a.steps
+        kw = {}
+        if a.profile:  # the cohort's frozen card: no process profiles on its own (§11)
+            from ..contract import load_card
+
+            kw["card"] = load_card(Path(a.profile) / f"{cell.name}.json")
         got = cell_runner(spec, cell, order, warmups=warm, steps=steps, device=a.device,
-                          order=order, progress=False)
+                          order=order, progress=False, **kw)
         for r in got:
             r = dict(r)
             r.update({"process": a.process, "seed": a.seed, "order_index": order.index(r["method"]),
@@ -150,14 +195,15 @@ def _worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmups", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--device", default="cpu")
-    p.add_argument("--profile", default=None, help="frozen profile card path")
+    p.add_argument("--profile", default=None, help="folder of frozen <cell>.json cards")
     p.add_argument("--rows-out", required=True)
     return p
 
 
 # --------------------------------------------------------------------------- launcher
 def run_one_process(args: Sequence[str], worker_cmd: Sequence[str] | None = None,
-                    timeout_s: float | None = None) -> dict[str, Any]:
+                    timeout_s: float | None = None,
+                    cards: Mapping[str, str] | None = None) -> dict[str, Any]:
     """Launch one fresh interpreter for one cohort process and collect its rows.
 
     Runs wherever it is called: in a thread of the parent (local executor) or inside a Dask
@@ -169,6 +215,8 @@ def run_one_process(args: Sequence[str], worker_cmd: Sequence[str] | None = None
         worker_cmd: command prefix; default ``[sys.executable, "-m", "stateremat", "cohort",
             "process-worker"]``.
         timeout_s: kill the child after this many seconds (None: no limit).
+        cards: frozen profile cards ``{cell: card JSON text}``; written next to the child and
+            passed as ``--profile`` (no shared file system needed).
 
     Returns:
         ``{"exit_code", "status" ("ok" | "failed" | "timeout"), "stderr_tail", "wall_s",
@@ -177,9 +225,14 @@ def run_one_process(args: Sequence[str], worker_cmd: Sequence[str] | None = None
     cmd = list(worker_cmd or [sys.executable, "-m", "stateremat", "cohort", "process-worker"])
     with tempfile.TemporaryDirectory(prefix="stateremat-cohort-") as tmp:
         rows_out = Path(tmp) / "rows.parquet"
+        extra = ["--rows-out", str(rows_out)]
+        if cards:
+            for cell, text in cards.items():
+                atomic_write_bytes(Path(tmp) / "profile" / f"{cell}.json", text.encode())
+            extra += ["--profile", str(Path(tmp) / "profile")]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd + list(args) + ["--rows-out", str(rows_out)],
+            proc = subprocess.run(cmd + list(args) + extra,
                                   capture_output=True, text=True, timeout=timeout_s)
             code, err, status = proc.returncode, proc.stderr + proc.stdout, None
         except subprocess.TimeoutExpired as exc:
@@ -199,24 +252,25 @@ def _text(b: bytes | str | None) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else b
 
 
-def _local_results(tasks: list[tuple[int, list[str]]], jobs: int, worker_cmd, timeout_s
+def _local_results(tasks: list[tuple[int, list[str]]], jobs: int, worker_cmd, timeout_s, cards
                    ) -> Iterator[tuple[int, dict]]:
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        pending = {pool.submit(run_one_process, a, worker_cmd, timeout_s): p for p, a in tasks}
+        pending = {pool.submit(run_one_process, a, worker_cmd, timeout_s, cards): p
+                   for p, a in tasks}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
             for f in done:
                 yield pending.pop(f), f.result()
 
 
-def _dask_results(tasks: list[tuple[int, list[str]]], address: Any, worker_cmd, timeout_s
-                  ) -> Iterator[tuple[int, dict]]:
+def _dask_results(tasks: list[tuple[int, list[str]]], address: Any, worker_cmd, timeout_s,
+                  cards) -> Iterator[tuple[int, dict]]:
     from distributed import Client, as_completed
 
     own = not hasattr(address, "submit")
     client = Client(address, set_as_default=False) if own else address
     try:
-        futures = {client.submit(run_one_process, a, worker_cmd, timeout_s, pure=False,
+        futures = {client.submit(run_one_process, a, worker_cmd, timeout_s, cards, pure=False,
                                  key=f"stateremat-process-{p}-{os.getpid()}-{time.time_ns()}"): p
                    for p, a in tasks}
         for fut in as_completed(list(futures), loop=client.loop):
@@ -237,7 +291,8 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
                        preset: str = "cpu", warmups: int | None = None,
                        steps: int | None = None, jobs: int = 1, dask_address: Any = None,
                        seed: int = 0, device: str = "cpu", timeout_s: float | None = None,
-                       profile: Mapping[str, Any] | None = None,
+                       profile_dir: str | os.PathLike | None = None,
+                       profile_fn: Callable[..., dict[str, str]] | None = None,
                        worker_cmd: Sequence[str] | None = None,
                        spec_fn: Callable[[str, str], Any] | None = None,
                        progress: bool = True) -> dict[str, Any]:
@@ -256,8 +311,12 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         seed: base seed; process ``p`` shuffles its method order from ``(seed, p)``.
         device: ``cpu`` or ``cuda``.
         timeout_s: kill a process after this many seconds (recorded as ``timeout``).
-        profile: frozen profile ``{"path", "hash"}`` passed to every child (§11: the profile
-            is frozen before confirmation and identical across processes).
+        profile_dir: folder of ``<cell>.json`` profile cards to freeze (e.g. from ``stateremat
+            profile``); default: the parent measures each cell's card once. Either way the
+            cards are copied to ``out_dir/profile/``, their hashes go into the cohort config,
+            and every process plans on exactly these cards (§11: the profile is frozen
+            before confirmation and identical across processes).
+        profile_fn: replaces :func:`freeze_profiles` (tests).
         worker_cmd: child command prefix (tests use a fake worker script).
         spec_fn: replaces :func:`stateremat.experiments.experiment_spec` (tests).
         progress: show a rich progress bar.
@@ -282,6 +341,11 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
     if spec_fn is None:
         from . import experiment_spec as spec_fn  # type: ignore[no-redef]
     spec = spec_fn(experiment, preset)
+    cards = (profile_fn or freeze_profiles)(spec, out_dir, device, profile_dir)
+    from ..contract import ProfileCard
+
+    profile = {c: ProfileCard.from_dict(json.loads(t)).source_hash()
+               for c, t in cards.items()} or None
     config = cohort_config(spec, experiment, preset, warmups=warmups, steps=steps, seed=seed,
                            device=device, profile=profile)
     config["config_hash"] = source_hash(config)
@@ -301,11 +365,9 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
             a += ["--warmups", str(warmups)]
         if steps is not None:
             a += ["--steps", str(steps)]
-        if profile:
-            a += ["--profile", str(profile["path"])]
         tasks.append((p, a))
-    results = (_dask_results(tasks, dask_address, worker_cmd, timeout_s) if dask_address
-               else _local_results(tasks, jobs, worker_cmd, timeout_s))
+    results = (_dask_results(tasks, dask_address, worker_cmd, timeout_s, cards) if dask_address
+               else _local_results(tasks, jobs, worker_cmd, timeout_s, cards))
     ok, failed = 0, []
     with _progress(progress, len(tasks), experiment) as advance:
         for p, res in results:

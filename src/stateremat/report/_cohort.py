@@ -76,7 +76,16 @@ def cohort_summary(out_dir: str | Path, *, n_resamples: int = N_RESAMPLES,
         "semantic_checks": _unique(rows, "semantic_checks"),
         "attempts": attempts,
         "profile": config.get("profile"),
+        "profile_frozen": _profile_frozen(rows, config.get("profile")),
     }
+
+
+def _profile_frozen(rows: pd.DataFrame, frozen: dict | None) -> bool | None:
+    """Every row planned on its cell's frozen card (None: no card was frozen)."""
+    if not frozen or "profile_hash" not in rows:
+        return None
+    want = rows["cell"].map(frozen)
+    return bool((rows["profile_hash"] == want).all())
 
 
 def _unique(rows: pd.DataFrame, col: str) -> list:
@@ -128,15 +137,19 @@ def cohort_markdown(s: dict[str, Any]) -> str:
                      f"{cell['warmups']} warmups + {cell['steps']} measured steps per method\n")
         body = []
         for r in rows:
+            checks = f"{r['semantic_pass']}/{r['n_processes']}"
+            if r["n_errors"]:
+                checks += f" ({r['n_errors']} steps raised)"
             if r["mean_step_time_s"] is None:
-                body.append([method_label(r["method"]), "infeasible", "—", f"0/{n}"])
+                body.append([method_label(r["method"]), "infeasible", "—", f"0/{n}", "—"])
                 continue
             peak = f"{r['peak_bytes'] / bd:.3f}"
             if r["peak_bytes_min"] != r["peak_bytes_max"]:
                 peak += f" ({r['peak_bytes_min'] / bd:.3f}–{r['peak_bytes_max'] / bd:.3f})"
             body.append([method_label(r["method"]), f"{r['mean_step_time_s'] * tm:.2f}", peak,
-                         f"{r['fits']}/{r['n_processes']}"])
-        lines.append(markdown_table(["Method", f"Step {tu}", f"Peak {bu}", "Fits"], body))
+                         f"{r['fits']}/{r['n_processes']}", checks])
+        lines.append(markdown_table(["Method", f"Step {tu}", f"Peak {bu}", "Fits",
+                                     "Checks pass"], body))
     if s["comparisons"]:
         lvl = s["confidence_level"]
         lines.append(f"## Prespecified comparisons\n\nGeometric means of per-process paired "
@@ -157,7 +170,8 @@ def cohort_markdown(s: dict[str, Any]) -> str:
                                      "Paired processes"], body))
         if any(set(c["primary"]) != {"time", "peak"} for c in s["comparisons"]):
             lines.append("† secondary metric (not in the prespecified family).\n")
-    lines.append(f"Profile hashes: {', '.join(h[:12] for h in s['profile_hashes']) or '—'}; "
+    lines.append(f"Profile hashes: {', '.join(h[:12] for h in s['profile_hashes']) or '—'} "
+                 f"(frozen for every process: {s['profile_frozen']}); "
                  f"memory method: {', '.join(s['memory_methods']) or '—'}; semantic checks: "
                  f"{', '.join(s['semantic_checks']) or '—'}; attempts: {s['attempts']}.\n")
     return "\n".join(lines)

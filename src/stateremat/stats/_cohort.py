@@ -65,6 +65,7 @@ def method_table(rows: pd.DataFrame, budget_bytes: Mapping[str, int] | None = No
         (range of process means), ``peak_bytes`` (mean of per-process peaks),
         ``peak_bytes_min``/``peak_bytes_max``, ``fits`` (processes whose every step is
         within the logical budget; exceeding it is *over budget*, not an OOM),
+        ``semantic_pass`` (processes whose checks passed), ``n_errors`` (steps that raised),
         ``budget_bytes``.
     """
     means = process_means(rows)
@@ -83,6 +84,8 @@ def method_table(rows: pd.DataFrame, budget_bytes: Mapping[str, int] | None = No
             "peak_bytes_min": int(p.min()) if len(p) else None,
             "peak_bytes_max": int(p.max()) if len(p) else None,
             "fits": int(g["fits_budget"].sum()),
+            "semantic_pass": int(g["semantic_pass"].sum()),
+            "n_errors": int(g["n_errors"].sum()),
             "budget_bytes": int(budget_bytes[cell]) if budget_bytes and cell in budget_bytes
             else None,
         })

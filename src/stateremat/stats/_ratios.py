@@ -32,8 +32,9 @@ def process_means(rows: pd.DataFrame) -> pd.DataFrame:
             ``fits_budget`` (bool), ``feasible`` (bool).
 
     Returns:
-        DataFrame with columns ``cell, process, method, feasible, n_steps,
-        mean_step_time_s`` (arithmetic mean over the measured steps; NaN when infeasible,
+        DataFrame with columns ``cell, process, method, feasible, n_errors`` (steps that
+        raised), ``semantic_pass`` (every row's ``semantic_checks == "pass"``; True when the
+        column is absent), ``n_steps``, ``mean_step_time_s`` (arithmetic mean over the measured steps; NaN when infeasible,
         never infinite), ``peak_bytes`` (maximum over steps) and ``fits_budget`` (every
         step within the logical budget; False when infeasible).
 
@@ -54,8 +55,15 @@ def process_means(rows: pd.DataFrame) -> pd.DataFrame:
     df["step_time_s"] = pd.to_numeric(df["step_time_s"], errors="coerce").where(df["feasible"])
     df["peak_bytes"] = pd.to_numeric(df["peak_bytes"], errors="coerce").where(df["feasible"])
     df["fits_budget"] = df["fits_budget"].fillna(False).astype(bool) & df["feasible"]
+    # A step that raised keeps its row (error text, no time); it is counted, not averaged.
+    err = df["error"] if "error" in df else pd.Series("", index=df.index)
+    df["_error"] = err.fillna("").astype(str).str.len() > 0
+    checks = df["semantic_checks"] if "semantic_checks" in df else pd.Series("pass", index=df.index)
+    df["_checks_pass"] = checks.fillna("").astype(str) == "pass"
     g = df.groupby(["cell", "process", "method"], sort=True)
     out = g.agg(feasible=("feasible", "all"),
+                n_errors=("_error", "sum"),
+                semantic_pass=("_checks_pass", "all"),
                 n_steps=("step_time_s", "count"),
                 mean_step_time_s=("step_time_s", "mean"),
                 peak_bytes=("peak_bytes", "max"),
