@@ -158,7 +158,7 @@ def test_invalid_programs_are_rejected_with_named_errors():
 
 
 def test_finite_never_imports_torch_or_jax():
-    code = ("import sys, stateremat.finite, stateremat.cli; "
+    code = ("import sys, stateremat.finite, stateremat.finite.engines, stateremat.cli; "
             "bad = [m for m in ('torch', 'jax') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)

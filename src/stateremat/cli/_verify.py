@@ -109,3 +109,72 @@ def run_default(out: Path) -> dict:
     summary = run_finite(Path(out) / "verify-finite")
     _emit(summary, Path(out) / "verify-finite" / "summary.json")
     return summary
+
+
+def run_engines(out: Path, programs: int = 1200, seed: int = 0) -> dict:
+    """Semantic study: every engine on every program into ``out`` (table ``engines``).
+
+    Returns:
+        the dict of :func:`stateremat.finite._summary.summarise_engines`.
+
+    References: paper §7, Table 1, Table 3.
+    """
+    from ..contract import read_records
+    from ..finite._study import engine_rows
+    from ..finite._summary import summarise_engines
+
+    run_units(out, "engines", ["seed", "program", "check", "engine"],
+              {"programs": programs, "seed": seed}, [(seed, i) for i in range(programs)],
+              engine_rows, "engine semantic study")
+    return summarise_engines(read_records(out, "engines"))
+
+
+def run_alias(out: Path, seeds: Sequence[int]) -> dict:
+    """Joint-alias study: seeds x 3 patterns x dims 32/64 into ``out`` (table ``alias``).
+
+    Returns:
+        the dict of :func:`stateremat.finite._summary.summarise_alias`.
+
+    References: paper §7, Table 3.
+    """
+    from ..contract import read_records
+    from ..finite._study import ALIAS_DIMS, ALIAS_PATTERNS, alias_rows
+    from ..finite._summary import summarise_alias
+
+    units = [(s, p, d) for s in seeds for p in ALIAS_PATTERNS for d in ALIAS_DIMS]
+    run_units(out, "alias", ["seed", "pattern", "dim", "check", "engine"], {"seeds": list(seeds)},
+              units, alias_rows, "joint-alias study")
+    return summarise_alias(read_records(out, "alias"))
+
+
+@verify_app.command("engines")
+def verify_engines(
+    programs: int = typer.Option(1200, "--programs", help="Programs (families queue/prototype/recurrence)."),
+    seed: int = typer.Option(0, "--seed", help="Base seed of the program generator."),
+    out: Path = typer.Option(Path("out/verify-engines"), "--out", help="Records folder (resumable)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the summary JSON here."),
+) -> None:
+    """Five preservation engines on the semantic study (paper §7, Table 1)."""
+    if programs < 1:
+        raise fail(f"stateremat verify engines: --programs must be >= 1, got {programs}. "
+                   "Tip: the paper's study uses --programs 1200.")
+    _emit(_guard(lambda: run_engines(out, programs, seed)), json_path)
+
+
+@verify_app.command("alias")
+def verify_alias(
+    seeds: str = typer.Option("50", "--seeds", help="Number of seeds N (seeds 0..N-1) or a range A:B."),
+    out: Path = typer.Option(Path("out/verify-alias"), "--out", help="Records folder (resumable)."),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the summary JSON here."),
+) -> None:
+    """Joint-alias study: seeds x 3 patterns x dims 32/64 (paper §7, Table 3)."""
+    from ..contract import parse_seed_range
+
+    try:
+        seed_list = parse_seed_range(seeds) if ":" in seeds else list(range(int(seeds)))
+    except ValueError as exc:
+        raise fail(f"stateremat verify alias: --seeds {seeds!r}: {exc}. Tip: use a count like 50 "
+                   "or a half-open range like 0:50.")
+    if not seed_list:
+        raise fail("stateremat verify alias: --seeds must name at least one seed. Tip: --seeds 50.")
+    _emit(_guard(lambda: run_alias(out, seed_list)), json_path)

@@ -26,3 +26,6 @@ from ._replay import (
     wrong_rng_state as wrong_rng_state,
 )
 from ._summary import summarise_finite as summarise_finite
+from ._families import family_program as family_program, integer_write_variant as integer_write_variant
+from ._study import check_recovery as check_recovery
+from ._summary import summarise_alias as summarise_alias, summarise_engines as summarise_engines

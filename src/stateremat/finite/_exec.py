@@ -102,6 +102,24 @@ def read(buf: np.ndarray, view: View, pos: np.ndarray) -> tuple[np.ndarray, np.n
     return raw.view(DTYPES[view.dtype]).reshape(-1), off
 
 
+def positions(views: dict, op, idx: np.ndarray | None) -> tuple[np.ndarray, list]:
+    """Destination positions ``(m,)`` and per-operand positions ``(m,)`` of ``op``.
+
+    ``idx`` are the integer indices read through ``op.index`` (``None`` in map mode).
+    """
+    dst = views[op.dst]
+    if op.mode == "map":
+        dpos = np.arange(dst.length)
+        return dpos, [dpos] * len(op.srcs)
+    if op.mode == "gather":
+        return np.arange(dst.length), [np.mod(idx, views[s].length) for s in op.srcs]
+    # scatter: the last writer of a repeated position wins (sequential semantics)
+    pos = np.mod(idx, dst.length)
+    _, first_rev = np.unique(pos[::-1], return_index=True)
+    spos = np.sort(len(pos) - 1 - first_rev)
+    return pos[spos], [spos] * len(op.srcs)
+
+
 def _versions(run: Run, off: np.ndarray, dtype: str) -> np.ndarray:
     if dtype != "f8":
         return np.full(len(off), -1, np.int64)
@@ -111,6 +129,13 @@ def _versions(run: Run, off: np.ndarray, dtype: str) -> np.ndarray:
     return np.where(ok, vid, -1)
 
 
+def float_input_offsets(p: Program) -> np.ndarray:
+    """Byte offsets ``(n_inputs,)`` of ``B0``'s float64 elements, in gradient order."""
+    offs = p.region_offsets()
+    parts = [offs[r.name] + 8 * np.arange(r.length) for r in p.regions if r.dtype == "f8"]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, np.int64)
+
+
 def _init_versions(run: Run, p: Program, cap: int) -> None:
     n0 = p.nbytes // 8
     run.ver = np.repeat(np.arange(n0, dtype=np.int64), 8)
@@ -118,11 +143,7 @@ def _init_versions(run: Run, p: Program, cap: int) -> None:
     run.vstart[:n0] = np.arange(n0) * 8
     run.vkind = np.full(n0 + cap, DATA, np.int8)
     run.vval = np.zeros(n0 + cap, np.float64)
-    f_cells, offs = [], p.region_offsets()
-    for r in p.regions:
-        if r.dtype == "f8":
-            f_cells.append(offs[r.name] // 8 + np.arange(r.length))
-    f_cells = np.concatenate(f_cells) if f_cells else np.zeros(0, np.int64)
+    f_cells = float_input_offsets(p) // 8
     # renumber so that the float64 inputs are vids 0..n_inputs-1
     order = np.concatenate([f_cells, np.setdiff1d(np.arange(n0), f_cells)])
     new_id = np.empty(n0, np.int64)
@@ -137,7 +158,8 @@ def _init_versions(run: Run, p: Program, cap: int) -> None:
 
 
 def execute(program: Program, buf: np.ndarray | None = None, rng: np.random.Generator | None = None,
-            *, ops=None, start: int = 0, noise: dict | None = None, track: bool = True) -> Run:
+            *, ops=None, start: int = 0, noise: dict | None = None, track: bool = True,
+            before_op=None, after_op=None, graph: bool = True) -> Run:
     """Run ``program`` (or ``ops[start:]`` of it) on a copy of ``buf`` with generator ``rng``.
 
     Args:
@@ -149,6 +171,10 @@ def execute(program: Program, buf: np.ndarray | None = None, rng: np.random.Gene
         noise: ``{op index: (m,) float64}`` recorded noise to reuse instead of drawing (a
             replay that must not advance the generator, Table 1 "whole checkpoint").
         track: build records and the version graph (off for fast byte-only replay).
+        graph: with ``track``, also build the version graph (off: stored operations only).
+        before_op: ``f(k, bytes, generator)`` called before op ``k`` (preservation engines);
+            must not modify either.
+        after_op: ``f(k, record, bytes, generator)`` called after op ``k`` (needs ``track``).
 
     Returns:
         :class:`Run` with the final bytes and generator state.
@@ -160,37 +186,30 @@ def execute(program: Program, buf: np.ndarray | None = None, rng: np.random.Gene
     b = (p.initial_bytes() if buf is None else buf).copy()
     g = p.initial_rng() if rng is None else rng
     run = Run(program=p, bytes_=b, rng_state={})
-    if track:
+    if track and graph:
         _init_versions(run, p, sum(p.view(o.dst).length for o in ops))
     views = p._views
     with np.errstate(all="ignore"):  # bit-reinterpreted floats may be inf/nan; bytes stay exact
         for j, op in enumerate(ops):
-            _step(run, views, op, start + j, g, noise, track)
+            if before_op is not None:
+                before_op(start + j, run.bytes_, g)
+            _step(run, views, op, start + j, g, noise, track, graph)
+            if after_op is not None:
+                after_op(start + j, run.records[-1], run.bytes_, g)
     run.rng_state = g.bit_generator.state
     return run
 
 
-def _step(run: Run, views: dict, op, k: int, g, noise, track: bool) -> None:
+def _step(run: Run, views: dict, op, k: int, g, noise, track: bool, graph: bool = True) -> None:
     b, dst = run.bytes_, views[op.dst]
     idx_off = idx = None
-    if op.mode == "map":
-        dpos = np.arange(dst.length)
-        spos = dpos
-    else:
+    if op.mode != "map":
         idx, idx_off = read(b, views[op.index], np.arange(views[op.index].length))
         idx = idx.astype(np.int64)
-        if op.mode == "gather":
-            dpos, spos = np.arange(dst.length), None
-        else:  # scatter: last writer of a repeated position wins (sequential semantics)
-            pos = np.mod(idx, dst.length)
-            _, first_rev = np.unique(pos[::-1], return_index=True)
-            spos = np.sort(len(pos) - 1 - first_rev)
-            dpos = pos[spos]
+    dpos, sposs = positions(views, op, idx)
     xs, soffs = [], []
-    for s in op.srcs:
-        sv = views[s]
-        sp = np.mod(idx, sv.length) if op.mode == "gather" else spos
-        x, so = read(b, sv, sp)
+    for s, sp in zip(op.srcs, sposs):
+        x, so = read(b, views[s], sp)
         xs.append(x.copy())  # R1: operands are the versions before this op's write
         soffs.append(so)
     m = len(dpos)
@@ -216,6 +235,8 @@ def _step(run: Run, views: dict, op, k: int, g, noise, track: bool) -> None:
         src_dtypes=tuple(views[s].dtype for s in op.srcs), xs=tuple(xs), index_offsets=idx_off,
         index_values=idx, old_bytes=old, new_bytes=new.copy(), eps=eps, rng_before=rng_before,
         rng_after=g.bit_generator.state))
+    if not graph:
+        return
     operands = tuple(_versions(run, so, views[s].dtype) for so, s in zip(soffs, op.srcs))
     out = np.arange(run.next_vid, run.next_vid + m, dtype=np.int64)
     run.next_vid += m

@@ -64,3 +64,61 @@ def summarise_finite(rows: pd.DataFrame) -> dict:
         },
         "outcomes": outcomes,
     }
+
+
+def summarise_engines(rows: pd.DataFrame) -> dict:
+    """Summary of the semantic study from its raw rows (table ``engines``).
+
+    Returns:
+        programs, engines, recoveries checked/matched, max gradient error, complex step,
+        total ``retained_bytes`` per engine (and per family), peak ``workspace_bytes`` per
+        engine, outcome counts, and the queue family's region/whole retained-bytes ratio.
+    """
+    rec = rows[rows["check"] == "recovery"]
+    cs = rows[rows["check"] == "complex_step"]
+    engines = list(dict.fromkeys(rec["engine"]))
+    by_family = {f: {e: int(v) for e, v in g.groupby("engine", sort=False)["retained_bytes"].sum().items()}
+                 for f, g in rec.groupby("family")}
+    q = by_family.get("queue", {})
+    return {
+        "programs": int(rows["program"].nunique()),
+        "engines": engines,
+        "recoveries_checked": int(len(rec)),
+        "recoveries_matched": int((rec["outcome"] == "M").sum()),
+        "unsupported": int((rec["outcome"] == "unsupported").sum()),
+        "max_grad_error": float(rec["max_error"].max()) if len(rec) else float("nan"),
+        "complex_step": {
+            "programs": int(len(cs)),
+            "coordinates": int(cs["coordinates"].sum()) if len(cs) else 0,
+            "max_error": float(cs["max_error"].max()) if len(cs) else float("nan"),
+            "matched": int((cs["outcome"] == "M").sum()),
+        },
+        "retained_bytes": {e: int(rec.loc[rec["engine"] == e, "retained_bytes"].sum()) for e in engines},
+        "retained_bytes_by_family": by_family,
+        "queue_region_over_whole_retained": (q["region"] / q["whole"]) if q.get("whole") else None,
+        "workspace_bytes_max": {e: int(rec.loc[rec["engine"] == e, "workspace_bytes"].max())
+                                for e in engines},
+        "outcomes": {e: {str(o): int(n) for o, n in g["outcome"].value_counts().items()}
+                     for e, g in rec.groupby("engine", sort=False)},
+    }
+
+
+def summarise_alias(rows: pd.DataFrame) -> dict:
+    """Summary of the joint-alias study from its raw rows (table ``alias``)."""
+    rec = rows[rows["check"] == "recovery"]
+    ops = rows[rows["check"] == "stored_operations"]
+    iw = rows[rows["check"] == "integer_write_gradient"]
+    inputs = rows[["seed", "pattern", "dim"]].drop_duplicates()
+    return {
+        "inputs": int(len(inputs)),
+        "supported_recoveries": int((rec["outcome"] != "unsupported").sum()),
+        "matched": int((rec["outcome"] == "M").sum()),
+        "unsupported": int((iw["outcome"] == "unsupported").sum()),
+        "integer_writes_not_refused": int((iw["outcome"] != "unsupported").sum()),
+        "max_grad_error": float(rec["max_error"].max()) if len(rec) else float("nan"),
+        "stored_operations": int(ops["coordinates"].sum()),
+        "stored_operations_consistent": int((ops["outcome"] == "M").sum()),
+        "patterns": sorted(rows["pattern"].unique().tolist()),
+        "dims": sorted(int(d) for d in rows["dim"].unique()),
+        "retained_bytes": {e: int(g["retained_bytes"].sum()) for e, g in rec.groupby("engine", sort=False)},
+    }

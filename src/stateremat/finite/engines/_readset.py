@@ -1,0 +1,33 @@
+"""Read-set checkpoint: keep the historical values each op read (Table 1, row 3)."""
+from __future__ import annotations
+
+from ._base import Engine, Recovery, nbytes_of, op_read_from_values
+
+
+class ReadSetEngine(Engine):
+    """Retains every op's operand values, integer indices and noise; backward reads them.
+
+    Addresses are rebuilt from the declared views and the retained indices ("read indices are
+    declared by the finite program"). No state is restored and nothing is replayed.
+
+    References: paper §3.1, Table 1.
+    """
+
+    name = "readset"
+
+    def __init__(self, program, segments):
+        super().__init__(program, segments)
+        self.kept = {}
+
+    def after_op(self, k, rec, buf, rng):
+        self.kept[k] = (tuple(x.copy() for x in rec.xs),
+                        None if rec.index_values is None else rec.index_values.copy(),
+                        None if rec.eps is None else rec.eps.copy())
+
+    def end_forward(self, buf, rng):
+        self.retained_bytes = sum(nbytes_of(xs) + nbytes_of([i, e]) for xs, i, e in self.kept.values())
+
+    def recover(self, seg, live, rng):
+        a, b = self.segments[seg]
+        reads = {k: op_read_from_values(self.p, k, *self.kept[k]) for k in range(a, b)}
+        return Recovery(reads, workspace_bytes=self.workspace_bytes)
