@@ -1,1 +1,5 @@
-"""stateremat.jax (see DESIGN.md, layer `jax`)."""
+"""stateremat.jax: functional state-threading checkpoint with admission checks (DESIGN.md).
+
+Optional extra: importing this package needs ``jax``; importing ``stateremat`` does not.
+"""
+from ._checkpoint import checkpoint as checkpoint
