@@ -20,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from . import _journal
 from ._context import LOCAL
 from ._journal import gather
+from ._stats import COUNTERS
 from ._storage import round_runs, storage_key, write_runs
 
 _aten = torch.ops.aten
@@ -95,6 +96,7 @@ def _before_forward_write(func: Any, args: tuple, kwargs: dict, w: torch.Tensor)
         n = tr.journal(write_runs(func, args, kwargs, w), id(owner) if owner is not None else 0)
         if owner is not None:
             owner.txn.journal_bytes += n
+        COUNTERS.touch()
 
 
 def _before_replay_write(func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:

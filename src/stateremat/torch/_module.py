@@ -11,12 +11,28 @@ from ._scan import resolve_state
 from ._segment import RecomputeSink
 
 
+_PREFIX = "block."
+
+
+def _strip_block_prefix(module: nn.Module, state_dict: dict, prefix: str, local_metadata: Any) -> dict:
+    for key in list(state_dict):
+        if key.startswith(prefix + _PREFIX):
+            state_dict[prefix + key[len(prefix) + len(_PREFIX):]] = state_dict.pop(key)
+    return state_dict
+
+
+def _add_block_prefix(state_dict: dict, prefix: str, *args: Any) -> None:
+    for key in list(state_dict):
+        if key.startswith(prefix) and not key.startswith(prefix + _PREFIX):
+            state_dict[prefix + _PREFIX + key[len(prefix):]] = state_dict.pop(key)
+
+
 class StatefulCheckpoint(nn.Module):
     """Wrap ``block`` so its forward is checkpointed with declared state (see :func:`checkpoint`).
 
     Args:
-        block: the module to checkpoint; its parameters and buffers stay registered under
-            ``block.`` so ``state_dict`` keys gain that prefix.
+        block: the module to checkpoint (registered as ``.block``; ``state_dict`` keys, attribute
+            access and indexing are those of the unwrapped block).
         state: ``"buffers"`` (all buffers of ``block``, the default), ``None`` (nothing), or a
             tensor / module / list of them.
         preserve: ``"region"`` or ``"whole"``.
@@ -55,6 +71,18 @@ class StatefulCheckpoint(nn.Module):
         self._sink = RecomputeSink()
         self.snapshot_bytes = 0
         self.journal_bytes = 0
+        # state_dict keys stay those of the unwrapped block (like torch's CheckpointWrapper).
+        self._register_state_dict_hook(_strip_block_prefix)
+        self._register_load_state_dict_pre_hook(_add_block_prefix)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["block"], name)
+
+    def __getitem__(self, idx: Any) -> Any:
+        return self._modules["block"].__getitem__(idx)
 
     @property
     def retained_state_bytes(self) -> int:
