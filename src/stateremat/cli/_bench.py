@@ -1,1 +1,61 @@
 """CLI commands: bench (registered on import)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ._app import bench_app, fail
+
+
+def _run(name: str, out: Path, preset: str, device: str, warmups: Optional[int],
+         steps: Optional[int]) -> None:
+    from ..contract import RecordsError
+
+    if preset not in ("cpu", "h100"):
+        raise fail(f"--preset {preset!r}: expected cpu or h100. Tip: cpu runs here in minutes.")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise fail("--device cuda: no CUDA device is visible. Tip: use --device cpu here.")
+    elif device != "cpu":
+        raise fail(f"--device {device!r}: expected cpu or cuda[:i].")
+    from ..experiments import run_experiment
+    from ..report._bench import render
+
+    try:
+        summary = run_experiment(name, out, preset=preset, device=device, warmups=warmups, steps=steps)
+    except RecordsError as exc:
+        raise fail(str(exc))
+    typer.echo(render(summary))
+    typer.echo(f"rows: {out / 'bench'}  summary: {out / 'summary.json'}  tables: {out / 'tables.md'}")
+
+
+_OUT = typer.Option(..., "--out", help="run folder (rerun with the same folder to resume)")
+_PRESET = typer.Option("cpu", help="cpu (paper shapes and budgets / 1024) or h100")
+_DEVICE = typer.Option("cpu", help="cpu, or cuda for the GPU path")
+_WARM = typer.Option(None, help="override warmup steps per method")
+_STEPS = typer.Option(None, help="override measured steps per method")
+
+
+@bench_app.command("calibrate")
+def calibrate(out: Path = _OUT, preset: str = _PRESET, device: str = _DEVICE,
+              warmups: Optional[int] = _WARM, steps: Optional[int] = _STEPS) -> None:
+    """24-shape calibration grid, six methods, scaled 20 GiB budget (§8, Table 10)."""
+    _run("calibrate", out, preset, device, warmups, steps)
+
+
+@bench_app.command("pressure")
+def pressure(out: Path = _OUT, preset: str = _PRESET, device: str = _DEVICE,
+             warmups: Optional[int] = _WARM, steps: Optional[int] = _STEPS) -> None:
+    """Four activation-pressure cells, six methods, scaled 32 GiB (§9, Tables 4 and 5)."""
+    _run("pressure", out, preset, device, warmups, steps)
+
+
+@bench_app.command("fair")
+def fair(out: Path = _OUT, preset: str = _PRESET, device: str = _DEVICE,
+         warmups: Optional[int] = _WARM, steps: Optional[int] = _STEPS) -> None:
+    """Large/sparse cell, all seven methods, scaled 44 GiB budget (§10, Table 6)."""
+    _run("fair", out, preset, device, warmups, steps)

@@ -1,1 +1,53 @@
 """CLI commands: profile (registered on import)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ._app import app, fail
+
+
+@app.command("profile")
+def profile_cmd(
+    workload: str = typer.Argument(..., help="feature_queue, prototype_memory or unrolled_recurrence"),
+    out: Path = typer.Option(..., "--out", help="profile card JSON to write"),
+    preset: str = typer.Option("cpu", help="cpu (paper shapes / 1024) or h100 (paper shapes)"),
+    activations: str = typer.Option("large", help="large (4096/65536) or small (256/256), paper units"),
+    state_mib: int = typer.Option(1024, help="state buffer MiB in paper units (scaled by the preset)"),
+    write_fraction: float = typer.Option(0.001, help="fraction of the buffer each segment writes"),
+    live: int = typer.Option(16, help="live versions = segments writing the buffer"),
+    dtype: str = typer.Option("float32", help="float32 or float64"),
+    device: str = typer.Option("cpu", help="cpu or cuda"),
+    repeats: int = typer.Option(3, help="timed runs per segment and option (median)"),
+) -> None:
+    """Measure a profile card (r, q, c per segment and option; P) on this device (paper §4)."""
+    from rich.progress import Progress
+
+    from ..contract import format_bytes, save_card
+    from ..workloads import preset_config
+
+    try:
+        cfg = preset_config(preset, workload=workload, state_mib=state_mib,
+                            write_fraction=write_fraction, live_versions=live,
+                            activations=activations, dtype=dtype)
+    except ValueError as exc:
+        raise fail(str(exc))
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise fail("--device cuda: no CUDA device is visible. Tip: use --device cpu here.")
+    from ..profile import profile_workload
+
+    with Progress() as bar:
+        task = bar.add_task(f"profiling {workload} ({preset})", total=cfg.segments)
+        card = profile_workload(cfg, device, repeats=repeats,
+                                on_segment=lambda done, n: bar.update(task, completed=done))
+    save_card(card, out)
+    seg = card.segments[-1]
+    typer.echo(f"wrote {out}: {len(card.segments)} segments, P = {format_bytes(card.persistent_bytes)}, "
+               f"memory: {card.meta['memory_method']}")
+    for o, c in seg.options.items():
+        typer.echo(f"  {seg.name}.{o}: r = {format_bytes(c.retained_bytes)}, "
+                   f"q = {format_bytes(c.temp_bytes)}, c = {c.time_s * 1e3:.2f} ms")

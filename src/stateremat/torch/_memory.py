@@ -92,18 +92,21 @@ class PeakMemory:
     """Context manager measuring the peak bytes allocated during a block (one training step).
 
     On CUDA: resets the allocator peak on entry; ``peak_bytes`` is
-    ``torch.cuda.max_memory_allocated(device)`` on exit (everything on the device counts).
+    ``torch.cuda.max_memory_allocated(device)`` on exit (everything on the device counts) — or,
+    when ``roots`` are given, the roots' bytes plus the allocator peak above the bytes allocated
+    at entry (so other models held on the same device are not charged to this step).
     On CPU: ``peak_bytes`` = bytes of the unique storages of ``roots`` at entry plus the peak of
     live storage bytes first produced by ops inside the block.
 
     Args:
         device: ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:0"``, ``torch.device``).
         roots: tensors alive before the block that belong to the step's footprint (parameters,
-            their ``.grad``, declared state, input batch); CPU only, ignored on CUDA.
+            their ``.grad``, declared state, input batch).
 
     Attributes (after exit):
         peak_bytes: peak bytes during the block, including the baseline.
-        baseline_bytes: bytes at entry (CUDA: ``memory_allocated``; CPU: storages of ``roots``).
+        baseline_bytes: bytes at entry (storages of ``roots``; CUDA without roots:
+            ``memory_allocated``).
         method: ``"cuda_max_memory_allocated"`` or ``"cpu_live_storage_tracker"``.
 
     Danger:
@@ -122,12 +125,15 @@ class PeakMemory:
         self.peak_bytes = 0
         self.baseline_bytes = 0
         self._tracker: _StorageTracker | None = None
+        self._entry = 0
 
     def __enter__(self) -> "PeakMemory":
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
-            self.baseline_bytes = torch.cuda.memory_allocated(self.device)
+            self._entry = int(torch.cuda.memory_allocated(self.device))
+            # with roots, count only this step's footprint (other models may share the device)
+            self.baseline_bytes = storage_bytes(self.roots) if self.roots else self._entry
         else:
             known = _storages(self.roots)
             self.baseline_bytes = sum(st.nbytes() for st in known.values())
@@ -138,7 +144,7 @@ class PeakMemory:
     def __exit__(self, *exc: Any) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            self.peak_bytes = int(torch.cuda.max_memory_allocated(self.device))
+            self.peak_bytes = self.baseline_bytes + self.tracked_peak_bytes
         else:
             assert self._tracker is not None
             self._tracker.__exit__(*exc)
@@ -159,7 +165,7 @@ class PeakMemory:
     def current_bytes(self) -> int:
         """Live bytes now (CPU: baseline + tracked storages still alive; CUDA: allocated)."""
         if self.device.type == "cuda":
-            return int(torch.cuda.memory_allocated(self.device))
+            return self.baseline_bytes + int(torch.cuda.memory_allocated(self.device)) - self._entry
         assert self._tracker is not None
         return self.baseline_bytes + self._tracker.current_bytes
 
@@ -167,7 +173,7 @@ class PeakMemory:
     def tracked_peak_bytes(self) -> int:
         """Peak bytes above the baseline seen so far (CPU tracker; CUDA: peak − baseline)."""
         if self.device.type == "cuda":
-            return int(torch.cuda.max_memory_allocated(self.device)) - self.baseline_bytes
+            return int(torch.cuda.max_memory_allocated(self.device)) - self._entry
         assert self._tracker is not None
         return self._tracker.peak_bytes
 

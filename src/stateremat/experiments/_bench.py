@@ -1,0 +1,91 @@
+"""``stateremat bench calibrate|pressure|fair``: run an experiment into ``--out``, resumably.
+
+Rows go to the ``bench`` records table (one Parquet part per finished cell); an interrupted run
+resumes by skipping cells whose rows exist. ``summary.json`` and ``tables.md`` are then
+recomputed from all rows by separate code (:mod:`._summary`, :mod:`stateremat.report._bench`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..contract import RecordStore, atomic_write_json, read_records
+from ._spec import ExperimentSpec, experiment_spec
+from ._summary import TABLE, summarize
+
+
+def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: str = "cpu",
+                   warmups: int | None = None, steps: int | None = None,
+                   progress: bool = True) -> dict:
+    """Run experiment ``name`` into ``out`` and write ``summary.json`` and ``tables.md``.
+
+    Args:
+        name: ``calibrate``, ``pressure``, ``fair`` (or any of ``experiment_spec``'s names).
+        out: run folder; rerunning with the same folder and options resumes.
+        preset: ``cpu`` or ``h100``.
+        device: ``cpu`` or ``cuda``.
+        warmups: override the spec's warmup steps per method.
+        steps: override the spec's measured steps per method.
+        progress: show a rich progress bar.
+
+    Returns:
+        The summary (as written to ``summary.json``).
+
+    Raises:
+        RecordsError: ``out`` holds a run with other options.
+        ValueError: unknown experiment or preset.
+    """
+    import torch
+
+    from ..report._bench import report_bench
+    from ._runner import run_cell_methods
+
+    spec: ExperimentSpec = experiment_spec(name, preset)
+    w = spec.warmups if warmups is None else int(warmups)
+    k = spec.steps if steps is None else int(steps)
+    out = Path(out)
+    store = RecordStore(out, TABLE, key=["cell", "method", "step"], meta={
+        "experiment": name, "preset": preset, "device": device, "warmups": w, "steps": k,
+        "budget_bytes": spec.budget_bytes, "h100_budget_gib": spec.h100_budget_gib,
+        "cells": [c.name for c in spec.cells], "methods": list(spec.methods)})
+    done = {key[0] for key in store.done_keys()}
+    todo = [c for c in spec.cells if c.name not in done]
+    bar = None
+    if progress:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn())
+        bar.start()
+        task = bar.add_task(f"bench {name}", total=sum(len(c.methods) * (w + k + 1) for c in todo))
+    try:
+        for i, cell in enumerate(todo):
+            if bar:
+                bar.update(task, description=f"bench {name} [{i + 1}/{len(todo)}] {cell.name}")
+            rows = run_cell_methods(
+                spec, cell, list(cell.methods), warmups=w, steps=k, device=device,
+                card_dir=out / "cards",
+                on_step=(lambda: bar.advance(task, 1)) if bar else None)
+            store.append(rows)
+    finally:
+        if bar:
+            bar.stop()
+    summary = summarize(read_records(out, TABLE))
+    summary.update({"warmups": w, "steps": k, "torch_threads": torch.get_num_threads()})
+    atomic_write_json(out / "summary.json", summary)
+    report_bench(out)
+    return summary
+
+
+def run_fair(out: str | Path, preset: str = "cpu", device: str = "cpu") -> dict:
+    """Run ``bench fair`` (all seven methods, scaled 44 GiB budget) and print its table.
+
+    This is the README's main-job command.
+
+    Returns:
+        The summary written to ``out/summary.json``.
+    """
+    from ..report._bench import render
+
+    summary = run_experiment("fair", out, preset=preset, device=device)
+    print(render(summary))
+    return summary

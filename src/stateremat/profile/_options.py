@@ -1,0 +1,105 @@
+"""Wrap one segment module with a checkpoint option (eager, whole, region, recompute_only).
+
+``eager``/``whole``/``region`` are the executable options of a plan (``stateremat.torch``);
+``recompute_only`` exists only to *measure* what replay costs without any state preservation
+(the cost the ``state_agnostic`` control believes ``whole`` has). It wraps the segment in plain
+``torch.utils.checkpoint`` — which replays the state writes a second time, so it is never used
+to train, only to profile (card docstring: "never executed").
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+EXECUTABLE_OPTIONS = ("eager", "whole", "region")
+PROFILE_OPTIONS = EXECUTABLE_OPTIONS + ("recompute_only",)
+
+
+class RecomputeOnly(nn.Module):
+    """Profiling-only wrapper: ``torch.utils.checkpoint`` with nothing preserved.
+
+    Danger:
+        A stateful segment replays against mutated state and writes it twice; gradients are
+        wrong for stateful segments. Used only to measure the cost of replay without
+        preservation (profile card option ``recompute_only``).
+    """
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        from torch.utils.checkpoint import checkpoint as tcheckpoint
+
+        return tcheckpoint(self.module, *args, use_reentrant=False, **kwargs)
+
+
+def wrap_segment(module: nn.Module, option: str, *, granularity_bytes: int = 4096) -> nn.Module:
+    """``module`` under checkpoint ``option`` (``eager`` returns it unwrapped).
+
+    Args:
+        module: a segment whose declared state is its buffers.
+        option: one of ``eager``, ``whole``, ``region``, ``recompute_only``.
+        granularity_bytes: region journal granularity, bytes (``region`` only).
+
+    Returns:
+        The module to call in place of ``module``.
+
+    Raises:
+        ValueError: on an unknown option.
+        ImportError: if ``stateremat.torch`` has no ``StatefulCheckpoint`` yet.
+    """
+    if option == "eager":
+        return module
+    if option == "recompute_only":
+        return RecomputeOnly(module)
+    if option not in EXECUTABLE_OPTIONS:
+        raise ValueError(f"wrap_segment: option {option!r} is not one of {PROFILE_OPTIONS}. "
+                         "Tip: plans use eager, whole or region.")
+    from stateremat.torch import StatefulCheckpoint
+
+    # the segment's declared state is its buffers (none: whole is a plain replay)
+    return StatefulCheckpoint(module, state="buffers", preserve=option,
+                              granularity_bytes=granularity_bytes)
+
+
+def preserved_now() -> int | None:
+    """Bytes held for state preservation right now (snapshots + journals), if reported.
+
+    Reads ``stateremat.torch.preservation_stats()``; ``None`` when that is unavailable.
+    """
+    try:
+        from stateremat.torch import preservation_stats
+    except ImportError:
+        return None
+    return int(preservation_stats().retained_state_bytes)
+
+
+def journal_scope(enabled: bool = True):
+    """Context in which every write to a journaled declared tensor is journaled (R6).
+
+    A region journal must also hold the old bytes of *later* writes that destroy state its
+    segment needs — including writes by eager (unwrapped) or whole-snapshot segments, which push
+    no journaling mode of their own. ``stateremat.torch`` journals writes made while its forward
+    ``StateMode`` is active; this enters it around a whole forward pass.
+
+    Danger:
+        Uses ``stateremat.torch._checkpoint._journal_mode`` (private); without it mixed plans
+        (region followed by eager/whole writers) are refused by the checkpoint with a
+        ``ReplayError`` (version gap, R8), never silently wrong.
+    """
+    import contextlib
+
+    if not enabled:
+        return contextlib.nullcontext()
+    try:
+        from stateremat.torch._checkpoint import _journal_mode
+    except ImportError:
+        return contextlib.nullcontext()
+    return _journal_mode(True)
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued device work (wall time is synchronized on CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,192 @@
+"""Measure a profile card (r, q, c per segment and option; P) on the running device (paper §4).
+
+For each segment ``i`` in forward order and each option ``o`` the segment runs alone on its real
+input (the chain's activation at ``i``, computed by running segments ``0..i-1``), wrapped with
+``o``:
+
+* ``r`` (retained bytes): live bytes after the segment's forward minus before it (saved
+  activations, snapshot or journal, and the output handed to the next segment);
+* ``q`` (temporary bytes): the larger of the forward and the backward (replay included) peak
+  above that post-forward level;
+* ``c`` (time): median synchronized wall time of forward + backward over ``repeats`` runs
+  after one warm-up, measured without the memory tracker.
+
+Memory uses :class:`stateremat.torch._memory.PeakMemory` (CUDA allocator peak, or the CPU
+live-storage tracker); the card's meta records which. ``P`` is the bytes of parameters, their
+gradients, the state buffer and the input batch.
+"""
+from __future__ import annotations
+
+import inspect
+import statistics
+import time
+from typing import Callable, Iterable
+
+import torch
+
+from ..contract import OptionCost, ProfileCard, SegmentCard, source_hash
+from ..torch._memory import PeakMemory, memory_method, storage_bytes
+from ..workloads import StatefulChain, WorkloadConfig, loss_fn, make_batch
+from ..workloads import _chain as _chain_module
+from ._options import PROFILE_OPTIONS, journal_scope, preserved_now, sync, wrap_segment
+
+
+def workload_source_hash(cfg: WorkloadConfig) -> str:
+    """SHA-256 over the workload's source code and its configuration (records cite it)."""
+    from . import _options, _profiler
+
+    text = "".join(inspect.getsource(m) for m in (_chain_module, _options, _profiler))
+    return source_hash({"source": source_hash(text), "config": cfg.to_dict()})
+
+
+def warm_chain(chain: StatefulChain, x: torch.Tensor, step: int = 0) -> None:
+    """One eager step so gradient buffers exist (they are persistent bytes from then on)."""
+    loss_fn(chain(x, step)).backward()
+    for p in chain.parameters():
+        p.grad.zero_()
+
+
+def _measure(module, xin, gy, step, device, roots, repeats):
+    with PeakMemory(device, roots=roots) as pm:
+        y = module(xin, step)
+        retained = pm.current_bytes - pm.baseline_bytes
+        preserved = preserved_now()
+        fwd_peak = pm.tracked_peak_bytes
+        pm.reset_peak()
+        y.backward(gy)
+        bwd_peak = pm.tracked_peak_bytes
+        del y
+    xin.grad = None
+    temp = max(fwd_peak, bwd_peak) - retained
+    times = []
+    for rep in range(repeats + 1):
+        sync(device)
+        t0 = time.perf_counter()
+        y = module(xin, step)
+        y.backward(gy)
+        sync(device)
+        if rep:  # the first run is a warm-up
+            times.append(time.perf_counter() - t0)
+        del y
+        xin.grad = None
+    return max(0, int(retained)), max(0, int(temp)), statistics.median(times), preserved
+
+
+def _chain_journal_bytes(chain: StatefulChain, x, step, granularity_bytes) -> list[int | None]:
+    """Journal bytes of each live segment after a full forward with only it under ``region``.
+
+    A region journal also covers later writes that destroy state its segment needs (R6), which
+    running a segment alone cannot show; the other segments run eager, so the preserved bytes
+    read after the full forward are this segment's journal alone.
+    """
+    out: list[int | None] = []
+    for name in chain.segment_names:
+        seg = getattr(chain, name)
+        if not seg.live:
+            out.append(None)
+            continue
+        setattr(chain, name, wrap_segment(seg, "region", granularity_bytes=granularity_bytes))
+        try:
+            with journal_scope():  # later eager writes extend this segment's journal (R6)
+                y = chain(x, step)
+            out.append(preserved_now())
+            loss_fn(y).backward()  # completes the transaction: state reinstated, journal freed
+            del y
+        finally:
+            setattr(chain, name, seg)
+    for p in chain.parameters():
+        p.grad.zero_()
+    return out
+
+
+def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
+                     options: Iterable[str] = PROFILE_OPTIONS, repeats: int = 3, step: int = 0,
+                     on_segment: Callable[[int, int], None] | None = None) -> ProfileCard:
+    """Measure the profile card of workload ``cfg`` on ``device``.
+
+    Args:
+        cfg: workload shape (its ``dtype`` is the dtype profiled).
+        device: ``"cpu"`` or a CUDA device.
+        options: options to measure; ``region`` is skipped for segments without state.
+        repeats: timed runs per segment and option (median kept), after one warm-up.
+        step: training step whose write indices are used.
+        on_segment: progress callback ``(done, total)`` after each segment.
+
+    Returns:
+        A validated :class:`~stateremat.contract.ProfileCard` whose meta records device,
+        dtype, workload parameters, memory method, timing method and source hash.
+
+    Raises:
+        ValueError: on an unknown option.
+
+    Danger:
+        Times are measured on a possibly shared machine; the card records ``loadavg`` but cannot
+        remove interference. ``r`` of ``region`` includes the journal growth caused by later
+        segments' writes only when the checkpoint wrapper reports its bytes
+        (meta ``chain_context_preservation``).
+
+    References:
+        Paper §4 (r, q, c, P; eq. 3), §8–§10 (matching profiles per shape).
+    """
+    from ..contract import loadavg
+
+    device = torch.device(device)
+    options = list(options)
+    for o in options:
+        if o not in PROFILE_OPTIONS:
+            raise ValueError(f"profile_workload: option {o!r} is not one of {PROFILE_OPTIONS}.")
+    torch.manual_seed(cfg.seed)
+    chain = StatefulChain(cfg, device)
+    x = make_batch(cfg, device)
+    warm_chain(chain, x, step)
+    params = list(chain.parameters())
+    persistent = storage_bytes(params + [p.grad for p in params] + [chain.state, x])
+
+    chain_pres: dict[str, list[int | None]] = {}
+    if "region" in options and preserved_now() is not None:
+        chain_pres["region"] = _chain_journal_bytes(chain, x, step, cfg.granularity_bytes)
+
+    g = torch.Generator().manual_seed(cfg.seed + 11)
+    segments = []
+    xi = x
+    n = len(chain.segment_names)
+    for i, name in enumerate(chain.segment_names):
+        seg = getattr(chain, name)
+        xin = xi.detach().requires_grad_(i > 0)
+        gy = (torch.randn(xi.shape, generator=g, dtype=torch.float64) / xi.numel()).to(xi)
+        roots = params + [p.grad for p in params] + [chain.state, xin, gy]
+        costs, meta = {}, {"state": bool(seg.live), "write_rows": cfg.write_rows if seg.live else 0}
+        for o in options:
+            if o == "region" and not seg.live:
+                continue
+            wrapped = wrap_segment(seg, o, granularity_bytes=cfg.granularity_bytes)
+            r, q, c, iso = _measure(wrapped, xin, gy, step, device, roots, repeats)
+            in_chain = chain_pres.get(o, [None] * n)[i]
+            if o in chain_pres and in_chain is not None:
+                # swap the alone-measured preserved bytes for those held inside the chain (R6)
+                meta[f"{o}_preserved_bytes"] = in_chain
+                if iso is not None:
+                    r = max(0, r - iso + in_chain)
+            costs[o] = OptionCost(r, q, c)
+        segments.append(SegmentCard(name, costs, meta))
+        with torch.no_grad():
+            xi = seg(xi, step)
+        if on_segment is not None:
+            on_segment(i + 1, n)
+
+    meta = {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "dtype": cfg.dtype,
+        "workload": cfg.to_dict(),
+        "method": memory_method(device),
+        "memory_method": memory_method(device),
+        "time_method": f"median of {repeats} synchronized forward+backward runs after 1 warm-up",
+        "chain_context_preservation": any(v is not None for vs in chain_pres.values() for v in vs),
+        "source_hash": workload_source_hash(cfg),
+        "torch_version": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "loadavg": loadavg(),
+        "step": step,
+    }
+    return ProfileCard(persistent, segments, meta)
