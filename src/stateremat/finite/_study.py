@@ -52,9 +52,11 @@ def check_recovery(p, segments, engine, ref: np.ndarray) -> dict:
     fw = forward(p, engine)
     truth = {r.k: r for r in fw.run.records}
     fails: list[str] = []
+    restored = []
 
     def on_recovery(seg, rec):
         a, b = segments[seg]
+        restored.append(rec.start_bytes is not None)
         for k in range(a, b):
             r, t = rec.reads[k], truth[k]
             if not (all(map(_same, r.xs, t.xs)) and all(map(np.array_equal, r.src_offsets, t.src_offsets))
@@ -86,7 +88,8 @@ def check_recovery(p, segments, engine, ref: np.ndarray) -> dict:
     if rel > GRAD_TOL:
         fails.append(f"gradient error {err:.3g}")
     return {"engine": engine.name, "outcome": str(Outcome.M if not fails else Outcome.D),
-            "max_error": err, "repeat_ok": bool(repeat_ok), "retained_bytes": int(engine.retained_bytes),
+            "max_error": err, "repeat_ok": bool(repeat_ok), "start_state_checked": bool(any(restored)),
+            "retained_bytes": int(engine.retained_bytes),
             "workspace_bytes": int(engine.workspace_bytes), "message": "; ".join(dict.fromkeys(fails))[:500]}
 
 
@@ -94,7 +97,7 @@ def _base_row(p, segments, h, **kw) -> dict:
     return {"family": p.family, "dims": int(p.view("X").length), "n_ops": len(p.ops),
             "n_segments": len(segments), "state_bytes": p.nbytes, "source_hash": h,
             "coordinates": 0, "max_error": math.nan, "retained_bytes": 0, "workspace_bytes": 0,
-            "repeat_ok": None, "message": "", **kw}
+            "repeat_ok": None, "start_state_checked": None, "message": "", **kw}
 
 
 def semantic_program(seed: int, i: int):
