@@ -45,15 +45,17 @@ def _shared_run(method, order, preserve="region"):
     elif method == "torch":
         y1, y2 = tuc.checkpoint(seg1, x, use_reentrant=False), tuc.checkpoint(seg2, x, use_reentrant=False)
     else:
-        y1 = checkpoint(seg1, x, state=[queue], preserve=preserve)
-        y2 = checkpoint(seg2, x, state=[queue], preserve=preserve)
+        p1, p2 = {"region_then_whole": ("region", "whole"),
+                  "whole_then_region": ("whole", "region")}.get(preserve, (preserve, preserve))
+        y1 = checkpoint(seg1, x, state=[queue], preserve=p1)
+        y2 = checkpoint(seg2, x, state=[queue], preserve=p2)
     for y in ((y1, y2) if order == "forward" else (y2, y1)):
         y.backward()
     return x.grad, queue
 
 
 @pytest.mark.parametrize("order", ["forward", "reverse"])
-@pytest.mark.parametrize("preserve", ["region", "whole"])
+@pytest.mark.parametrize("preserve", ["region", "whole", "region_then_whole", "whole_then_region"])
 def test_segments_sharing_one_buffer_backward_in_any_order(order, preserve):
     g_ref, q_ref = _shared_run("eager", order)
     reset_preservation_stats()
