@@ -12,6 +12,7 @@ References: paper §3 (versions, eq. 1 and eq. 2), §6.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -117,8 +118,8 @@ class Program:
     def view(self, name: str) -> View:
         return self._views[name]
 
-    @property
-    def _views(self) -> dict[str, View]:
+    @functools.cached_property
+    def _views(self) -> dict[str, View]:  # cached in __dict__ (allowed on frozen dataclasses)
         return {v.name: v for v in self.views}
 
     # ---- initial state ------------------------------------------------------------------
