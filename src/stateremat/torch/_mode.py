@@ -107,6 +107,7 @@ def _before_replay_write(func: Any, args: tuple, kwargs: dict, w: torch.Tensor) 
     item = log.keys.get(key)
     if item is None:
         return
+    log.copy_aliases(key)  # saved tensors that alias these bytes keep their replayed version
     tr = item.tracker
     runs = round_runs(write_runs(func, args, kwargs, w), tr.granularity_bytes, tr.nbytes)
     if runs.shape[0]:

@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from stateremat.contract import ReplayDivergenceError, ReplayError, UndeclaredStateError, internal_assert, rule
 
 from . import _rng
+from ._context import LOCAL
 from ._mode import StateMode
 from ._stats import COUNTERS
 from ._storage import storage_key
@@ -36,6 +37,20 @@ class _Holder:
 
 class _Handle:
     __slots__ = ("__weakref__",)
+
+
+def _copier(store: weakref.WeakKeyDictionary, handle: _Handle) -> Callable[[], int]:
+    ref = weakref.ref(handle)
+
+    def copy() -> int:
+        h = ref()
+        if h is None or h not in store:
+            return 0
+        with torch.no_grad():
+            store[h] = store[h].clone()
+        return store[h].numel() * store[h].element_size()
+
+    return copy
 
 
 class _StopRecomputation(Exception):
@@ -174,12 +189,19 @@ class Segment:
                 )
             holder = seg.weak_holders[idx]()
             if holder is not None:
-                if seg.txn.items and x.layout == torch.strided and storage_key(x) in seg.txn.items:
-                    x = x.clone()  # an alias of declared state: keep the replayed version (R1)
                 if seg.verify:
                     seg._compare(gid, idx, x)
-                holder.handles[gid] = _Handle()
-                seg.recomputed[gid][holder.handles[gid]] = x
+                handle = holder.handles[gid] = _Handle()
+                key = storage_key(x) if seg.txn.items and x.layout == torch.strided else None
+                item = seg.txn.items.get(key) if key is not None else None
+                if item is not None and item.kind == "whole":
+                    x = x.clone()  # an alias of declared state: keep the replayed version (R1)
+                    if LOCAL.replay:
+                        LOCAL.replay[-1].alias_bytes += x.numel() * x.element_size()
+                elif item is not None and LOCAL.replay:
+                    # Region storage: copy only if its bytes change later (copy on write).
+                    LOCAL.replay[-1].aliases.append((key, _copier(seg.recomputed[gid], handle)))
+                seg.recomputed[gid][handle] = x
             if seg.recomp_counter[gid] == len(seg.weak_holders):
                 raise _StopRecomputation
             return x

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -47,6 +47,21 @@ class _ReplayLog:
 
     keys: dict[StorageKey, Item]
     writes: list[tuple[StorageTracker, np.ndarray, torch.Tensor]] = field(default_factory=list)
+    # Recomputed saved tensors that alias a region-journaled storage, not yet copied:
+    # (key, copy-and-store callback). Copied lazily, before bytes under them change (R1).
+    aliases: list[tuple[StorageKey, Callable[[], int]]] = field(default_factory=list)
+    alias_bytes: int = 0  # bytes of saved-tensor aliases copied at pack time (whole items)
+
+    def copy_aliases(self, key: StorageKey) -> int:
+        """Copy the pending aliases of ``key`` (called before their bytes change); return bytes copied."""
+        keep, copied = [], 0
+        for k, copy in self.aliases:
+            if k == key:
+                copied += copy()
+            else:
+                keep.append((k, copy))
+        self.aliases = keep
+        return copied
 
 
 class Transaction:
@@ -196,7 +211,11 @@ class Transaction:
             yield log
         finally:
             LOCAL.replay.pop()
-            temp += sum(d.numel() for _, _, d in log.writes)
+            changing = {it.key for it, _, _ in visible} | {tr.key for tr, _, _ in log.writes}
+            for key in changing:
+                temp += log.copy_aliases(key)
+            log.aliases.clear()  # the rest alias bytes that reinstatement leaves unchanged
+            temp += sum(d.numel() for _, _, d in log.writes) + log.alias_bytes
             COUNTERS.peak_temporary = max(COUNTERS.peak_temporary, temp)
             with torch.no_grad():
                 for tr, runs, old in reversed(log.writes):  # back to B0 ...
