@@ -334,3 +334,28 @@ def test_saved_aliases_of_read_only_region_state_are_not_copied():
         # whole: the visible bytes are set aside and the alias is copied.
         assert preservation_stats().peak_temporary_bytes == temporary
         torch.testing.assert_close(x.grad, queue.sum(0).expand(4, 16))
+
+
+def test_journal_writes_covers_a_later_eager_writer():
+    # A region segment reads the queue; an *unwrapped* (eager) enqueue follows. Inside
+    # journal_writes() the eager write is journaled, so the replay reconstructs B0 (R6).
+    from stateremat.torch import journal_writes
+
+    def run(wrap):
+        queue = torch.arange(8.0, dtype=torch.float64).reshape(4, 2)
+        x = torch.ones(2, dtype=torch.float64, requires_grad=True)
+        with wrap():
+            y = checkpoint(lambda t: (queue.clone() @ t).exp().sum(), x, state=[queue])
+            queue[1:3] = 0.0  # eager enqueue, outside any checkpointed segment
+        return x, y, queue
+
+    x, y, queue = run(journal_writes)
+    y.backward()
+    q0 = torch.arange(8.0, dtype=torch.float64).reshape(4, 2)
+    torch.testing.assert_close(x.grad, ((q0 @ torch.ones(2, dtype=torch.float64)).exp()[:, None] * q0).sum(0))
+    assert torch.equal(queue[1:3], torch.zeros(2, 2))
+    import contextlib
+
+    x, y, queue = run(contextlib.nullcontext)
+    with pytest.raises(ReplayError, match="journal_writes"):
+        y.backward()

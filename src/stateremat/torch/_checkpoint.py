@@ -150,7 +150,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
 
 @contextlib.contextmanager
 def _journal_mode(push: bool):
-    if not push:
+    if not push or LOCAL.mode_depth > 0:  # one journaling mode per thread is enough
         yield
         return
     for tr in list(_journal.TRACKERS.values()):
@@ -163,6 +163,30 @@ def _journal_mode(push: bool):
         LOCAL.mode_depth -= 1
         for tr in list(_journal.TRACKERS.values()):
             tr.observe(journaled=True)
+
+
+def journal_writes() -> contextlib.AbstractContextManager[None]:
+    """Journal in-place writes to declared state made *outside* checkpointed segments (R6).
+
+    A region journal must hold the old bytes of every later write that destroys state its
+    segment needs. Writes inside checkpointed segments are journaled automatically; wrap code
+    that is not checkpointed but writes declared state (an eager segment of a plan, an enqueue
+    after the model) in this context, typically the whole forward pass::
+
+        with stateremat.torch.journal_writes():
+            loss = model(x)
+        loss.backward()
+
+    Returns:
+        A context manager; nesting it (or entering it inside a segment) is free.
+
+    Danger:
+        Every op inside passes a Python dispatch mode (a few microseconds each).
+
+    References:
+        Paper §3.1 (the union of a segment's own and later destroying writes).
+    """
+    return _journal_mode(True)
 
 
 def _version_scan(seg: Segment, scan: list) -> None:

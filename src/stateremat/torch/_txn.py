@@ -184,8 +184,8 @@ class Transaction:
                     f"state {it.tracker.gap_note} was written outside any checkpointed segment after "
                     "the segment's forward, so the region journal does not hold the bytes it needs "
                     f"(expected an unbroken journal, got a version gap; {rule('R8')}). Tip: pass "
-                    "preserve='whole' for this segment, or move that write into a checkpointed "
-                    "segment that declares the tensor."
+                    "preserve='whole' for this segment, or run that write inside a checkpointed "
+                    "segment that declares the tensor or inside stateremat.torch.journal_writes()."
                 )
         versions = [(w, w._version) for w in witnesses.values()]
         visible: list[tuple[Item, np.ndarray, torch.Tensor]] = []
