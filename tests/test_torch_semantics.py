@@ -359,3 +359,29 @@ def test_journal_writes_covers_a_later_eager_writer():
     x, y, queue = run(contextlib.nullcontext)
     with pytest.raises(ReplayError, match="journal_writes"):
         y.backward()
+
+
+def test_inner_declaration_is_not_an_undeclared_write_of_a_journaling_outer_segment():
+    torch.manual_seed(0)
+    bn, ref_bn = nn.BatchNorm1d(4).double(), nn.BatchNorm1d(4).double()
+    queue = torch.zeros(4, dtype=torch.float64)  # the outer segment's own region state
+    x = torch.randn(8, 4, dtype=torch.float64, requires_grad=True)
+
+    def outer(x):
+        queue.add_(1.0)
+        return checkpoint(bn, x * 2, state=[bn]).sin().sum()  # bn reachable from outer too
+
+    ref = ref_bn(x * 2).sin().sum()
+    g_ref, = torch.autograd.grad(ref, x)
+    g, = torch.autograd.grad(checkpoint(outer, x, state=[queue]), x)
+    torch.testing.assert_close(g, g_ref)
+    torch.testing.assert_close(bn.running_mean, ref_bn.running_mean)
+    assert torch.equal(queue, torch.ones(4, dtype=torch.float64))
+
+
+def test_drop_in_use_reentrant_argument():
+    x = torch.randn(3, requires_grad=True)
+    checkpoint(torch.sin, x, use_reentrant=False).sum().backward()
+    torch.testing.assert_close(x.grad, x.detach().cos())
+    with pytest.raises(ValueError, match="use_reentrant must be False"):
+        checkpoint(torch.sin, x, use_reentrant=True)

@@ -36,7 +36,7 @@ def _validate(fn: Any, preserve: str, granularity_bytes: int, on_undeclared: str
 
 def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "region",
                granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False,
-               preserve_rng_state: bool = True, **kwargs: Any) -> Any:
+               preserve_rng_state: bool = True, use_reentrant: bool | None = None, **kwargs: Any) -> Any:
     """Run ``fn(*args, **kwargs)`` without keeping its activations; replay it transactionally in backward.
 
     Like ``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)``, but declared
@@ -58,6 +58,8 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
             bit (keeps a copy of each: debugging only, doubles activation memory).
         preserve_rng_state: replay with the forward's generator state (CPU and all initialized
             CUDA devices). ``False`` is a negative control: dropout then draws new masks.
+        use_reentrant: accepted for drop-in compatibility with ``torch.utils.checkpoint``;
+            only ``False``/``None`` (non-reentrant) is supported.
         **kwargs: keyword arguments of ``fn``.
 
     Returns:
@@ -78,6 +80,9 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
         Paper §3 (eq. 2), §3.1 (selective preservation, the transaction), §5.
     """
     _validate(fn, preserve, granularity_bytes, on_undeclared)
+    if use_reentrant:
+        raise ValueError("stateremat.torch.checkpoint: use_reentrant must be False or None (expected the "
+                         "non-reentrant saved-tensor-hooks implementation, got True). Tip: drop the argument.")
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)  # no graph, nothing will be replayed
     return run_segment(fn, args, kwargs, state=state, preserve=preserve, granularity_bytes=granularity_bytes,

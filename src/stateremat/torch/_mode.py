@@ -88,7 +88,9 @@ class StateMode(TorchDispatchMode):
 def _before_forward_write(func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
     key = storage_key(w)
     for seg in reversed(LOCAL.forward):  # innermost segment first (R7)
-        if seg.candidate_keys is not None and key in seg.candidate_keys and key not in seg.txn.items:
+        if key in seg.txn.items:
+            break  # declared here; the enclosing segments adopt the declaration
+        if seg.candidate_keys is not None and key in seg.candidate_keys:
             seg.undeclared_before_write(key, seg.candidate_keys[key], func)
     tr = _journal.TRACKERS.get(key)
     if tr is not None and tr.consumers:
