@@ -117,3 +117,21 @@ def test_run_experiment_writes_summary_and_resumes(tmp_path, monkeypatch):
     s2 = _bench.run_experiment("fair", out, progress=False)  # resume: nothing redone
     assert sorted((out / "bench").glob("*.parquet")) == parts
     assert s1["cells"] == s2["cells"]
+
+
+def test_bench_cli_prints_the_table_and_budget_override_is_recorded(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from stateremat.cli import app
+    from stateremat.contract import read_records
+
+    spec = tiny_spec(methods=("eager", "joint"), steps=1)
+    monkeypatch.setattr(_bench, "experiment_spec", lambda name, preset: spec)
+    out = tmp_path / "fair"
+    res = CliRunner().invoke(app, ["bench", "fair", "--out", str(out), "--budget", "2MiB"])
+    assert res.exit_code == 0, res.output
+    assert "Joint planner" in res.output and "logical budget 2 MiB" in res.output
+    rows = read_records(out, "bench")
+    assert set(rows["budget_bytes"]) == {2 * MiB}
+    bad = CliRunner().invoke(app, ["bench", "fair", "--out", str(out), "--device", "tpu"])
+    assert bad.exit_code == 2 and "expected cpu or cuda" in bad.output

@@ -10,8 +10,13 @@ from ._app import bench_app, fail
 
 
 def _run(name: str, out: Path, preset: str, device: str, warmups: Optional[int],
-         steps: Optional[int]) -> None:
-    from ..contract import RecordsError
+         steps: Optional[int], budget: Optional[str]) -> None:
+    from ..contract import RecordsError, parse_size
+
+    try:
+        budget_bytes = None if budget is None else parse_size(budget)
+    except ValueError as exc:
+        raise fail(f"--budget: {exc}")
 
     if preset not in ("cpu", "h100"):
         raise fail(f"--preset {preset!r}: expected cpu or h100. Tip: cpu runs here in minutes.")
@@ -26,7 +31,8 @@ def _run(name: str, out: Path, preset: str, device: str, warmups: Optional[int],
     from ..report._bench import render
 
     try:
-        summary = run_experiment(name, out, preset=preset, device=device, warmups=warmups, steps=steps)
+        summary = run_experiment(name, out, preset=preset, device=device, warmups=warmups, steps=steps,
+                                 budget_bytes=budget_bytes)
     except RecordsError as exc:
         raise fail(str(exc))
     typer.echo(render(summary))
@@ -38,24 +44,28 @@ _PRESET = typer.Option("cpu", help="cpu (paper shapes and budgets / 1024) or h10
 _DEVICE = typer.Option("cpu", help="cpu, or cuda for the GPU path")
 _WARM = typer.Option(None, help="override warmup steps per method")
 _STEPS = typer.Option(None, help="override measured steps per method")
+_BUDGET = typer.Option(None, help="override the scaled paper budget, e.g. 46MiB (recorded)")
 
 
 @bench_app.command("calibrate")
 def calibrate(out: Path = _OUT, preset: str = _PRESET, device: str = _DEVICE,
-              warmups: Optional[int] = _WARM, steps: Optional[int] = _STEPS) -> None:
+        warmups: Optional[int] = _WARM, steps: Optional[int] = _STEPS,
+        budget: Optional[str] = _BUDGET) -> None:
     """24-shape calibration grid, six methods, scaled 20 GiB budget (§8, Table 10)."""
-    _run("calibrate", out, preset, device, warmups, steps)
+    _run("calibrate", out, preset, device, warmups, steps, budget)
 
 
 @bench_app.command("pressure")
 def pressure(out: Path = _OUT, preset: str = _PRESET, device: str = _DEVICE,
-             warmups: Optional[int] = _WARM, steps: Optional[int] = _STEPS) -> None:
+        warmups: Optional[int] = _WARM, steps: Optional[int] = _STEPS,
+        budget: Optional[str] = _BUDGET) -> None:
     """Four activation-pressure cells, six methods, scaled 32 GiB (§9, Tables 4 and 5)."""
-    _run("pressure", out, preset, device, warmups, steps)
+    _run("pressure", out, preset, device, warmups, steps, budget)
 
 
 @bench_app.command("fair")
 def fair(out: Path = _OUT, preset: str = _PRESET, device: str = _DEVICE,
-         warmups: Optional[int] = _WARM, steps: Optional[int] = _STEPS) -> None:
+        warmups: Optional[int] = _WARM, steps: Optional[int] = _STEPS,
+        budget: Optional[str] = _BUDGET) -> None:
     """Large/sparse cell, all seven methods, scaled 44 GiB budget (§10, Table 6)."""
-    _run("fair", out, preset, device, warmups, steps)
+    _run("fair", out, preset, device, warmups, steps, budget)

@@ -9,13 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..contract import RecordStore, atomic_write_json, read_records
-from ._spec import ExperimentSpec, experiment_spec
+from ._spec import ExperimentSpec, experiment_spec, with_budget
 from ._summary import TABLE, summarize
 
 
 def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: str = "cpu",
                    warmups: int | None = None, steps: int | None = None,
-                   progress: bool = True) -> dict:
+                   budget_bytes: int | None = None, progress: bool = True) -> dict:
     """Run experiment ``name`` into ``out`` and write ``summary.json`` and ``tables.md``.
 
     Args:
@@ -25,6 +25,7 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
         device: ``cpu`` or ``cuda``.
         warmups: override the spec's warmup steps per method.
         steps: override the spec's measured steps per method.
+        budget_bytes: override the paper's (scaled) logical budget of every cell.
         progress: show a rich progress bar.
 
     Returns:
@@ -40,6 +41,8 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
     from ._runner import run_cell_methods
 
     spec: ExperimentSpec = experiment_spec(name, preset)
+    if budget_bytes is not None:
+        spec = with_budget(spec, budget_bytes)
     w = spec.warmups if warmups is None else int(warmups)
     k = spec.steps if steps is None else int(steps)
     out = Path(out)

@@ -6,6 +6,7 @@ H100 values, scaled by the preset (``stateremat.workloads.scale``; ``cpu`` = byt
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..workloads import WORKLOADS, WorkloadConfig, preset_budget, preset_config
@@ -75,6 +76,19 @@ class ExperimentSpec:
                 return c
         raise KeyError(f"ExperimentSpec {self.name!r}: no cell {name!r}; cells are "
                        f"{[c.name for c in self.cells]}. Tip: see `stateremat bench --help`.")
+
+
+def with_budget(spec: ExperimentSpec, budget_bytes: int) -> ExperimentSpec:
+    """``spec`` with every cell planned under ``budget_bytes`` instead of the paper's budget.
+
+    Raises:
+        ValueError: a non-positive budget.
+    """
+    if budget_bytes <= 0:
+        raise ValueError(f"with_budget: budget must be positive, got {budget_bytes} bytes. "
+                         "Tip: sizes accept KiB/MiB/GiB, e.g. 46MiB.")
+    cells = tuple(dataclasses.replace(c, budget_bytes=int(budget_bytes)) for c in spec.cells)
+    return dataclasses.replace(spec, cells=cells, budget_bytes=int(budget_bytes))
 
 
 def _short(workload: str) -> str:
