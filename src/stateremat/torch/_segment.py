@@ -128,7 +128,8 @@ class Segment:
         declared = self.txn.items
         self._saved = [
             _make_saved_tensor(x, is_output=False)
-            if isinstance(x, torch.Tensor) and not (x.layout == torch.strided and storage_key(x) in declared)
+            if isinstance(x, torch.Tensor)
+            and not (declared and x.layout == torch.strided and storage_key(x) in declared)
             else x  # declared state is restored by the transaction, so it is held as is
             for x in leaves
         ]
