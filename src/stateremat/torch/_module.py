@@ -79,7 +79,10 @@ class StatefulCheckpoint(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            return getattr(self._modules["block"], name)
+            block = self.__dict__.get("_modules", {}).get("block")
+            if block is None:  # not initialized yet (unpickling)
+                raise
+            return getattr(block, name)
 
     def __getitem__(self, idx: Any) -> Any:
         return self._modules["block"].__getitem__(idx)
