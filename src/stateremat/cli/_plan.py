@@ -1,1 +1,106 @@
 """CLI commands: plan (registered on import)."""
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from ._app import app, fail
+
+_MAX_ROWS = 32  # longer cards print option counts instead of one row per segment
+
+
+@app.command("plan")
+def plan_cmd(
+    card_path: Path = typer.Argument(..., metavar="CARD.json", help="Profile card (schema 1)."),
+    budget: str = typer.Option(..., "--budget", help="Logical budget M: bytes or KiB/MiB/GiB, "
+                               "e.g. 32GiB."),
+    planner: str = typer.Option("joint", "--planner", help="joint, eager_whole, state_agnostic, "
+                                "or a fixed method: eager, whole, region."),
+    json_path: Optional[Path] = typer.Option(None, "--json", metavar="PLAN.json",
+                                             help="Write the plan here (atomically)."),
+    frontier_cap: Optional[int] = typer.Option(None, "--frontier-cap", help="Cap DP frontier "
+                                               "points per segment (result marked truncated)."),
+    bound_pruning: bool = typer.Option(True, "--bound-pruning/--no-bound-pruning",
+                                       help="Exact Lagrangian-bound pruning in the DP."),
+    explain: bool = typer.Option(False, "--explain", help="Print per-segment reasons."),
+) -> None:
+    """Choose eager/whole/region per segment of CARD.json under a budget (paper §4, eq. 3)."""
+    from ..contract import ProfileCardError, atomic_write_json, load_card, parse_size, provenance
+    from ..planner import PLANNERS, plan
+
+    api = "stateremat plan"
+    try:
+        budget_bytes = parse_size(budget)
+    except ValueError as exc:
+        raise fail(f"{api}: --budget: {exc}")
+    if planner not in PLANNERS:
+        raise fail(f"{api}: --planner {planner!r} is unknown; expected one of {list(PLANNERS)}. "
+                   "Tip: joint is the paper's planner.")
+    if frontier_cap is not None and frontier_cap < 1:
+        raise fail(f"{api}: --frontier-cap must be a positive integer, got {frontier_cap}. "
+                   "Tip: omit it for an exact frontier.")
+    try:
+        card = load_card(card_path)
+    except ProfileCardError as exc:
+        raise fail(f"{api}: {exc}")
+    result = plan(card, budget_bytes, planner, frontier_cap=frontier_cap,
+                  bound_pruning=bound_pruning)
+    _print(result)
+    if explain:
+        typer.echo(result.explain())
+    if json_path is not None:
+        doc = result.to_dict()
+        doc["card"] = {"path": str(card_path), "source_hash": card.source_hash(),
+                       "meta": card.meta}
+        doc["provenance"] = provenance(command="plan")
+        atomic_write_json(json_path, doc)
+        typer.echo(f"wrote {json_path}")
+
+
+def _print(res) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ..contract import format_bytes
+
+    console = Console()
+    summary = Table(title=f"plan: {res.planner}", show_header=False)
+    summary.add_column("field")
+    summary.add_column("value", overflow="fold")
+    summary.add_row("budget", f"{format_bytes(res.budget_bytes)} ({res.budget_bytes} B)")
+    summary.add_row("feasible", str(res.feasible))
+    if res.feasible:
+        summary.add_row("predicted peak", f"{format_bytes(res.predicted_peak_bytes)} "
+                        f"({'fits' if res.fits_budget else 'EXCEEDS budget'})")
+        summary.add_row("predicted time", f"{res.predicted_time_s:.6g} s/step")
+        if res.model_peak_bytes != res.predicted_peak_bytes:
+            summary.add_row("planner's own model", f"{format_bytes(res.model_peak_bytes)}, "
+                            f"{res.model_time_s:.6g} s (preservation omitted)")
+    own = " (own model)" if res.planner == "state_agnostic" else ""
+    summary.add_row("min feasible peak" + own, format_bytes(res.min_feasible_peak_bytes))
+    summary.add_row("frontier size", str(res.frontier_size))
+    summary.add_row("truncated", str(res.truncated))
+    summary.add_row("solve time", f"{res.solve_time_s * 1e3:.2f} ms")
+    for note in res.notes:
+        summary.add_row("note", note)
+    console.print(summary)
+    policy = res.options if res.options is not None else None
+    if policy is None:
+        counts = Counter(res.min_peak_options)
+        console.print("infeasible: min-peak policy would be "
+                      + ", ".join(f"{v}× {k}" for k, v in sorted(counts.items())))
+        return
+    if len(policy) > _MAX_ROWS or res.card is None:
+        console.print("options: " + ", ".join(f"{v}× {k}" for k, v in sorted(Counter(policy).items())))
+        return
+    table = Table(title="per segment")
+    for col in ("segment", "option", "retained", "temporary", "seconds"):
+        table.add_column(col, justify="left" if col in ("segment", "option") else "right")
+    for seg, opt in zip(res.card.segments, policy):
+        c = seg.options[opt]
+        table.add_row(seg.name, opt, format_bytes(c.retained_bytes), format_bytes(c.temp_bytes),
+                      f"{c.time_s:.4g}")
+    console.print(table)

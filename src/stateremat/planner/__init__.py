@@ -1,1 +1,22 @@
-"""stateremat.planner (see DESIGN.md, layer `planner`)."""
+"""Planning checkpoint options under a logical memory budget (paper §4, eq. 3; §9.1).
+
+``plan(card, budget_bytes, planner=...)`` runs a named planner from :data:`PLANNERS`; the
+Pareto-frontier DP, the exhaustive enumerator and the MILP all return one :class:`PlanResult`.
+"""
+from ._model import OPTION_CODES as OPTION_CODES
+from ._planners import (
+    PLANNERS as PLANNERS,
+    PlannerSpec as PlannerSpec,
+    SPECS as SPECS,
+    all_eager as all_eager,
+    all_region as all_region,
+    all_whole as all_whole,
+    eager_whole as eager_whole,
+    exhaustive as exhaustive,
+    joint as joint,
+    milp as milp,
+    plan as plan,
+    state_agnostic as state_agnostic,
+)
+from ._result import PLAN_KEYS as PLAN_KEYS, PlanResult as PlanResult
+from ._examples import activation_pressure_card as activation_pressure_card, random_card as random_card

@@ -1,0 +1,165 @@
+"""The static policy model (paper §4, eq. 3) as dense per-segment cost tables.
+
+Every solver (DP, exhaustive, MILP, fixed policies) reads the same :class:`CostTables`, so
+they optimise literally the same numbers: minimise ``Σ_i c[i, o_i]`` subject to
+``P + Σ_i r[i, o_i] + max_i q[i, o_i] ≤ M``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..contract import ProfileCard, ProfileCardError
+
+#: Executable options, in the canonical order that breaks ties (lower code first).
+OPTION_CODES: tuple[str, ...] = ("eager", "whole", "region")
+
+
+@dataclass(frozen=True)
+class CostTables:
+    """Per-segment option costs as arrays; invalid (absent or excluded) options are masked.
+
+    Args:
+        names: segment names, length ``n``.
+        persistent_bytes: ``P``.
+        r: retained bytes, ``(n, 3)`` int64, columns :data:`OPTION_CODES`.
+        q: temporary bytes, ``(n, 3)`` int64.
+        c: seconds, ``(n, 3)`` float64.
+        valid: ``(n, 3)`` bool, option allowed for that segment in this model.
+        fallback_segments: segments where a state-agnostic model had no ``recompute_only``
+            entry and used ``whole``'s true costs instead.
+    """
+
+    names: list[str]
+    persistent_bytes: int
+    r: np.ndarray
+    q: np.ndarray
+    c: np.ndarray
+    valid: np.ndarray
+    fallback_segments: tuple[str, ...] = ()
+
+    @property
+    def n(self) -> int:
+        """Number of segments."""
+        return len(self.names)
+
+
+def cost_tables(card: ProfileCard, options: tuple[str, ...] = OPTION_CODES,
+                omit_preservation: bool = False) -> CostTables:
+    """Build the cost tables a planner sees.
+
+    Args:
+        card: the profile card.
+        options: subset of :data:`OPTION_CODES` the planner may choose.
+        omit_preservation: state-agnostic view: ``whole`` costs are replaced by the card's
+            ``recompute_only`` entry (replay without preservation) where present.
+
+    Returns:
+        :class:`CostTables`; ``region`` is invalid where the card omits it.
+
+    Raises:
+        ValueError: unknown option names or an empty option set.
+    """
+    if not isinstance(card, ProfileCard):
+        raise ProfileCardError(f"planner: expected a ProfileCard, got {type(card).__name__}. "
+                               "Tip: load one with stateremat.contract.load_card(path).")
+    bad = [o for o in options if o not in OPTION_CODES]
+    if bad or not options:
+        raise ValueError(f"planner: options must be a non-empty subset of {list(OPTION_CODES)}, "
+                         f"got {list(options)}. Tip: recompute_only is a cost view, not an option.")
+    n = len(card.segments)
+    r = np.zeros((n, 3), np.int64)
+    q = np.zeros((n, 3), np.int64)
+    c = np.zeros((n, 3), np.float64)
+    valid = np.zeros((n, 3), bool)
+    fallback = []
+    for i, seg in enumerate(card.segments):
+        for k, o in enumerate(OPTION_CODES):
+            if o not in options or o not in seg.options:
+                continue
+            cost = seg.options[o]
+            if omit_preservation and o == "whole":
+                if "recompute_only" in seg.options:
+                    cost = seg.options["recompute_only"]
+                else:
+                    fallback.append(seg.name)
+            r[i, k], q[i, k], c[i, k], valid[i, k] = (cost.retained_bytes, cost.temp_bytes,
+                                                      cost.time_s, True)
+        if not valid[i].any():
+            raise ValueError(f"planner: segment {seg.name!r} has none of the options "
+                             f"{list(options)} (it has {list(seg.options)}). Tip: include eager "
+                             "or whole in the option set; region is optional per segment.")
+    return CostTables(card.segment_names, card.persistent_bytes, r, q, c, valid, tuple(fallback))
+
+
+def left_fold_sum(values) -> float:
+    """Sum in segment order, the way the DP accumulates (bitwise-reproducible across solvers)."""
+    total = 0.0
+    for v in values:
+        total += float(v)
+    return total
+
+
+def evaluate(tables: CostTables, codes) -> tuple[int, float]:
+    """Predicted ``(peak_bytes, time_s)`` of a policy (option codes per segment) in ``tables``.
+
+    Raises:
+        ValueError: if a code selects an option that is invalid for its segment.
+    """
+    codes = np.asarray(codes, dtype=np.int64)
+    rows = np.arange(tables.n)
+    if codes.shape != (tables.n,) or not tables.valid[rows, codes].all():
+        raise ValueError(f"planner: policy {codes.tolist()} selects an option that this model "
+                         "does not allow. Tip: the card omits region for some segments.")
+    peak = tables.persistent_bytes + int(tables.r[rows, codes].sum()) + int(tables.q[rows, codes].max())
+    return peak, left_fold_sum(tables.c[rows, codes])
+
+
+def min_peak(tables: CostTables) -> tuple[int, np.ndarray]:
+    """Exact minimum of ``P + Σ r + max q`` over all policies, and one policy attaining it.
+
+    Sweeps the threshold ``T`` on the maximum temporary bytes over every distinct ``q``: at
+    each ``T`` every segment takes its smallest-``r`` option with ``q ≤ T``. Independent of the
+    DP (used to report ``min_feasible_peak_bytes`` even when the DP is truncated).
+
+    Returns:
+        ``(peak_bytes, codes)``; among equal-``r`` options a segment takes the faster one.
+    """
+    n = tables.n
+    big = np.iinfo(np.int64).max // 4
+    r = np.where(tables.valid, tables.r, big)
+    q = np.where(tables.valid, tables.q, big)
+    order = np.argsort(q, axis=1, kind="stable")
+    qs = np.take_along_axis(q, order, 1)
+    stair = np.minimum.accumulate(np.take_along_axis(r, order, 1), axis=1)  # min r with q ≤ qs
+    # Events: at T = qs[i, j] segment i's min r drops from stair[i, j-1] to stair[i, j].
+    delta = np.diff(stair, axis=1, prepend=0)
+    t0 = int(qs[:, 0].max())  # smallest T at which every segment has an admissible option
+    ev_q, ev_d = qs.ravel(), delta.ravel()
+    live = ev_q < big
+    base_mask = np.zeros_like(ev_q, dtype=bool)
+    base_mask[::3] = True  # first event of each segment: its initial min r (always ≤ t0)
+    ev_order = np.argsort(ev_q, kind="stable")
+    ev_q, ev_d, ev_first, live = ev_q[ev_order], ev_d[ev_order], base_mask[ev_order], live[ev_order]
+    keep = live & ((ev_d != 0) | ev_first)
+    ev_q, ev_d = ev_q[keep], ev_d[keep]
+    total_r = np.cumsum(ev_d)
+    last_of_q = np.r_[ev_q[1:] != ev_q[:-1], True]  # state after all events at that q
+    cand_t, cand_r = ev_q[last_of_q], total_r[last_of_q]
+    ok = cand_t >= t0
+    cand_peak = tables.persistent_bytes + cand_r[ok] + cand_t[ok]
+    best = int(np.argmin(cand_peak))
+    t_star = int(cand_t[ok][best])
+    # Reconstruct: per segment the smallest r with q ≤ T*, ties by time then code.
+    allowed = tables.valid & (tables.q <= t_star)
+    key_r = np.where(allowed, tables.r, big)
+    codes = np.empty(n, np.int64)
+    for i in range(n):
+        cand = np.flatnonzero(key_r[i] == key_r[i].min())
+        codes[i] = cand[np.argmin(tables.c[i, cand])]
+    peak, _ = evaluate(tables, codes)
+    if peak != int(cand_peak[best]):
+        from ..contract import internal_assert
+        internal_assert(False, f"min_peak reconstruction {peak} != sweep {int(cand_peak[best])}")
+    return peak, codes

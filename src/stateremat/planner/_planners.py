@@ -1,0 +1,230 @@
+"""Named planners and fixed methods, each returning a :class:`PlanResult` (STYLE §2, §3, §9).
+
+``joint``, ``eager_whole`` and ``state_agnostic`` run the Pareto DP on their own cost model;
+``eager``, ``whole`` and ``region`` are fixed policies. ``exhaustive`` and ``milp`` solve the
+same models independently and return the same record.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..contract import ProfileCard, parse_size
+from ._dp import dp_solve
+from ._exhaustive import enumerate_policies
+from ._milp import milp_min_peak, milp_solve
+from ._model import OPTION_CODES, CostTables, cost_tables, evaluate, min_peak
+from ._result import PlanResult
+
+
+@dataclass(frozen=True)
+class PlannerSpec:
+    """A planner's cost model: which options it may choose and whether it omits preservation.
+
+    Args:
+        name: registry name.
+        options: subset of ``("eager", "whole", "region")``.
+        omit_preservation: plan with ``whole`` priced as ``recompute_only`` (state-agnostic).
+    """
+
+    name: str
+    options: tuple[str, ...]
+    omit_preservation: bool = False
+
+    def model(self, card: ProfileCard) -> CostTables:
+        """The tables this planner optimises over."""
+        return cost_tables(card, self.options, self.omit_preservation)
+
+    def truth(self, card: ProfileCard) -> CostTables:
+        """The same option set with correct (preservation-inclusive) costs."""
+        return cost_tables(card, self.options, False)
+
+
+SPECS: dict[str, PlannerSpec] = {
+    "joint": PlannerSpec("joint", ("eager", "whole", "region")),
+    "eager_whole": PlannerSpec("eager_whole", ("eager", "whole")),
+    "state_agnostic": PlannerSpec("state_agnostic", ("eager", "whole"), omit_preservation=True),
+}
+
+
+def _budget(budget_bytes, api: str) -> int:
+    try:
+        return parse_size(budget_bytes)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"{api}: bad budget_bytes {budget_bytes!r}: {exc}") from None
+
+
+def _spec(options, api: str) -> PlannerSpec:
+    if isinstance(options, str):
+        if options not in SPECS:
+            raise ValueError(f"{api}: unknown planner {options!r}; expected one of {list(SPECS)}. "
+                             "Tip: or pass a tuple of option names.")
+        return SPECS[options]
+    options = tuple(options)
+    known = {frozenset(("eager", "whole", "region")): "joint", frozenset(("eager", "whole")): "eager_whole"}
+    name = known.get(frozenset(options), "+".join(options))
+    return PlannerSpec(name, options)
+
+
+def _record(spec: PlannerSpec, card: ProfileCard, budget: int, codes, *, solver: str,
+            t0: float, frontier_size=None, truncated=False, optimal=True,
+            min_peak_pair=None, extra_notes=(), bound_pruning=False) -> PlanResult:
+    model, truth = spec.model(card), spec.truth(card)
+    peak_min, peak_codes = min_peak_pair if min_peak_pair is not None else min_peak(model)
+    names = [OPTION_CODES[k] for k in peak_codes]
+    notes = list(extra_notes)
+    if spec.omit_preservation and model.fallback_segments:
+        fb = model.fallback_segments
+        notes.append(f"state_agnostic: {len(fb)} segment(s) have no recompute_only cost "
+                     f"({', '.join(fb[:3])}{'…' if len(fb) > 3 else ''}); used whole's true costs")
+    if truncated:
+        notes.append("frontier truncated by the cap: the policy is not claimed optimal")
+    common = dict(planner=spec.name, budget_bytes=budget, segment_names=card.segment_names,
+                  frontier_size=frontier_size, truncated=truncated, min_feasible_peak_bytes=peak_min,
+                  solver=solver, min_peak_options=names, persistent_bytes=card.persistent_bytes,
+                  notes=notes, card=card, bound_pruning=bound_pruning)
+    if codes is None:
+        return PlanResult(feasible=False, options=None, predicted_peak_bytes=None,
+                          predicted_time_s=None, optimal=optimal and not truncated,
+                          fits_budget=False, solve_time_s=time.perf_counter() - t0, **common)
+    model_peak, model_time = evaluate(model, codes)
+    true_peak, true_time = evaluate(truth, codes)
+    return PlanResult(feasible=True, options=[OPTION_CODES[k] for k in codes],
+                      predicted_peak_bytes=true_peak, predicted_time_s=true_time,
+                      optimal=optimal and not truncated, fits_budget=true_peak <= budget,
+                      model_peak_bytes=model_peak, model_time_s=model_time,
+                      solve_time_s=time.perf_counter() - t0, **common)
+
+
+def _dp_planner(spec: PlannerSpec, card: ProfileCard, budget_bytes, frontier_cap,
+                bound_pruning: bool = True) -> PlanResult:
+    t0 = time.perf_counter()
+    budget = _budget(budget_bytes, f"stateremat.planner.{spec.name}")
+    if frontier_cap is not None and (isinstance(frontier_cap, bool) or int(frontier_cap) < 1):
+        raise ValueError(f"stateremat.planner.{spec.name}: frontier_cap must be a positive int "
+                         f"or None, got {frontier_cap!r}. Tip: omit it for an exact frontier.")
+    out = dp_solve(spec.model(card), budget, None if frontier_cap is None else int(frontier_cap),
+                   bound_pruning=bool(bound_pruning))
+    return _record(spec, card, budget, out.codes, solver="dp", t0=t0,
+                   frontier_size=out.frontier_size, truncated=out.truncated,
+                   bound_pruning=bool(bound_pruning))
+
+
+def joint(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
+          bound_pruning: bool = True) -> PlanResult:
+    """Joint planner: eager / whole / region per segment with correct costs (§4)."""
+    return _dp_planner(SPECS["joint"], card, budget_bytes, frontier_cap, bound_pruning)
+
+
+def eager_whole(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
+                bound_pruning: bool = True) -> PlanResult:
+    """Correctly costed eager/whole control: same costs as joint, no regions (§9.1, Table 5)."""
+    return _dp_planner(SPECS["eager_whole"], card, budget_bytes, frontier_cap, bound_pruning)
+
+
+def state_agnostic(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
+                   bound_pruning: bool = True) -> PlanResult:
+    """State-agnostic control: eager/whole chosen with preservation costs omitted (§4).
+
+    It optimises with ``whole`` priced as the card's ``recompute_only`` entry (replay without
+    preservation; ``whole`` itself where absent, noted in ``notes``) and reports the true
+    predicted peak/time of its policy, so ``fits_budget`` can be False while ``feasible`` is True.
+    """
+    return _dp_planner(SPECS["state_agnostic"], card, budget_bytes, frontier_cap, bound_pruning)
+
+
+def _fixed(option: str) -> Callable[..., PlanResult]:
+    def fixed(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
+              bound_pruning: bool = True) -> PlanResult:
+        t0 = time.perf_counter()
+        budget = _budget(budget_bytes, f"stateremat.planner.{option}")
+        spec = PlannerSpec(option, OPTION_CODES)
+        tables = spec.model(card)
+        k = OPTION_CODES.index(option)
+        codes = np.where(tables.valid[:, k], k, OPTION_CODES.index("whole"))
+        peak = evaluate(tables, codes)[0]
+        return _record(spec, card, budget, codes, solver="fixed", t0=t0, optimal=False,
+                       min_peak_pair=(peak, codes))
+    fixed.__name__ = f"all_{option}"
+    fixed.__doc__ = (f"Fixed method: every segment uses {option!r}"
+                     + (" (whole where no region is profiled)." if option == "region" else "."))
+    return fixed
+
+
+all_eager, all_whole, all_region = _fixed("eager"), _fixed("whole"), _fixed("region")
+
+#: Planner name → ``f(card, budget_bytes, frontier_cap=None, bound_pruning=True) -> PlanResult``.
+PLANNERS: dict[str, Callable[..., PlanResult]] = {
+    "joint": joint, "eager_whole": eager_whole, "state_agnostic": state_agnostic,
+    "eager": all_eager, "whole": all_whole, "region": all_region,
+}
+
+
+def plan(card: ProfileCard, budget_bytes, planner: str = "joint",
+         frontier_cap: int | None = None, bound_pruning: bool = True) -> PlanResult:
+    """Choose a checkpoint option per segment under a logical budget (eq. 3).
+
+    Args:
+        card: the profile card.
+        budget_bytes: ``M`` in bytes (int) or a size string such as ``"32GiB"``.
+        planner: a key of :data:`PLANNERS`.
+        frontier_cap: optional cap on DP frontier points per segment (then ``truncated`` and
+            no optimality claim).
+        bound_pruning: let the DP drop prefixes whose exact Lagrangian lower bound exceeds a
+            known feasible cost (same optimum; ``False`` keeps the whole budget-feasible
+            Pareto frontier, exponential on long heterogeneous cards).
+
+    Returns:
+        :class:`PlanResult`; an infeasible budget gives ``feasible=False`` with
+        ``min_feasible_peak_bytes``, never an exception.
+
+    Raises:
+        ValueError: unknown planner, bad budget or bad cap.
+        ProfileCardError: ``card`` is not a ProfileCard.
+
+    Danger:
+        Predictions are the static model of the card's measurements; actual allocator peaks
+        differ (fragmentation, allocator caching) and are what runs must be judged on.
+
+    References:
+        Paper §4 eq. (3), §9.1, Table 5.
+    """
+    if planner not in PLANNERS:
+        raise ValueError(f"stateremat.planner.plan: unknown planner {planner!r}; expected one of "
+                         f"{list(PLANNERS)}. Tip: joint is the paper's planner.")
+    return PLANNERS[planner](card, budget_bytes, frontier_cap=frontier_cap,
+                             bound_pruning=bound_pruning)
+
+
+def exhaustive(card: ProfileCard, budget_bytes, options=("eager", "whole", "region"),
+               max_policies: int = 50_000_000) -> PlanResult:
+    """Enumerate every policy (the DP's oracle); ``options`` is an option tuple or planner name.
+
+    Raises:
+        ValueError: more than ``max_policies`` policies, bad budget or options.
+    """
+    t0 = time.perf_counter()
+    spec = _spec(options, "stateremat.planner.exhaustive")
+    budget = _budget(budget_bytes, "stateremat.planner.exhaustive")
+    out = enumerate_policies(spec.model(card), budget, max_policies=max_policies)
+    return _record(spec, card, budget, out.codes, solver="exhaustive", t0=t0,
+                   min_peak_pair=(out.min_peak_bytes, out.min_peak_codes))
+
+
+def milp(card: ProfileCard, budget_bytes, options=("eager", "whole", "region"),
+         time_limit_s: float = 60.0) -> PlanResult:
+    """Solve the model as a MILP with ``scipy.optimize.milp``; same record as the DP.
+
+    ``optimal`` is False when HiGHS stopped on the time limit.
+    """
+    t0 = time.perf_counter()
+    spec = _spec(options, "stateremat.planner.milp")
+    budget = _budget(budget_bytes, "stateremat.planner.milp")
+    model = spec.model(card)
+    out = milp_solve(model, budget, time_limit_s)
+    notes = [] if out.proven_optimal else [f"MILP not proven optimal: {out.message}"]
+    return _record(spec, card, budget, out.codes, solver="milp", t0=t0, optimal=out.proven_optimal,
+                   min_peak_pair=milp_min_peak(model, time_limit_s), extra_notes=notes)
