@@ -254,3 +254,29 @@ def test_min_peak_sweep_matches_enumeration_on_all_small_policies():
             peaks.append(card.persistent_bytes + sum(c.retained_bytes for c in cs)
                          + max(c.temp_bytes for c in cs))
         assert plan(card, 0).min_feasible_peak_bytes == min(peaks)
+
+
+def test_bound_pruned_dp_retries_with_wider_beams_and_stays_exact(monkeypatch):
+    from stateremat.planner import _dp
+
+    # Tiny beams and abort limits force every retry path; the answer must not change.
+    monkeypatch.setattr(_dp, "_SCHEDULE", ((1, 2), (2, 3), (1, None)))
+    real, aborted = _dp.dp_solve, []
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        aborted.append(out.aborted)
+        return out
+
+    monkeypatch.setattr(_dp, "dp_solve", spy)
+    rng = np.random.default_rng(21)
+    for _ in range(6):
+        card = random_card(8, rng)
+        for budget in _budgets(card, "joint", rng, count=2):
+            _same(plan(card, budget), exhaustive(card, budget))
+    assert sum(aborted) >= 5  # the retry path really ran
+    from stateremat.planner._model import cost_tables
+
+    tables = cost_tables(random_card(12, 3))
+    out = _dp.dp_solve(tables, 10**12, bound_pruning=True, upper_bound_s=1e9, abort_above=2)
+    assert out.aborted and out.codes is None

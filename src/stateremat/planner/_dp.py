@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..contract import internal_assert
 from ._model import CostTables, evaluate, min_peak
 from ._pareto import pareto_mask
 
@@ -38,6 +39,7 @@ class DPOutcome:
     frontier_size: int
     truncated: bool
     upper_bound_s: float | None = None
+    aborted: bool = False
 
 
 def _lagrangian(tables: CostTables, max_lams: int = 512):
@@ -79,7 +81,8 @@ def _cap(lb: np.ndarray, mem: np.ndarray, cap: int) -> np.ndarray:
 
 
 def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = None,
-             bound_pruning: bool = False, upper_bound_s: float | None = None) -> DPOutcome:
+             bound_pruning: bool = False, upper_bound_s: float | None = None,
+             abort_above: int | None = None) -> DPOutcome:
     """Minimise ``Σ c`` s.t. ``P + Σ r + max q ≤ M`` over the valid options of ``tables``.
 
     Ties: lowest cost, then lowest peak, then the lexicographically smallest option codes
@@ -92,14 +95,13 @@ def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = N
         frontier_cap: keep at most this many frontier points per segment (approximate).
         bound_pruning: drop prefixes whose Lagrangian lower bound exceeds an incumbent's cost.
         upper_bound_s: incumbent cost; found automatically when ``None`` and pruning is on.
+        abort_above: give up (``aborted``) once the frontier exceeds this many points.
 
     Returns:
         :class:`DPOutcome`.
     """
     if bound_pruning and upper_bound_s is None:
-        upper_bound_s = _incumbent(tables, budget_bytes)
-        if upper_bound_s is None:  # no feasible policy exists at all (exact min-peak test)
-            return DPOutcome(None, 0, False, None)
+        return _solve_with_incumbents(tables, budget_bytes, frontier_cap)
     if bound_pruning or frontier_cap is not None:
         lams, G, W = _lagrangian(tables)
     limit = upper_bound_s * (1 + 1e-9) + 1e-12 if bound_pruning else np.inf
@@ -147,6 +149,8 @@ def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = N
         parents.append(par[keep])
         chosen.append(code[keep].astype(np.int8))
         largest = max(largest, len(R))
+        if abort_above is not None and largest > abort_above:
+            return DPOutcome(None, largest, truncated, upper_bound_s, aborted=True)
     best = int(np.lexsort((np.arange(len(R)), R + Q, C))[0])
     codes = np.empty(n, np.int64)
     for i in range(n - 1, -1, -1):
@@ -155,13 +159,29 @@ def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = N
     return DPOutcome(codes, largest, truncated, upper_bound_s)
 
 
-def _incumbent(tables: CostTables, budget_bytes: int, cap: int = 64) -> float | None:
-    """Cost of a feasible policy (min of the min-peak policy and a capped DP), or None."""
+#: (beam width, abort-above frontier size) per attempt; the last attempt never aborts.
+_SCHEDULE: tuple[tuple[int, int | None], ...] = ((32, 20_000), (512, 20_000), (4096, None))
+
+
+def _solve_with_incumbents(tables: CostTables, budget_bytes: int,
+                           frontier_cap: int | None) -> DPOutcome:
+    """Bound-pruned DP with incumbents from beams of growing width.
+
+    The incumbent is the cheaper of the minimum-peak policy and a beam (capped DP ordered by
+    the Lagrangian bound). A loose incumbent lets the exact frontier grow; then the exact pass
+    is abandoned above 20,000 points and retried with a wider beam, the last time without limit.
+    """
     peak, codes = min_peak(tables)
-    if peak > budget_bytes:
-        return None
-    best = evaluate(tables, codes)[1]
-    quick = dp_solve(tables, budget_bytes, frontier_cap=cap)
-    if quick.codes is not None:
-        best = min(best, evaluate(tables, quick.codes)[1])
-    return best
+    if peak > budget_bytes:  # no feasible policy exists at all (exact min-peak test)
+        return DPOutcome(None, 0, False, None)
+    ub = evaluate(tables, codes)[1]
+    largest = 0
+    for beam, abort in _SCHEDULE:
+        quick = dp_solve(tables, budget_bytes, frontier_cap=beam)
+        if quick.codes is not None:
+            ub = min(ub, evaluate(tables, quick.codes)[1])
+        out = dp_solve(tables, budget_bytes, frontier_cap, True, ub, abort_above=abort)
+        largest = max(largest, out.frontier_size)
+        if not out.aborted:
+            return DPOutcome(out.codes, largest, out.truncated, ub)
+    internal_assert(False, "the last bound-pruned pass has no abort limit")

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+_SMALL = 192
+
 
 def _exclusive_groupwise_cummin(values: np.ndarray, group: np.ndarray, span: int) -> np.ndarray:
     """Per position, min of ``values`` over earlier positions of the same (contiguous) group.
@@ -48,6 +50,14 @@ def pareto_mask(r: np.ndarray, q: np.ndarray, c: np.ndarray) -> np.ndarray:
     n = r.shape[0]
     if n <= 1:
         return np.ones(n, bool)
+    if n <= _SMALL:  # a few broadcast ops beat the sort-based sweep's fixed overhead
+        return pareto_mask_bruteforce(r, q, c)
+    return pareto_sweep(r, q, c)
+
+
+def pareto_sweep(r: np.ndarray, q: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The O(N log N log L) sort-and-sweep form of :func:`pareto_mask` (any N ≥ 1)."""
+    n = r.shape[0]
     idx = np.arange(n)
     order = np.lexsort((idx, q, c, r))  # by r, then c, then q, then index
     rs, cs, qs = r[order], c[order], q[order]
@@ -93,9 +103,10 @@ def pareto_mask(r: np.ndarray, q: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def pareto_mask_bruteforce(r: np.ndarray, q: np.ndarray, c: np.ndarray) -> np.ndarray:
-    """O(N²) reference of :func:`pareto_mask` (tests only)."""
+    """O(N²) form of :func:`pareto_mask`: its reference in tests and its small-N path."""
     n = r.shape[0]
-    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")  # does i dominate j
-    le = (r[i] <= r[j]) & (q[i] <= q[j]) & (c[i] <= c[j])
-    strict = (r[i] != r[j]) | (c[i] != c[j]) | (i < j)
-    return ~(le & strict & (i != j)).any(axis=0)
+    ri, rj = r[:, None], r[None, :]  # [i, j]: does i dominate j
+    ci, cj = c[:, None], c[None, :]
+    le = (ri <= rj) & (q[:, None] <= q[None, :]) & (ci <= cj)
+    strict = (ri != rj) | (ci != cj) | np.tri(n, n, -1, dtype=bool).T  # i < j
+    return ~(le & strict).any(axis=0)

@@ -1,0 +1,115 @@
+"""Planner benchmark: DP solve times and frontier sizes next to MILP (and exhaustive) times.
+
+Targets (issue 4): 16 segments untruncated in < 50 ms; 1,000 segments in < 2 s, stating the
+frontier size and whether truncated. Each card is solved by the DP variants and the MILP
+interleaved (A B A B …); medians over ``--repeats`` are printed with /proc/loadavg, since the
+machine is shared. Every DP result is checked against the MILP optimum (relative 1e-9).
+
+    .venv/bin/python benchmarks/bench_planner.py [--repeats 5] [--exhaustive] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from stateremat.contract import atomic_write_json, format_bytes, loadavg, provenance
+from stateremat.planner import activation_pressure_card, exhaustive, milp, plan, random_card
+
+GiB = 1024**3
+
+
+def _cards():
+    """(label, card, budget_bytes, planner) cases."""
+    cases = [("pressure 16 @32GiB", activation_pressure_card(), 32 * GiB, "joint"),
+             ("pressure 16 @44GiB", activation_pressure_card(), 44 * GiB, "joint"),
+             ("pressure 16 @44GiB", activation_pressure_card(), 44 * GiB, "eager_whole")]
+    for n, seed in ((16, 1), (16, 2), (1000, 1), (1000, 2)):
+        card = random_card(n, seed)
+        lo = plan(card, 0).min_feasible_peak_bytes
+        hi = plan(card, 0, "eager").predicted_peak_bytes
+        cases.append((f"random {n} seed {seed}", card, (lo + hi) // 2, "joint"))
+    return cases
+
+
+def _variants(n: int):
+    """DP variants run on a card of ``n`` segments: (name, kwargs)."""
+    out = [("dp exact (bound pruning)", {"bound_pruning": True})]
+    if n <= 100:  # the whole Pareto frontier grows exponentially on heterogeneous cards
+        out.append(("dp full frontier", {"bound_pruning": False}))
+    out.append(("dp cap 256 (truncated)", {"bound_pruning": False, "frontier_cap": 256}))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--exhaustive", action="store_true", help="also enumerate 16-segment cards "
+                    "(2^16 eager/whole, 3^16 ≈ 43 M joint policies: tens of seconds)")
+    ap.add_argument("--json", default=None, help="write the rows here")
+    args = ap.parse_args()
+    console = Console()
+    rows = []
+    load_before = loadavg()
+    for label, card, budget, planner in _cards():
+        n = len(card.segments)
+        variants = _variants(n)
+        times = {name: [] for name, _ in variants}
+        times["milp"] = []
+        results = {}
+        for _ in range(args.repeats):  # interleaved: every solver once per round
+            for name, kw in variants:
+                t = time.perf_counter()
+                results[name] = plan(card, budget, planner, **kw)
+                times[name].append(time.perf_counter() - t)
+            t = time.perf_counter()
+            results["milp"] = milp(card, budget, options=planner)
+            times["milp"].append(time.perf_counter() - t)
+        if args.exhaustive and n <= 16:
+            t = time.perf_counter()
+            results["exhaustive"] = exhaustive(card, budget, options=planner)
+            times["exhaustive"] = [time.perf_counter() - t]
+        ref = results["milp"]
+        for name, res in results.items():
+            if ref.feasible and res.feasible:
+                gap = (res.predicted_time_s - ref.predicted_time_s) / ref.predicted_time_s
+            else:
+                gap = None
+            rows.append({"case": label, "planner": planner, "segments_count": n,
+                         "budget_bytes": budget, "solver": name,
+                         "median_s": statistics.median(times[name]),
+                         "min_s": min(times[name]), "repeats": len(times[name]),
+                         "feasible": res.feasible, "frontier_size": res.frontier_size,
+                         "truncated": res.truncated, "optimal": res.optimal,
+                         "predicted_time_s": res.predicted_time_s,
+                         "predicted_peak_bytes": res.predicted_peak_bytes,
+                         "rel_gap_vs_milp": gap})
+            if (name.startswith("dp exact") or name == "dp full frontier" or name == "exhaustive") \
+                    and gap is not None and abs(gap) > 1e-9:
+                console.print(f"[red]MISMATCH {label} {name}: gap {gap:.3e}[/red]")
+    table = Table(title=f"planner benchmark (medians of {args.repeats}; loadavg before "
+                        f"{load_before}, after {loadavg()})")
+    for col in ("case", "planner", "solver", "median ms", "frontier", "truncated", "feasible",
+                "time s/step", "gap vs MILP"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["case"], r["planner"], r["solver"], f"{r['median_s'] * 1e3:.1f}",
+                      str(r["frontier_size"]), str(r["truncated"]), str(r["feasible"]),
+                      "-" if r["predicted_time_s"] is None else f"{r['predicted_time_s']:.6g}",
+                      "-" if r["rel_gap_vs_milp"] is None else f"{r['rel_gap_vs_milp']:.2e}")
+    console.print(table)
+    for r in rows:
+        if r["predicted_peak_bytes"] is not None and r["solver"] == "milp":
+            console.print(f"{r['case']} ({r['planner']}): budget {format_bytes(r['budget_bytes'])}, "
+                          f"MILP peak {format_bytes(r['predicted_peak_bytes'])}")
+    if args.json:
+        atomic_write_json(args.json, {"rows": rows, "provenance": provenance(
+            loadavg_before=load_before, benchmark="bench_planner", repeats=args.repeats)})
+        console.print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
