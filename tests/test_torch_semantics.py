@@ -385,3 +385,14 @@ def test_drop_in_use_reentrant_argument():
     torch.testing.assert_close(x.grad, x.detach().cos())
     with pytest.raises(ValueError, match="use_reentrant must be False"):
         checkpoint(torch.sin, x, use_reentrant=True)
+
+
+def test_public_surface():
+    import stateremat.contract as contract
+    import stateremat.torch as st
+
+    names = {"checkpoint", "StatefulCheckpoint", "apply_plan", "journal_writes", "preservation_stats",
+             "reset_preservation_stats", "PreservationStats", "ReplayError", "UndeclaredStateError",
+             "ReplayDivergenceError", "UnsupportedError", "UndeclaredStateWarning"}
+    assert names <= set(dir(st))
+    assert st.ReplayError is contract.ReplayError and issubclass(st.UndeclaredStateError, RuntimeError)
