@@ -396,3 +396,16 @@ def test_public_surface():
              "ReplayDivergenceError", "UnsupportedError", "UndeclaredStateWarning"}
     assert names <= set(dir(st))
     assert st.ReplayError is contract.ReplayError and issubclass(st.UndeclaredStateError, RuntimeError)
+
+
+def test_replay_runs_under_the_forward_autocast_state():
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = lin(x).float().square().sum()
+    g_ref = torch.autograd.grad(ref, (x, lin.weight))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = checkpoint(lin, x).float().square().sum()
+    g = torch.autograd.grad(out, (x, lin.weight))  # backward outside autocast: replay re-enters it
+    for a, b in zip(g, g_ref):
+        assert torch.equal(a, b)
