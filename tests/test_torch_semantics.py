@@ -321,6 +321,10 @@ def test_stats_track_peak_and_reset():
     assert s.peak_temporary_bytes == 4096 + 3 * 4
     reset_preservation_stats()
     assert preservation_stats().peak_retained_state_bytes == 0
+    from stateremat.torch import _journal
+    from stateremat.torch._storage import storage_key
+
+    assert storage_key(queue) not in _journal.TRACKERS  # nothing kept once no segment can replay
 
 
 def test_saved_aliases_of_read_only_region_state_are_not_copied():
