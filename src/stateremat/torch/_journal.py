@@ -82,6 +82,7 @@ class StorageTracker:
         self.users = 0  # segments referencing this tracker
         self.witnesses: dict[int, torch.Tensor] = {}
         self.synced: dict[int, int] = {}
+        self._names: dict[int, str] = {}
         self.gap_seq = 0
         self.gap_note = ""
 
@@ -91,7 +92,6 @@ class StorageTracker:
         if id(t) not in self.witnesses:
             self.witnesses[id(t)] = t
             self.synced[id(t)] = t._version
-            self._names = getattr(self, "_names", {})
             self._names[id(t)] = name
 
     def observe(self, journaled: bool) -> None:

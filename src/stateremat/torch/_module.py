@@ -48,6 +48,10 @@ class StatefulCheckpoint(nn.Module):
         retained_state_bytes: ``snapshot_bytes + journal_bytes``.
         recompute_count: replays run so far (one per backward that needs this block).
 
+    Raises:
+        ValueError: on an unknown ``preserve``/``on_undeclared``/``state`` string or a bad
+            ``granularity_bytes``; at run time the errors of :func:`checkpoint`.
+
     References:
         Paper §3.1, §5.
     """
