@@ -44,9 +44,9 @@ def semantics(
     if json_path is not None:
         atomic_write_json(json_path, summary)
         paths.append(json_path)
-    typer.echo(f"semantics: {summary['records']} records ({sum(rep.written.values())} new, "
-               f"{rep.skipped_done} already done); extension: "
-               f"{summary['extension']['records']} records")
+    typer.echo(f"semantics: {summary['records']} records; extension "
+               f"(stateremat.jax.checkpoint): {summary['extension']['records']} records; this "
+               f"run wrote {sum(rep.written.values())} rows, {rep.skipped_done} were already done")
     for r in summary["table"]:
         typer.echo(f"  {r['backend']:5s} {r['method']:30s} M={r['M']:4d} R={r['R']:4d} "
                    f"D={r['D']:4d}")

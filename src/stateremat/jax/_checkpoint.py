@@ -9,6 +9,8 @@ remains is admission: refusing functions that hide state (R7) or change its stru
 from __future__ import annotations
 
 import functools
+import gc
+import weakref
 from typing import Any, Callable
 
 import jax
@@ -38,8 +40,28 @@ def _check_state(name: str, state: Any, new_state: Any) -> None:
                 f"and dtype ({rule('R4')}). Tip: cast the update to the state's dtype.")
 
 
+def _find_leaks(trace_refs: list) -> list:
+    """Tracers of the segment's own trace still alive after it ended (hidden state, R7).
+
+    Mirrors :func:`jax.checking_leaks` without its costs (that flag disables the compile
+    cache and explains leaks by walking ``gc.get_referrers`` for minutes in a large heap):
+    a finished trace that nothing references is freed at once, so the common case costs one
+    weakref lookup; only a live trace pays for ``gc.collect``.
+    """
+    leaked = []
+    for ref in trace_refs:
+        if ref() is None:
+            continue
+        gc.collect()  # a trace kept alive only by reference cycles is not a leak
+        trace = ref()
+        if trace is not None:
+            leaked += [o for o in gc.get_referrers(trace) if isinstance(o, jax.core.Tracer)]
+            del trace
+    return leaked
+
+
 def checkpoint(fn: Callable[..., tuple[Any, Any]], *, policy: Callable | None = None,
-               prevent_cse: bool = True, check_leaks: bool | str = "first"
+               prevent_cse: bool = True, check_leaks: bool = True
                ) -> Callable[..., tuple[Any, Any]]:
     """Checkpoint a segment that threads its state explicitly.
 
@@ -50,11 +72,9 @@ def checkpoint(fn: Callable[..., tuple[Any, Any]], *, policy: Callable | None = 
             kept for backward; they are recomputed from ``state`` and ``args``.
         policy: a ``jax.checkpoint_policies`` policy naming residuals to keep (default: none).
         prevent_cse: passed to :func:`jax.checkpoint`.
-        check_leaks: trace ``fn`` under :func:`jax.checking_leaks` so a function that stores
-            a traced value in a Python object (hidden state, R7) is refused at call time:
-            ``"first"`` (default) on the first call only, ``True`` on every call, ``False``
-            never. Leak checking disables JAX's compile cache for that call (about 0.5 s
-            for a small segment on CPU), hence checking once by default.
+        check_leaks: after each trace of ``fn``, check that no traced value of it outlived the
+            trace, i.e. that ``fn`` did not store one in a Python object (hidden state, R7).
+            Costs a weakref lookup when nothing leaked.
 
     Returns:
         ``wrapped(state, *args, **kwargs) -> (out, new_state)``, differentiable with respect
@@ -67,38 +87,42 @@ def checkpoint(fn: Callable[..., tuple[Any, Any]], *, policy: Callable | None = 
             changed shape or dtype (R4).
 
     Danger:
-        With ``check_leaks="first"``, a segment that writes hidden state only on some calls
-        (data-dependent Python control flow) is caught only if the first call does.
         State that ``fn`` reads from a closure or global without writing it is treated as a
-        constant; it is not checked. Pass everything the segment reads and writes in ``state``.
+        constant; it is not checked. A hidden write of a value that is not traced (a Python
+        number, a constant array) is invisible to the leak check. The check reads JAX's
+        private ``Tracer._trace``; where it is missing, the check is skipped. Pass everything
+        the segment reads and writes in ``state``.
 
     References:
         Paper §3 (eq. 2) and §5 (JAX functional checkpoint).
     """
     name = getattr(fn, "__name__", type(fn).__name__)
-    if check_leaks not in (True, False, "first"):
-        raise ValueError(f"stateremat.jax.checkpoint: check_leaks must be True, False or "
-                         f"'first', got {check_leaks!r}. Tip: use the default 'first'.")
-    remat = jax.checkpoint(fn, prevent_cse=prevent_cse, policy=policy)
-    calls = [0]
+    trace_refs: list = []
+
+    def probed(state: Any, *args: Any, **kwargs: Any):
+        if check_leaks:
+            for leaf in jax.tree_util.tree_leaves((state, args, kwargs)):
+                trace = getattr(leaf, "_trace", None)
+                if trace is not None:
+                    trace_refs.append(weakref.ref(trace))
+                    break
+        return fn(state, *args, **kwargs)
+
+    remat = jax.checkpoint(probed, prevent_cse=prevent_cse, policy=policy)
 
     @functools.wraps(fn)
     def wrapped(state: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        calls[0] += 1
-        try:
-            if check_leaks is True or (check_leaks == "first" and calls[0] == 1):
-                with jax.checking_leaks():
-                    result = remat(state, *args, **kwargs)
-            else:
-                result = remat(state, *args, **kwargs)
-        except Exception as exc:
-            if "Leaked trace" not in str(exc):
-                raise
+        trace_refs.clear()
+        result = remat(state, *args, **kwargs)
+        leaked = _find_leaks(trace_refs)
+        trace_refs.clear()
+        if leaked:
+            shapes = ", ".join(str(getattr(t, "aval", type(t).__name__)) for t in leaked[:3])
             raise UndeclaredStateError(
-                f"stateremat.jax.checkpoint({name}): the segment stored a traced value outside "
-                f"its return value, i.e. it writes hidden state ({rule('R7')}). JAX reported: "
-                f"{str(exc).splitlines()[0]}. Tip: pass that state in `state` and return its "
-                "new value as `new_state` instead of assigning it to an object.") from exc
+                f"stateremat.jax.checkpoint({name}): the segment stored {len(leaked)} traced "
+                f"value(s) ({shapes}) outside its return value, i.e. it writes hidden state "
+                f"({rule('R7')}). Tip: pass that state in `state` and return its new value as "
+                "`new_state` instead of assigning it to an object.")
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ReplayError(
                 f"stateremat.jax.checkpoint({name}): expected the segment to return "

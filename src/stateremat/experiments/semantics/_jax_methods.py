@@ -62,9 +62,7 @@ def run_jax(method: str, p: ProgramParams, data: dict[str, np.ndarray],
                 def seg(st, x_, w_):
                     count[0] += 1
                     return functional(x_, w_, st, p)
-                # Leak checking disables JAX's compile cache (~0.5 s per condition here); the
-                # admission check is exercised by tests/test_jax_checkpoint.py instead.
-                threaded = sr_checkpoint(seg, check_leaks=False)
+                threaded = sr_checkpoint(seg)  # default admission checks (leaks, state)
                 prog = lambda x_, w_: threaded(state, x_, w_)
             out, pullback, new_state = jax.vjp(prog, x, w, has_aux=True)
             final_state = lambda: new_state
