@@ -48,6 +48,14 @@ def test_semantic_check_fails_for_plain_recomputation_of_stateful_segments():
     assert check_method("regions", TINY, ["region"] * 4)["semantic_checks"] == "pass"
 
 
+def test_mixed_plans_with_eager_writers_after_region_segments_pass():
+    # a region journal must also hold later eager/whole writes (R6); without journaling them
+    # the checkpoint refuses the replay (R8) and this check would record a failure
+    for options in (["eager", "region", "eager", "eager"], ["region", "whole", "region", "eager"]):
+        res = check_method("joint", TINY, options)
+        assert res["semantic_checks"] == "pass", res["semantic_detail"]
+
+
 @pytest.fixture(scope="module")
 def rows():
     spec = tiny_spec()

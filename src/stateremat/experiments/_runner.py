@@ -9,7 +9,6 @@ measurement (``max_memory_allocated``) and methods run one after another to free
 from __future__ import annotations
 
 import gc
-import json
 import math
 import os
 import time

@@ -11,6 +11,12 @@ input (the chain's activation at ``i``, computed by running segments ``0..i-1``)
 * ``c`` (time): median synchronized wall time of forward + backward over ``repeats`` runs
   after one warm-up, measured without the memory tracker.
 
+For ``region``, ``r`` swaps the journal measured alone for the journal the segment holds
+inside the chain after a full forward (with every other segment eager, writes journaled), which
+also covers later segments' writes that destroy state it needs (R6, paper §3.1: "the union of
+its own and later writes"). This is conservative for plans with several region segments: they
+share one journal, so the sum over segments counts shared entries more than once.
+
 Memory uses :class:`stateremat.torch._memory.PeakMemory` (CUDA allocator peak, or the CPU
 live-storage tracker); the card's meta records which. ``P`` is the bytes of parameters, their
 gradients, the state buffer and the input batch.
@@ -121,9 +127,10 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
 
     Danger:
         Times are measured on a possibly shared machine; the card records ``loadavg`` but cannot
-        remove interference. ``r`` of ``region`` includes the journal growth caused by later
-        segments' writes only when the checkpoint wrapper reports its bytes
-        (meta ``chain_context_preservation``).
+        remove interference. ``r`` of ``region`` includes the later writes (R6) only when
+        ``stateremat.torch.preservation_stats`` is available (meta
+        ``chain_context_preservation``); several region segments share one journal, so their
+        summed ``r`` over-counts (conservative).
 
     References:
         Paper §4 (r, q, c, P; eq. 3), §8–§10 (matching profiles per shape).
