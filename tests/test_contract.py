@@ -94,3 +94,33 @@ def test_cli_help_lists_commands():
     assert res.exit_code == 0
     for cmd in ("verify", "cohort", "bench", "app"):
         assert cmd in res.output
+
+
+def test_record_store_refuses_a_second_writer_process(tmp_path):
+    import subprocess
+    import sys
+
+    RecordStore(tmp_path, "t", key=["k"], meta={})
+    code = ("import sys; from stateremat.contract import RecordStore, RecordsError\n"
+            "try:\n RecordStore(sys.argv[1], 't', key=['k'], meta={})\n"
+            "except RecordsError as e:\n print('refused:', e); sys.exit(3)\n")
+    res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)
+    assert res.returncode == 3 and "another process is writing" in res.stdout
+
+
+def test_record_store_out_is_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("keep me")
+    with pytest.raises(RecordsError, match="is a file"):
+        RecordStore(f, "t", key=["k"])
+    assert f.read_text() == "keep me"
+
+
+def test_atomic_write_has_umask_permissions(tmp_path):
+    import os
+    import stat
+
+    p = atomic_write_json(tmp_path / "p.json", {})
+    mask = os.umask(0)
+    os.umask(mask)
+    assert stat.S_IMODE(p.stat().st_mode) == 0o666 & ~mask

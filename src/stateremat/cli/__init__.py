@@ -9,5 +9,21 @@ from . import _main, _verify, _cohort, _bench, _moco, _profile, _plan, _report, 
 
 
 def main() -> None:
-    """Entry point of the ``stateremat`` console script."""
-    app()
+    """Entry point of the ``stateremat`` console script.
+
+    Bad input (a :class:`~stateremat.contract.ReplayError` such as ``ProfileCardError`` or
+    ``RecordsError``, a ``ValueError`` or an ``OSError`` on a path) prints one ``error:`` line
+    and exits 2 instead of a traceback; set ``STATEREMAT_TRACEBACK=1`` to see the traceback.
+    """
+    import os
+    import sys
+
+    from ..contract import ReplayError
+
+    try:
+        app(standalone_mode=True)
+    except (ReplayError, ValueError, OSError) as exc:
+        if os.environ.get("STATEREMAT_TRACEBACK"):
+            raise
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        sys.exit(2)

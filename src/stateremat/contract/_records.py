@@ -10,6 +10,7 @@ rows by separate code (``read_records``), never written alongside them.
 """
 from __future__ import annotations
 
+import fcntl
 import io
 import json
 import itertools
@@ -26,6 +27,25 @@ from ._errors import RecordsError
 from ._io import _json_default, atomic_write_bytes, atomic_write_json, provenance
 
 _counter = itertools.count()
+_LOCKS: dict[str, int] = {}  # lock path -> fd held by this process for its lifetime
+
+
+def _lock_table(path: Path) -> None:
+    # One writer per (run folder, table): a second process appending the same units would
+    # duplicate rows. Stores opened again in the same process share the lock.
+    key = str(path.resolve())
+    if key in _LOCKS:
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RecordsError(
+            f"stateremat records: another process is writing into {path.parent} (lock "
+            f"{path.name} is held). Tip: wait for it to finish, or use another --out folder."
+        ) from None
+    _LOCKS[key] = fd
 
 
 class RecordStore:
@@ -49,8 +69,12 @@ class RecordStore:
         self.table = table
         self.key = tuple(key)
         self.dir = self.out_dir / table
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise RecordsError(f"stateremat records: --out {self.out_dir} is a file, not a folder. "
+                               "Tip: pass a folder path (it is created if missing).")
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sidecar = self.out_dir / f"{table}.json"
+        _lock_table(self.out_dir / f".{table}.lock")
         config = dict(meta or {})
         if self.sidecar.exists():
             old = json.loads(self.sidecar.read_text())
