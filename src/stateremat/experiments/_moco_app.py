@@ -13,13 +13,13 @@ import io
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
-from ..contract import RecordStore, atomic_write_bytes, read_records, source_hash
+from ..contract import RecordStore, atomic_write_bytes, read_records
 from ._moco_methods import METHODS
 
 __all__ = ["MocoPreset", "PRESETS", "TABLE", "run_moco", "train_one", "summarize"]
@@ -32,8 +32,10 @@ KEY = ("seed", "method")
 class MocoPreset:
     """Every knob of one dense-queue configuration (written into the records' sidecar).
 
-    Sizes are counts; ``budget_bytes`` is the planners' logical selection budget (eq. 3), which
-    constrains the static model, not the allocator.
+    Sizes are counts. The planners' logical selection budget (eq. 3) constrains the static
+    model, not the allocator: ``budget_bytes`` when set, else ``budget_eager_fraction`` × the
+    measured card's predicted all-eager peak (the paper's frozen 1,024 MiB is 0.737 × its eager
+    allocated peak of 1,389.35 MiB; the scaled presets keep that ratio).
     """
 
     name: str
@@ -55,10 +57,12 @@ class MocoPreset:
     probe_epochs: int
     probe_batch_size: int
     probe_lr: float
-    budget_bytes: int
+    budget_bytes: int | None
+    budget_eager_fraction: float | None = None
     peak_steps: tuple[int, ...] = (1, 2)   # steps observed by the peak tracker (0 = warm-up)
     n_validation: int = 10_000
     profile_steps: int = 3
+    threads: int | None = None   # torch intra-op threads; 1 avoids oversubscription on shared cores
 
 
 PRESETS: dict[str, MocoPreset] = {
@@ -69,19 +73,19 @@ PRESETS: dict[str, MocoPreset] = {
                         encoder_epochs=100, fit_images=None, validation_images=None, test_images=None,
                         probe_fit_images=None, probe_epochs=25, probe_batch_size=256, probe_lr=0.1,
                         budget_bytes=1024 * 2**20),
-    # Fits 2 shared cores: narrow trunk, Fashion-MNIST subset, a 1 MiB queue (4,096 × 64). The
-    # budget keeps the paper's ratio to the queue bytes (1,024 MiB / 64 MiB = 16 queues).
+    # Fits 2 shared cores: narrow trunk, Fashion-MNIST subset, a 1 MiB queue (4,096 × 64).
     "cpu": MocoPreset("cpu", "fashion-mnist", width=8, dim=64, hidden_dim=128, queue_size=4096,
                       batch_size=128, temperature=0.2, momentum=0.99, lr=0.06, weight_decay=5e-4,
-                      encoder_epochs=3, fit_images=6400, validation_images=2000, test_images=None,
-                      probe_fit_images=10_000, probe_epochs=20, probe_batch_size=256, probe_lr=0.1,
-                      budget_bytes=16 * 2**20),
+                      encoder_epochs=3, fit_images=4096, validation_images=2000, test_images=None,
+                      probe_fit_images=5000, probe_epochs=20, probe_batch_size=256, probe_lr=0.1,
+                      budget_bytes=None, budget_eager_fraction=1024 / 1389.35, threads=1),
     # Test-suite scale: seconds per method.
     "tiny": MocoPreset("tiny", "fashion-mnist", width=4, dim=16, hidden_dim=32, queue_size=128,
                        batch_size=32, temperature=0.2, momentum=0.99, lr=0.06, weight_decay=5e-4,
                        encoder_epochs=1, fit_images=192, validation_images=256, test_images=1000,
                        probe_fit_images=1000, probe_epochs=5, probe_batch_size=128, probe_lr=0.1,
-                       budget_bytes=2 * 2**20, peak_steps=(1,), profile_steps=2),
+                       budget_bytes=None, budget_eager_fraction=1024 / 1389.35, peak_steps=(1,),
+                       profile_steps=2, threads=1),
 }
 
 
@@ -192,7 +196,8 @@ def train_one(preset: MocoPreset, split, seed: int, method: str, device, plan: A
                          split.num_classes, preset.probe_epochs, preset.probe_batch_size,
                          preset.probe_lr, seed)
     return {"seed": seed, "method": method, "dataset": split.dataset, "preset": preset.name,
-            "device": str(device), "memory_method": memory_method(device),
+            "device": str(device), "threads": torch.get_num_threads(),
+            "memory_method": memory_method(device),
             "peak_bytes": int(peak_bytes), "encoder_time_s": encoder_time_s, "steps": step,
             "test_accuracy": probe.test_accuracy, "test_cross_entropy": probe.test_cross_entropy,
             "validation_accuracy": probe.validation_accuracy, "final_loss": float(losses[-1]),
@@ -221,7 +226,8 @@ def _done(store: RecordStore) -> set[tuple]:
 
 def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
              data: str | os.PathLike | None = None, device: str | None = None,
-             methods: tuple[str, ...] = METHODS, progress: bool = True) -> dict[str, Any]:
+             methods: tuple[str, ...] = METHODS, progress: bool = True,
+             threads: int | None = None) -> dict[str, Any]:
     """Run every ``(seed, method)`` not yet recorded under ``out_dir``, then write the summary.
 
     Args:
@@ -232,6 +238,8 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
         device: ``"cpu"``/``"cuda"``; None picks CUDA when present.
         methods: subset of :data:`METHODS` (all seven by default).
         progress: show a rich progress bar.
+        threads: torch intra-op threads for the run (None: the preset's, else torch's setting);
+            recorded, because reductions split differently across thread counts.
 
     Returns:
         The summary dict (also written to ``out_dir/summary.json``).
@@ -254,11 +262,15 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
         raise ValueError(f"run_moco: unknown methods {bad}; expected a subset of {METHODS}. "
                          "Tip: omit --methods to run all seven.")
     dev = _device(device)
+    old_threads = torch.get_num_threads()
+    threads = threads if threads is not None else preset.threads
+    if threads is not None:
+        torch.set_num_threads(threads)
     images = load_dataset(preset.dataset, data)
     split = make_split(images, preset.n_validation, preset.fit_images, preset.validation_images,
                        preset.test_images)
     config = {"preset": asdict(preset), "dataset": images.name, "data_source": images.source,
-              "device": str(dev), "torch": torch.__version__}
+              "device": str(dev), "torch": torch.__version__, "threads": torch.get_num_threads()}
     store = RecordStore(out_dir, TABLE, key=list(KEY), meta=config)
     done = _done(store)
     todo = [(s, m) for s in seeds for m in methods if (s, m) not in done]
@@ -279,6 +291,7 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
                 bar.advance(runs)
     finally:
         torch.use_deterministic_algorithms(was_det)
+        torch.set_num_threads(old_threads)
     return write_summary(out_dir)
 
 
@@ -292,9 +305,14 @@ def _run_row(preset: MocoPreset, split, seed: int, method: str, dev, out_dir,
             from ._moco_card import plan_for
 
             plan = plan_for(preset, split, seed, method, dev, out_dir)
-            plan_fields = {"budget_bytes": int(preset.budget_bytes), "feasible": bool(plan.feasible),
-                           "predicted_peak_bytes": int(plan.predicted_peak_bytes),
-                           "predicted_time_s": float(plan.predicted_time_s)}
+            plan_fields = {"budget_bytes": int(plan.budget_bytes), "feasible": bool(plan.feasible),
+                           "predicted_peak_bytes": plan.predicted_peak_bytes,
+                           "predicted_time_s": plan.predicted_time_s}
+            if not plan.feasible:
+                raise RuntimeError(
+                    f"app moco: the {method} planner found no policy within the "
+                    f"{plan.budget_bytes} B budget (minimum predicted peak "
+                    f"{plan.min_feasible_peak_bytes} B). Tip: raise the preset's budget.")
         row = train_one(preset, split, seed, method, dev, plan, on_step)
     except Exception as exc:  # recorded, never hidden: the row says what failed
         return {"seed": seed, "method": method, "dataset": split.dataset, "preset": preset.name,
