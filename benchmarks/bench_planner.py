@@ -37,11 +37,39 @@ def _cards():
 
 def _variants(n: int):
     """DP variants run on a card of ``n`` segments: (name, kwargs)."""
-    out = [("dp exact (bound pruning)", {"bound_pruning": True})]
+    out = [("dp exact+bound", {"bound_pruning": True})]
     if n <= 100:  # the whole Pareto frontier grows exponentially on heterogeneous cards
         out.append(("dp full frontier", {"bound_pruning": False}))
-    out.append(("dp cap 256 (truncated)", {"bound_pruning": False, "frontier_cap": 256}))
+    out.append(("dp cap 256", {"bound_pruning": False, "frontier_cap": 256}))
     return out
+
+
+def _growth(console: Console, sizes=(16, 32, 50, 100)) -> list[dict]:
+    """Size and time of the whole (budget-pruned only) Pareto frontier as segments grow."""
+    rows = []
+    for n in sizes:
+        card = random_card(n, 1)
+        lo = plan(card, 0).min_feasible_peak_bytes
+        budget = (lo + plan(card, 0, "eager").predicted_peak_bytes) // 2
+        t = time.perf_counter()
+        full = plan(card, budget, bound_pruning=False)
+        t_full = time.perf_counter() - t
+        t = time.perf_counter()
+        exact = plan(card, budget)
+        t_exact = time.perf_counter() - t
+        rows.append({"segments_count": n, "full_frontier_size": full.frontier_size,
+                     "full_s": t_full, "bound_frontier_size": exact.frontier_size,
+                     "bound_s": t_exact, "same_policy": full.options == exact.options})
+    table = Table(title="frontier growth, random cards (one run each)")
+    for col in ("segments", "full frontier", "full ms", "bound-pruned frontier", "bound ms",
+                "same policy"):
+        table.add_column(col, justify="right")
+    for r in rows:
+        table.add_row(str(r["segments_count"]), str(r["full_frontier_size"]),
+                      f"{r['full_s'] * 1e3:.1f}", str(r["bound_frontier_size"]),
+                      f"{r['bound_s'] * 1e3:.1f}", str(r["same_policy"]))
+    console.print(table)
+    return rows
 
 
 def main() -> None:
@@ -51,7 +79,7 @@ def main() -> None:
                     "(2^16 eager/whole, 3^16 ≈ 43 M joint policies: tens of seconds)")
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=150)
     rows = []
     load_before = loadavg()
     for label, card, budget, planner in _cards():
@@ -87,7 +115,7 @@ def main() -> None:
                          "predicted_time_s": res.predicted_time_s,
                          "predicted_peak_bytes": res.predicted_peak_bytes,
                          "rel_gap_vs_milp": gap})
-            if (name.startswith("dp exact") or name == "dp full frontier" or name == "exhaustive") \
+            if (name in ("dp exact+bound", "dp full frontier", "exhaustive")) \
                     and gap is not None and abs(gap) > 1e-9:
                 console.print(f"[red]MISMATCH {label} {name}: gap {gap:.3e}[/red]")
     table = Table(title=f"planner benchmark (medians of {args.repeats}; loadavg before "
@@ -105,8 +133,9 @@ def main() -> None:
         if r["predicted_peak_bytes"] is not None and r["solver"] == "milp":
             console.print(f"{r['case']} ({r['planner']}): budget {format_bytes(r['budget_bytes'])}, "
                           f"MILP peak {format_bytes(r['predicted_peak_bytes'])}")
+    growth = _growth(console)
     if args.json:
-        atomic_write_json(args.json, {"rows": rows, "provenance": provenance(
+        atomic_write_json(args.json, {"rows": rows, "growth": growth, "provenance": provenance(
             loadavg_before=load_before, benchmark="bench_planner", repeats=args.repeats)})
         console.print(f"wrote {args.json}")
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.optimize import Bounds, LinearConstraint, milp
-from scipy.sparse import coo_array
 
+from ..contract import internal_assert
 from ._model import CostTables, evaluate
 
 
@@ -33,6 +32,9 @@ class MILPOutcome:
 
 
 def _solve(tables: CostTables, avail: float, objective: str, time_limit_s: float):
+    from scipy.optimize import Bounds, LinearConstraint, milp  # lazy: plan() does not need scipy
+    from scipy.sparse import coo_array
+
     n = tables.n
     seg, opt = np.nonzero(tables.valid)
     nx = len(seg)
@@ -86,7 +88,5 @@ def milp_min_peak(tables: CostTables, time_limit_s: float = 60.0) -> tuple[int, 
     """Minimum ``P + Σ r + max q`` by MILP (independent of :func:`min_peak`'s sweep)."""
     scale_ref = float(max(int(tables.r.max()) * tables.n + int(tables.q.max()), 1))
     _, codes = _solve(tables, scale_ref, "peak", time_limit_s)
-    if codes is None:
-        from ..contract import internal_assert
-        internal_assert(False, "min-peak MILP returned no policy")
+    internal_assert(codes is not None, "min-peak MILP returned no policy")
     return evaluate(tables, codes)[0], codes

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract import ProfileCard, ProfileCardError
+from ..contract import ProfileCard, ProfileCardError, internal_assert
 
 #: Executable options, in the canonical order that breaks ties (lower code first).
 OPTION_CODES: tuple[str, ...] = ("eager", "whole", "region")
@@ -159,7 +159,6 @@ def min_peak(tables: CostTables) -> tuple[int, np.ndarray]:
         cand = np.flatnonzero(key_r[i] == key_r[i].min())
         codes[i] = cand[np.argmin(tables.c[i, cand])]
     peak, _ = evaluate(tables, codes)
-    if peak != int(cand_peak[best]):
-        from ..contract import internal_assert
-        internal_assert(False, f"min_peak reconstruction {peak} != sweep {int(cand_peak[best])}")
+    internal_assert(peak == int(cand_peak[best]),
+                    f"min_peak reconstruction {peak} != sweep {int(cand_peak[best])}")
     return peak, codes

@@ -34,7 +34,8 @@ class PlanResult:
             infeasible).
         predicted_time_s: true predicted ``Σ c`` seconds per step (``None`` if infeasible).
         frontier_size: largest DP Pareto frontier over the segments (``None`` for non-DP
-            solvers); with ``bound_pruning`` it counts only points that survive the bound.
+            solvers); with ``bound_pruning`` it counts only points that survive the bound, and
+            it is 0 when the exact minimum-peak test proves infeasibility before the DP runs.
         truncated: a frontier cap dropped points; the result then claims no optimality.
         min_feasible_peak_bytes: minimum predicted peak over the method's option set in its own
             model (Table 5); for ``state_agnostic`` that is the model without preservation.
