@@ -1,6 +1,8 @@
 """``stateremat verify finite``: records, resume, summary recomputed from rows."""
 import json
 
+import pytest
+
 from typer.testing import CliRunner
 
 from stateremat.cli import app
@@ -52,3 +54,33 @@ def test_bad_program_count_and_mismatched_resume_are_clear_errors(tmp_path):
     CliRunner().invoke(app, ["verify", "finite", "--programs", "2", "--out", str(tmp_path / "r")])
     res = CliRunner().invoke(app, ["verify", "finite", "--programs", "3", "--out", str(tmp_path / "r")])
     assert res.exit_code == 2 and "written by a run with config" in res.output
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["finite", "--seed", "-1"], "--seed must be a non-negative integer, got -1"),
+    (["engines", "--seed", "-1"], "--seed must be a non-negative integer, got -1"),
+    (["alias", "--seeds", "-3:2"], "seeds must be non-negative integers"),
+    (["alias", "--seeds", "-2"], "got -2"),
+    (["alias", "--seeds", "0"], "got 0"),
+    (["alias", "--seeds", "abc"], "expected a seed count"),
+])
+def test_bad_seeds_are_refused_before_anything_is_created(tmp_path, argv, expected):
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["verify", *argv, "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert expected in res.output and "Tip:" in res.output
+    assert "invalid literal" not in res.output and "Traceback" not in res.output
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["finite", "engines", "alias"])
+def test_unwritable_json_target_is_refused_before_the_run(tmp_path, command):
+    out = tmp_path / "run"
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    size = ["--seeds", "1"] if command == "alias" else ["--programs", "1"]
+    for target, expected in ((tmp_path, "is a folder"), (afile / "x.json", "is a file, not a folder"),
+                             (afile / "deeper" / "x.json", "is a file, not a folder")):
+        res = CliRunner().invoke(app, ["verify", command, *size, "--out", str(out), "--json", str(target)])
+        assert res.exit_code == 2 and expected in res.output and "Tip:" in res.output, res.output
+        assert not out.exists()

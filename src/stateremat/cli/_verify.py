@@ -7,6 +7,7 @@ recomputes its summary from the stored rows by separate code (``stateremat.finit
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
@@ -58,6 +59,57 @@ def _emit(summary: dict, json_path: Optional[Path]) -> None:
     typer.echo(json.dumps(summary, indent=2, default=float))
 
 
+def check_seed(command: str, seed: int) -> None:
+    """Reject a negative base seed before anything is created (NumPy seeds must be >= 0)."""
+    if seed < 0:
+        raise fail(f"stateremat verify {command}: --seed must be a non-negative integer, got {seed}. "
+                   "Tip: the paper's runs use --seed 0.")
+
+
+def check_json_target(command: str, json_path: Optional[Path]) -> None:
+    """Reject a ``--json`` target that cannot be written, before the run starts.
+
+    The target must not be a folder, and its nearest existing ancestor must be a writable
+    folder (missing parent folders are created when the summary is written).
+    """
+    if json_path is None:
+        return
+    where = f"stateremat verify {command}: --json {str(json_path)!r}"
+    if json_path.is_dir():
+        raise fail(f"{where} is a folder; expected a file path. Tip: use --json {json_path / 'summary.json'}.")
+    parent = json_path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise fail(f"{where}: {parent} is a file, not a folder; expected a path inside a folder. "
+                   "Tip: choose a --json path whose parent is (or can become) a folder.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise fail(f"{where}: folder {parent} is not writable. Tip: choose a --json path you can write.")
+
+
+def parse_alias_seeds(seeds: str) -> list[int]:
+    """``--seeds N`` (seeds ``0..N-1``) or a half-open range ``A:B`` of non-negative seeds."""
+    tip = "Tip: use a count like 50 or a half-open range like 0:50."
+    where = f"stateremat verify alias: --seeds {seeds!r}"
+    from ..contract import parse_seed_range
+
+    if ":" in seeds:
+        try:
+            seed_list = parse_seed_range(seeds)
+        except ValueError as exc:
+            raise fail(f"{where}: {exc}. {tip}")
+        if seed_list[0] < 0:
+            raise fail(f"{where}: seeds must be non-negative integers, got a range from {seed_list[0]}. {tip}")
+        return seed_list
+    text = seeds.strip()
+    if not (text.lstrip("+-").isdigit()):
+        raise fail(f"{where}: expected a seed count (a non-negative integer) or a range A:B. {tip}")
+    n = int(text)
+    if n < 1:
+        raise fail(f"{where}: expected a seed count >= 1, got {n}. {tip}")
+    return list(range(n))
+
+
 def _guard(fn):
     from ..contract import RecordsError
 
@@ -101,6 +153,8 @@ def verify_finite(
     if programs < 1:
         raise fail(f"stateremat verify finite: --programs must be >= 1, got {programs}. "
                    "Tip: the paper's suites use --programs 1024.")
+    check_seed("finite", seed)
+    check_json_target("finite", json_path)
     _emit(_guard(lambda: run_finite(out, programs, seed)), json_path)
 
 
@@ -158,6 +212,8 @@ def verify_engines(
     if programs < 1:
         raise fail(f"stateremat verify engines: --programs must be >= 1, got {programs}. "
                    "Tip: the paper's study uses --programs 1200.")
+    check_seed("engines", seed)
+    check_json_target("engines", json_path)
     _emit(_guard(lambda: run_engines(out, programs, seed)), json_path)
 
 
@@ -168,13 +224,6 @@ def verify_alias(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the summary JSON here."),
 ) -> None:
     """Joint-alias study: seeds x 3 patterns x dims 32/64 (paper §7, Table 3)."""
-    from ..contract import parse_seed_range
-
-    try:
-        seed_list = parse_seed_range(seeds) if ":" in seeds else list(range(int(seeds)))
-    except ValueError as exc:
-        raise fail(f"stateremat verify alias: --seeds {seeds!r}: {exc}. Tip: use a count like 50 "
-                   "or a half-open range like 0:50.")
-    if not seed_list:
-        raise fail("stateremat verify alias: --seeds must name at least one seed. Tip: --seeds 50.")
+    seed_list = parse_alias_seeds(seeds)
+    check_json_target("alias", json_path)
     _emit(_guard(lambda: run_alias(out, seed_list)), json_path)
