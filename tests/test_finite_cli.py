@@ -84,3 +84,67 @@ def test_unwritable_json_target_is_refused_before_the_run(tmp_path, command):
         res = CliRunner().invoke(app, ["verify", command, *size, "--out", str(out), "--json", str(target)])
         assert res.exit_code == 2 and expected in res.output and "Tip:" in res.output, res.output
         assert not out.exists()
+
+
+def _tamper(out, table, where, column, value):
+    """Rewrite the stored part holding the rows selected by ``where(df)``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for part in sorted((out / table).glob("part-*.parquet")):
+        df = pq.read_table(part).to_pandas()
+        sel = where(df)
+        if sel.any():
+            df.loc[sel, column] = value
+            pq.write_table(pa.Table.from_pandas(df, preserve_index=False), part)
+            return
+    raise AssertionError("no row selected")
+
+
+def test_verify_exits_1_listing_failed_targets_after_writing_the_summary(tmp_path):
+    out, js = tmp_path / "run", tmp_path / "s.json"
+    argv = ["verify", "finite", "--programs", "4", "--out", str(out), "--json", str(js)]
+    assert CliRunner().invoke(app, argv).exit_code == 0
+    _tamper(out, "finite", lambda df: (df["check"] == "gradient") & (df["program"] == 1), "max_error", 0.5)
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 1
+    assert "derivative_suite.max_grad_error = 0.5, expected <= 1e-14" in res.output
+    assert json.loads(js.read_text())["derivative_suite"]["max_grad_error"] == 0.5  # still written
+    _tamper(out, "finite", lambda df: (df["check"] == "wrong_rng") & (df["program"] == 2), "detected", False)
+    res = CliRunner().invoke(app, argv)
+    assert res.exit_code == 1 and "byte_suite.wrong_rng_detected = 3, expected 4" in res.output
+
+
+def test_targets_of_engines_and_alias_summaries_fail_on_a_bad_value():
+    from stateremat.finite._targets import alias_failures, engines_failures
+
+    eng = {"programs": 2, "engines": ["a", "b"], "recoveries_checked": 4, "recoveries_matched": 4,
+           "max_grad_error": 1e-16, "complex_step": {"programs": 1, "matched": 1, "max_error": 0.0}}
+    assert engines_failures(eng, 2, ["a", "b"]) == []
+    assert engines_failures({**eng, "recoveries_matched": 3}, 2, ["a", "b"]) == [
+        "recoveries_matched = 3, expected 4"]
+    assert engines_failures({**eng, "max_grad_error": float("nan")}, 2, ["a", "b"])  # NaN fails
+    al = {"inputs": 6, "supported_recoveries": 30, "matched": 30, "unsupported": 6,
+          "integer_writes_not_refused": 0, "stored_operations_consistent": 6, "max_grad_error": 0.0}
+    assert alias_failures(al, 1, 5, 6) == []
+    assert alias_failures({**al, "matched": 29}, 1, 5, 6) == ["matched = 29, expected 30"]
+
+
+def test_summary_counts_distinct_units_keeping_the_last_duplicate(tmp_path):
+    from stateremat.contract import RecordStore
+
+    out = tmp_path / "run"
+    assert CliRunner().invoke(app, ["verify", "finite", "--programs", "3", "--out", str(out)]).exit_code == 0
+    rows = read_records(out, "finite")
+    once = summarise_finite(rows)
+    dup = rows.copy()
+    dup.loc[(dup["check"] == "region_undo") & (dup["program"] == 0), "outcome"] = "D"
+    # a second writer's copy of every row (what two unlocked concurrent runs would leave)
+    RecordStore(out, "finite", key=["suite", "seed", "program", "check"],
+                meta={"programs": 3, "seed": 0}).append(dup.to_dict("records"))
+    twice = read_records(out, "finite")
+    assert len(twice) == 2 * len(rows)
+    s = summarise_finite(twice)
+    assert s["byte_suite"]["programs"] == s["byte_suite"]["snapshot_replay_match"] == 3
+    assert s["derivative_suite"] == once["derivative_suite"]
+    assert s["byte_suite"]["region_undo_match"] == 2  # the last copy of the key wins

@@ -110,6 +110,14 @@ def parse_alias_seeds(seeds: str) -> list[int]:
     return list(range(n))
 
 
+def _exit_on_failures(command: str, fails: list[str]) -> None:
+    """Exit 1 listing the failed contract targets (records and summary are already written)."""
+    if fails:
+        raise fail(f"stateremat verify {command}: {len(fails)} contract check(s) failed: "
+                   + "; ".join(fails) + ". Tip: the rows with outcome D (and their message "
+                   "column) under --out name the failing programs.", code=1)
+
+
 def _guard(fn):
     from ..contract import RecordsError
 
@@ -155,13 +163,24 @@ def verify_finite(
                    "Tip: the paper's suites use --programs 1024.")
     check_seed("finite", seed)
     check_json_target("finite", json_path)
-    _emit(_guard(lambda: run_finite(out, programs, seed)), json_path)
+    from ..finite._targets import finite_failures
+
+    summary = _guard(lambda: run_finite(out, programs, seed))
+    _emit(summary, json_path)
+    _exit_on_failures("finite", finite_failures(summary, programs))
 
 
 def run_default(out: Path) -> dict:
-    """The main job's default for now: the finite suites into ``out/verify-finite``."""
+    """The main job's default for now: the finite suites into ``out/verify-finite``.
+
+    Raises:
+        typer.Exit: code 1 (after writing records and summary) when a contract target fails.
+    """
+    from ..finite._targets import finite_failures
+
     summary = run_finite(Path(out) / "verify-finite")
     _emit(summary, Path(out) / "verify-finite" / "summary.json")
+    _exit_on_failures("finite", finite_failures(summary, 1024))
     return summary
 
 
@@ -214,7 +233,12 @@ def verify_engines(
                    "Tip: the paper's study uses --programs 1200.")
     check_seed("engines", seed)
     check_json_target("engines", json_path)
-    _emit(_guard(lambda: run_engines(out, programs, seed)), json_path)
+    from ..finite._study import ENGINE_NAMES
+    from ..finite._targets import engines_failures
+
+    summary = _guard(lambda: run_engines(out, programs, seed))
+    _emit(summary, json_path)
+    _exit_on_failures("engines", engines_failures(summary, programs, list(ENGINE_NAMES)))
 
 
 @verify_app.command("alias")
@@ -226,4 +250,10 @@ def verify_alias(
     """Joint-alias study: seeds x 3 patterns x dims 32/64 (paper §7, Table 3)."""
     seed_list = parse_alias_seeds(seeds)
     check_json_target("alias", json_path)
-    _emit(_guard(lambda: run_alias(out, seed_list)), json_path)
+    from ..finite._study import ALIAS_DIMS, ALIAS_PATTERNS, ENGINE_NAMES
+    from ..finite._targets import alias_failures
+
+    summary = _guard(lambda: run_alias(out, seed_list))
+    _emit(summary, json_path)
+    _exit_on_failures("alias", alias_failures(summary, len(seed_list), len(ENGINE_NAMES),
+                                              len(ALIAS_PATTERNS) * len(ALIAS_DIMS)))

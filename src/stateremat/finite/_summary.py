@@ -1,10 +1,26 @@
 """Summaries recomputed from stored raw rows (never from in-memory results of a run).
 
+Summaries count distinct units: rows repeating a key (e.g. two runs that wrote the same
+folder before the records table had a writer lock) are dropped, keeping the last written
+(parts are read in name order, i.e. write order), so counts never exceed ``programs``.
+
 References: paper §6 (finite suites), §7 and Table 3 (engines, joint alias).
 """
 from __future__ import annotations
 
 import pandas as pd
+
+
+FINITE_KEY = ("suite", "seed", "program", "check")
+ENGINES_KEY = ("seed", "program", "check", "engine")
+ALIAS_KEY = ("seed", "pattern", "dim", "check", "engine")
+
+
+def distinct(rows: pd.DataFrame, key) -> pd.DataFrame:
+    """``rows`` without repeated keys, keeping the last row of each key (a defensive reader)."""
+    if rows.empty:
+        return rows
+    return rows.drop_duplicates(subset=list(key), keep="last").reset_index(drop=True)
 
 
 def _count(df: pd.DataFrame, check: str, outcome: str | None = None, detected: bool | None = None) -> int:
@@ -32,6 +48,7 @@ def summarise_finite(rows: pd.DataFrame) -> dict:
         ``{"derivative_suite": {...}, "byte_suite": {...}, "complex_step": {...},
         "outcomes": {suite: {check: {outcome: count}}}}``.
     """
+    rows = distinct(rows, FINITE_KEY)
     d = rows[rows["suite"] == "derivative"]
     b = rows[rows["suite"] == "byte"]
     cs = d[d["check"] == "complex_step"]
@@ -74,6 +91,7 @@ def summarise_engines(rows: pd.DataFrame) -> dict:
         total ``retained_bytes`` per engine (and per family), peak ``workspace_bytes`` per
         engine, outcome counts, and the queue family's region/whole retained-bytes ratio.
     """
+    rows = distinct(rows, ENGINES_KEY)
     rec = rows[rows["check"] == "recovery"]
     cs = rows[rows["check"] == "complex_step"]
     engines = list(dict.fromkeys(rec["engine"]))
@@ -105,6 +123,7 @@ def summarise_engines(rows: pd.DataFrame) -> dict:
 
 def summarise_alias(rows: pd.DataFrame) -> dict:
     """Summary of the joint-alias study from its raw rows (table ``alias``)."""
+    rows = distinct(rows, ALIAS_KEY)
     rec = rows[rows["check"] == "recovery"]
     ops = rows[rows["check"] == "stored_operations"]
     iw = rows[rows["check"] == "integer_write_gradient"]
