@@ -162,3 +162,57 @@ def test_finite_never_imports_torch_or_jax():
             "bad = [m for m in ('torch', 'jax') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_byte_segment_draws_so_a_wrong_generator_changes_what_replay_draws_R3():
+    from stateremat.finite._gen import byte_segment
+
+    for i in range(48):
+        p = byte_program(0, i)
+        s, e = byte_segment(0, i, p)
+        assert any(op.kind == "noise" for op in p.ops[s:e]), i
+        f = forward_with_snapshot(p, s, e)
+        seg = [r for r in execute(p, f.b_s, _gen(f.r_s), ops=p.ops[s:e], start=s, graph=False).records
+               if r.eps is not None]
+        bad = [r for r in execute(p, f.b_s, _gen(wrong_rng_state(f.r_s)), ops=p.ops[s:e], start=s,
+                                  graph=False).records if r.eps is not None]
+        assert not np.array_equal(seg[0].eps, bad[0].eps)  # the replay itself draws differently
+        assert not same_state(*snapshot_replay(p, f, wrong_rng_state(f.r_s)), f.b_e, f.r_e)
+
+
+def _gen(state):
+    g = np.random.Generator(np.random.PCG64())
+    g.bit_generator.state = state
+    return g
+
+
+def _tail_with_a_draw():
+    for i in range(64):
+        p = byte_program(0, i)
+        for s in range(len(p.ops) - 1):
+            if any(op.kind == "noise" for op in p.ops[s + 1:]):
+                return p, forward_with_snapshot(p, s, s + 1)
+    raise AssertionError("no byte program with a draw after its first op")
+
+
+def test_region_undo_redo_reproduces_the_generator_and_catches_a_corrupt_rng_record_R3():
+    import dataclasses
+
+    p, f = _tail_with_a_draw()
+    _, _, redone = region_undo_replay(p, f)
+    assert same_state(*redone, f.b_t, f.r_t)
+    n_seg = f.e - f.s
+    k = next(j for j in range(n_seg, len(f.journal)) if f.journal[j].eps is not None)
+    entry = f.journal[k]
+    wrong = wrong_rng_state(entry.rng_before)
+    corruptions = {
+        "rng_after": dataclasses.replace(entry, rng_after=wrong),
+        "rng_before": dataclasses.replace(entry, rng_before=wrong),
+        "eps": dataclasses.replace(entry, eps=entry.eps + 1e-3),
+    }
+    for what, bad in corruptions.items():
+        journal = list(f.journal)
+        journal[k] = bad
+        _, _, (b, r) = region_undo_replay(p, dataclasses.replace(f, journal=journal))
+        assert np.array_equal(b, f.b_t), what           # the bytes alone would still pass
+        assert not same_state(b, r, f.b_t, f.r_t), what  # the replayed draws catch it

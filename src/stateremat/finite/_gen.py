@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ._ir import Op, Program, Region, View
+from ._ops import RANDOM_KINDS
 
 DIMS = (4, 8, 16)
 N_OPS = (8, 12, 16)
@@ -121,8 +122,17 @@ def byte_program(seed: int, i: int) -> Program:
                    family="byte").validate()
 
 
-def byte_segment(seed: int, i: int, n_ops: int) -> tuple[int, int]:
-    """Replayed segment ``[s, e)`` of byte-suite program ``i`` (``0 <= s < e <= n_ops``)."""
+def byte_segment(seed: int, i: int, p: Program) -> tuple[int, int]:
+    """Replayed segment ``[s, e)`` of byte-suite program ``i`` (``0 <= s < e <= len(p.ops)``).
+
+    The segment always contains at least one random op (every byte program has one), so the
+    wrong-RNG control is caught by what the replay draws, not only by its start state.
+    """
     g = np.random.default_rng([seed, SUITE_CODES["byte"], i, 99])
-    s = int(g.integers(0, n_ops))
-    return s, int(g.integers(s + 1, n_ops + 1))
+    draws = [k for k, op in enumerate(p.ops) if op.kind in RANDOM_KINDS]
+    if not draws:
+        raise ValueError(f"stateremat.finite.byte_segment: program {i} has no random op; expected "
+                         "at least one (byte_program inserts one). Tip: pass a byte_program.")
+    j = draws[int(g.integers(len(draws)))]
+    s = int(g.integers(0, j + 1))
+    return s, int(g.integers(j + 1, len(p.ops) + 1))

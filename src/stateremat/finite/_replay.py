@@ -34,12 +34,25 @@ def _generator(state: dict) -> np.random.Generator:
 
 
 @dataclass
+class JournalEntry:
+    """One journaled write: byte offsets ``(w,)``, old/new bytes ``(w,)`` uint8, generator
+    states before/after the op and the noise ``(m,)`` float64 it drew (``None``: no draw)."""
+
+    where: np.ndarray
+    old: np.ndarray
+    new: np.ndarray
+    rng_before: dict
+    rng_after: dict
+    eps: np.ndarray | None
+
+
+@dataclass
 class SegmentForward:
     """The original forward of a program with a snapshot at ``s`` and a journal from ``s``.
 
-    ``journal`` holds, in write order, ``(byte offsets (w,), old bytes (w,), new bytes (w,))``
-    of every write at or after ``s`` (the union of the segment's own writes and the later
-    writes that destroy state it needs, R6).
+    ``journal`` holds, in write order, one :class:`JournalEntry` per write at or after ``s``
+    (the union of the segment's own writes and the later writes that destroy state it needs,
+    R6), including the generator state around the write and the noise it drew (R3).
     """
 
     s: int
@@ -61,7 +74,8 @@ def forward_with_snapshot(p: Program, s: int, e: int) -> SegmentForward:
     seg = execute(p, head.bytes_, g, ops=p.ops[s:e], start=s)
     b_e, r_e = seg.bytes_.copy(), seg.rng_state
     tail = execute(p, seg.bytes_, g, ops=p.ops[e:], start=e)
-    journal = [(r.write_byte_offsets(), r.old_bytes.reshape(-1), r.new_bytes.reshape(-1))
+    journal = [JournalEntry(r.write_byte_offsets(), r.old_bytes.reshape(-1), r.new_bytes.reshape(-1),
+                            r.rng_before, r.rng_after, None if r.eps is None else r.eps.copy())
                for r in seg.records + tail.records]
     return SegmentForward(s, e, b_s, r_s, b_e, r_e, tail.bytes_, tail.rng_state, journal)
 
@@ -76,25 +90,47 @@ def snapshot_replay(p: Program, f: SegmentForward, rng_state: dict | None = None
     return run.bytes_, run.rng_state
 
 
+def redo_rng(entry: JournalEntry, state: dict | None) -> dict | None:
+    """Generator state after redoing ``entry`` from ``state``; ``None`` if the record is corrupt.
+
+    The redo replays the entry's draws: starting from ``state`` (which must equal the recorded
+    ``rng_before``) it draws as many normals as the op drew, which must reproduce the recorded
+    noise and end at the recorded ``rng_after``; an op without draws must not move it.
+    """
+    if state is None or state != entry.rng_before:
+        return None
+    g = _generator(state)
+    if entry.eps is not None and not np.array_equal(g.standard_normal(len(entry.eps)), entry.eps):
+        return None
+    after = g.bit_generator.state
+    return after if after == entry.rng_after else None
+
+
 def region_undo_replay(p: Program, f: SegmentForward):
     """Undo the journal on ``B_T`` in reverse order, replay ``[s, e)``, redo the later writes.
 
+    The redo reinstates the later writes' new bytes and replays their draws from the replayed
+    generator state (:func:`redo_rng`), so the returned generator state is reproduced, not
+    copied from ``R_T``.
+
     Returns:
         ``(undone_bytes, (replayed_bytes, replayed_rng), (redone_bytes, redone_rng))`` to be
-        compared with ``B_s``, ``(B_e, R_e)`` and ``(B_T, R_T)``.
+        compared with ``B_s``, ``(B_e, R_e)`` and ``(B_T, R_T)``; ``redone_rng`` is ``None``
+        when a journaled generator record is inconsistent.
     """
     b = f.b_t.copy()
-    for where, old, _ in reversed(f.journal):
-        b[where] = old
+    for entry in reversed(f.journal):
+        b[entry.where] = entry.old
     undone = b.copy()
     g = _generator(f.r_s)
     run = execute(p, b, g, ops=p.ops[f.s:f.e], start=f.s, track=False)
     replayed = (run.bytes_.copy(), run.rng_state)
-    b = run.bytes_
+    b, state = run.bytes_, run.rng_state
     n_seg = f.e - f.s
-    for where, _, new in f.journal[n_seg:]:  # redo the writes after the segment, in order
-        b[where] = new
-    return undone, replayed, (b, f.r_t)
+    for entry in f.journal[n_seg:]:  # redo the writes after the segment, in order
+        b[entry.where] = entry.new
+        state = redo_rng(entry, state)
+    return undone, replayed, (b, state)
 
 
 def wrong_rng_state(r: dict) -> dict:

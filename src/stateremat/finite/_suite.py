@@ -22,6 +22,7 @@ import numpy as np
 from ..contract import Outcome, source_hash
 from ._exec import execute
 from ._gen import byte_program, byte_segment, derivative_program
+from ._ops import RANDOM_KINDS
 from ._grad import (complex_step_grad, forward_jacobian_grad, graph_output, reverse_grad,
                     scalar_output, unsupported_reason)
 from ._replay import (forward_with_snapshot, region_undo_replay, same_state, snapshot_replay,
@@ -39,11 +40,12 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 
 
 def _row(p, suite, i, seed, check, outcome, max_error=math.nan, coordinates=0, detected=None,
-         message="", h=None, bytes_differing=0):
+         message="", h=None, bytes_differing=0, segment_random_ops=None):
     return {"suite": suite, "program": int(i), "check": check, "seed": int(seed),
             "family": p.family, "dims": int(p.views[0].length), "n_ops": len(p.ops),
             "outcome": str(outcome), "max_error": float(max_error), "coordinates": int(coordinates),
-            "detected": detected, "bytes_differing": int(bytes_differing), "message": message, "source_hash": h}
+            "detected": detected, "bytes_differing": int(bytes_differing), "message": message, "source_hash": h,
+            "segment_random_ops": segment_random_ops}
 
 
 def derivative_rows(seed: int, i: int) -> list[dict]:
@@ -80,9 +82,10 @@ def byte_rows(seed: int, i: int) -> list[dict]:
     """Rows of byte-suite program ``i`` (segment ``[s, e)`` from :func:`byte_segment`)."""
     p = byte_program(seed, i)
     h = source_hash(p.spec())
-    s, e = byte_segment(seed, i, len(p.ops))
+    s, e = byte_segment(seed, i, p)
+    n_random = sum(op.kind in RANDOM_KINDS for op in p.ops[s:e])
     f = forward_with_snapshot(p, s, e)
-    msg = f"segment [{s}, {e}) of {len(p.ops)} ops, {p.nbytes} bytes"
+    msg = f"segment [{s}, {e}) of {len(p.ops)} ops ({n_random} random), {p.nbytes} bytes"
     b, r = snapshot_replay(p, f)
     ok = same_state(b, r, f.b_e, f.r_e)
     rows = [_row(p, "byte", i, seed, "snapshot_replay", Outcome.M if ok else Outcome.D,
@@ -95,7 +98,7 @@ def byte_rows(seed: int, i: int) -> list[dict]:
     b, r = snapshot_replay(p, f, rng_state=wrong_rng_state(f.r_s))
     det = not same_state(b, r, f.b_e, f.r_e)
     rows.append(_row(p, "byte", i, seed, "wrong_rng", Outcome.D if det else Outcome.M,
-                     bytes_differing=np.sum(b != f.b_e), detected=det,
+                     bytes_differing=np.sum(b != f.b_e), detected=det, segment_random_ops=n_random,
                      message=msg + ("; bytes equal, generator state differs"
                                     if det and np.array_equal(b, f.b_e) else ""), h=h))
     return rows

@@ -69,6 +69,11 @@ def summarise_finite(rows: pd.DataFrame) -> dict:
             "snapshot_replay_match": _count(b, "snapshot_replay", "M"),
             "region_undo_match": _count(b, "region_undo", "M"),
             "wrong_rng_detected": _count(b, "wrong_rng", detected=True),
+            # wrong-RNG programs whose replayed segment draws randomness (all, by construction)
+            "wrong_rng_segments_drawing": int(
+                (pd.to_numeric(b.loc[b["check"] == "wrong_rng", "segment_random_ops"]
+                               if "segment_random_ops" in b else pd.Series(dtype=float),
+                               errors="coerce") > 0).sum()),
             "wrong_rng_detected_by_state_only": int(
                 b[(b["check"] == "wrong_rng") & (b["bytes_differing"] == 0)
                   & b["detected"].astype("boolean").fillna(False)].shape[0]),
