@@ -16,22 +16,38 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from stateremat.contract import atomic_write_json, format_bytes, loadavg, provenance
+from stateremat.contract import (
+    ProfileCard,
+    SegmentCard,
+    atomic_write_json,
+    format_bytes,
+    loadavg,
+    provenance,
+)
 from stateremat.planner import activation_pressure_card, exhaustive, milp, plan, random_card
 
 GiB = 1024**3
 
 
+def _repeated_layers(n: int) -> ProfileCard:
+    """``n`` segments cycling through the 16 layers of the pressure card (many exact ties)."""
+    base = activation_pressure_card()
+    segs = [SegmentCard(f"layer{i}", base.segments[i % 16].options) for i in range(n)]
+    return ProfileCard(base.persistent_bytes, segs, meta={"method": "repeated pressure layers"})
+
+
 def _cards():
-    """(label, card, budget_bytes, planner) cases."""
-    cases = [("pressure 16 @32GiB", activation_pressure_card(), 32 * GiB, "joint"),
-             ("pressure 16 @44GiB", activation_pressure_card(), 44 * GiB, "joint"),
-             ("pressure 16 @44GiB", activation_pressure_card(), 44 * GiB, "eager_whole")]
+    """(label, card, budget_bytes, planner, repeats or None) cases."""
+    cases = [("pressure 16 @32GiB", activation_pressure_card(), 32 * GiB, "joint", None),
+             ("pressure 16 @44GiB", activation_pressure_card(), 44 * GiB, "joint", None),
+             ("pressure 16 @44GiB", activation_pressure_card(), 44 * GiB, "eager_whole", None)]
     for n, seed in ((16, 1), (16, 2), (1000, 1), (1000, 2)):
         card = random_card(n, seed)
         lo = plan(card, 0).min_feasible_peak_bytes
         hi = plan(card, 0, "eager").predicted_peak_bytes
-        cases.append((f"random {n} seed {seed}", card, (lo + hi) // 2, "joint"))
+        cases.append((f"random {n} seed {seed}", card, (lo + hi) // 2, "joint", None))
+    # Identical layers: symmetric for branch and bound (the MILP takes about a minute), so once.
+    cases.append(("repeated 1000 @1000GiB", _repeated_layers(1000), 1000 * GiB, "joint", 1))
     return cases
 
 
@@ -82,19 +98,19 @@ def main() -> None:
     console = Console(width=150)
     rows = []
     load_before = loadavg()
-    for label, card, budget, planner in _cards():
+    for label, card, budget, planner, repeats in _cards():
         n = len(card.segments)
         variants = _variants(n)
         times = {name: [] for name, _ in variants}
         times["milp"] = []
         results = {}
-        for _ in range(args.repeats):  # interleaved: every solver once per round
+        for _ in range(repeats or args.repeats):  # interleaved: every solver once per round
             for name, kw in variants:
                 t = time.perf_counter()
                 results[name] = plan(card, budget, planner, **kw)
                 times[name].append(time.perf_counter() - t)
             t = time.perf_counter()
-            results["milp"] = milp(card, budget, options=planner)
+            results["milp"] = milp(card, budget, options=planner, time_limit_s=300.0)
             times["milp"].append(time.perf_counter() - t)
         if args.exhaustive and n <= 16:
             t = time.perf_counter()
@@ -118,13 +134,14 @@ def main() -> None:
             if (name in ("dp exact+bound", "dp full frontier", "exhaustive")) \
                     and gap is not None and abs(gap) > 1e-9:
                 console.print(f"[red]MISMATCH {label} {name}: gap {gap:.3e}[/red]")
-    table = Table(title=f"planner benchmark (medians of {args.repeats}; loadavg before "
+    table = Table(title=f"planner benchmark (medians of {args.repeats} unless 'runs' says; loadavg before "
                         f"{load_before}, after {loadavg()})")
-    for col in ("case", "planner", "solver", "median ms", "frontier", "truncated", "feasible",
-                "time s/step", "gap vs MILP"):
+    for col in ("case", "planner", "solver", "runs", "median ms", "frontier", "truncated",
+                "feasible", "time s/step", "gap vs MILP"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["case"], r["planner"], r["solver"], f"{r['median_s'] * 1e3:.1f}",
+        table.add_row(r["case"], r["planner"], r["solver"], str(r["repeats"]),
+                      f"{r['median_s'] * 1e3:.1f}",
                       str(r["frontier_size"]), str(r["truncated"]), str(r["feasible"]),
                       "-" if r["predicted_time_s"] is None else f"{r['predicted_time_s']:.6g}",
                       "-" if r["rel_gap_vs_milp"] is None else f"{r['rel_gap_vs_milp']:.2e}")
