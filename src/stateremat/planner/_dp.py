@@ -1,23 +1,24 @@
 """Dynamic program over segments with an exact (r, q, c) Pareto frontier (paper §4).
 
 State after segment ``i``: retained bytes ``R = Σ r``, temporary maximum ``Q = max q`` and cost
-``C = Σ c`` of a policy prefix. Two exact reductions keep the frontier small:
+``C = Σ c`` of a policy prefix. Three exact reductions keep the frontier small:
 
 * budget pruning: a prefix whose cheapest possible completion already exceeds ``M`` is
   dropped (every later segment adds at least its smallest ``r`` and raises ``Q`` to at least
   its smallest ``q``);
 * temporary floor: ``Q`` is stored as ``max(Q, max_{j>i} min_o q_jo)``: every completion's
   temporary maximum is at least that floor, so prefixes differing only below it are
-  interchangeable and merge.
-
+  interchangeable and merge;
 * bound pruning (optional, default on in :func:`stateremat.planner.plan`): given the cost
-  ``UB`` of a known feasible policy (the minimum-peak policy, improved by a small capped DP
-  pass), a prefix is dropped when a Lagrangian (LP-relaxation) lower bound on its best
-  completion exceeds ``UB``: for any ``λ ≥ 0``, a completion within the remaining budget
+  ``UB`` of a known feasible policy (the minimum-peak policy, improved by a beam: a capped
+  DP pass ordered by the same bound), a prefix is dropped when a Lagrangian
+  (LP-relaxation) lower bound on its best completion exceeds ``UB``: for any ``λ ≥ 0``, a completion within the remaining budget
   ``B = M - P - R - Q`` costs at least ``Σ_{j>i} min_o (c_jo + λ r_jo) - λ B``.
 
 None of these changes the optimum (ties included: bounds are compared with a relative slack
-of 1e-9). An optional frontier cap is the only approximation; it is recorded as
+of 1e-9). Without bound pruning the DP holds the whole budget-feasible Pareto frontier
+(exponential on long heterogeneous cards); with it, only the part that can still beat the
+incumbent. An optional frontier cap is the only approximation; it is recorded as
 ``truncated``.
 """
 from __future__ import annotations

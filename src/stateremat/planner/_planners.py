@@ -71,8 +71,10 @@ def _spec(options, api: str) -> PlannerSpec:
 
 def _record(spec: PlannerSpec, card: ProfileCard, budget: int, codes, *, solver: str,
             t0: float, frontier_size=None, truncated=False, optimal=True,
-            min_peak_pair=None, extra_notes=(), bound_pruning=False) -> PlanResult:
-    model, truth = spec.model(card), spec.truth(card)
+            min_peak_pair=None, extra_notes=(), bound_pruning=False,
+            model: CostTables | None = None) -> PlanResult:
+    model = spec.model(card) if model is None else model
+    truth = model if not spec.omit_preservation else spec.truth(card)
     peak_min, peak_codes = min_peak_pair if min_peak_pair is not None else min_peak(model)
     names = [OPTION_CODES[k] for k in peak_codes]
     notes = list(extra_notes)
@@ -106,11 +108,12 @@ def _dp_planner(spec: PlannerSpec, card: ProfileCard, budget_bytes, frontier_cap
     if frontier_cap is not None and (isinstance(frontier_cap, bool) or int(frontier_cap) < 1):
         raise ValueError(f"stateremat.planner.{spec.name}: frontier_cap must be a positive int "
                          f"or None, got {frontier_cap!r}. Tip: omit it for an exact frontier.")
-    out = dp_solve(spec.model(card), budget, None if frontier_cap is None else int(frontier_cap),
+    model = spec.model(card)
+    out = dp_solve(model, budget, None if frontier_cap is None else int(frontier_cap),
                    bound_pruning=bool(bound_pruning))
     return _record(spec, card, budget, out.codes, solver="dp", t0=t0,
                    frontier_size=out.frontier_size, truncated=out.truncated,
-                   bound_pruning=bool(bound_pruning))
+                   bound_pruning=bool(bound_pruning), model=model)
 
 
 def joint(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
@@ -147,7 +150,7 @@ def _fixed(option: str) -> Callable[..., PlanResult]:
         codes = np.where(tables.valid[:, k], k, OPTION_CODES.index("whole"))
         peak = evaluate(tables, codes)[0]
         return _record(spec, card, budget, codes, solver="fixed", t0=t0, optimal=False,
-                       min_peak_pair=(peak, codes))
+                       min_peak_pair=(peak, codes), model=tables)
     fixed.__name__ = f"all_{option}"
     fixed.__doc__ = (f"Fixed method: every segment uses {option!r}"
                      + (" (whole where no region is profiled)." if option == "region" else "."))
@@ -209,9 +212,10 @@ def exhaustive(card: ProfileCard, budget_bytes, options=("eager", "whole", "regi
     t0 = time.perf_counter()
     spec = _spec(options, "stateremat.planner.exhaustive")
     budget = _budget(budget_bytes, "stateremat.planner.exhaustive")
-    out = enumerate_policies(spec.model(card), budget, max_policies=max_policies)
+    model = spec.model(card)
+    out = enumerate_policies(model, budget, max_policies=max_policies)
     return _record(spec, card, budget, out.codes, solver="exhaustive", t0=t0,
-                   min_peak_pair=(out.min_peak_bytes, out.min_peak_codes))
+                   min_peak_pair=(out.min_peak_bytes, out.min_peak_codes), model=model)
 
 
 def milp(card: ProfileCard, budget_bytes, options=("eager", "whole", "region"),
@@ -227,4 +231,5 @@ def milp(card: ProfileCard, budget_bytes, options=("eager", "whole", "region"),
     out = milp_solve(model, budget, time_limit_s)
     notes = [] if out.proven_optimal else [f"MILP not proven optimal: {out.message}"]
     return _record(spec, card, budget, out.codes, solver="milp", t0=t0, optimal=out.proven_optimal,
-                   min_peak_pair=milp_min_peak(model, time_limit_s), extra_notes=notes)
+                   min_peak_pair=milp_min_peak(model, time_limit_s), extra_notes=notes,
+                   model=model)
