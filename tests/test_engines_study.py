@@ -119,4 +119,50 @@ def test_verify_engines_cli_summary_from_rows(tmp_path):
     assert s["retained_bytes_by_family"]["queue"]["region"] < s["retained_bytes_by_family"]["queue"]["whole"]
     rows = read_records(out, "engines")
     assert summarise_engines(rows) == s
+    assert s["structural_checks"]["region"] == [] and s["structural_checks"]["readset"] == ["noise", "operand_values"]
     assert {"retained_bytes", "workspace_bytes", "source_hash", "outcome", "max_error"} <= set(rows.columns)
+
+
+def test_structural_checks_are_named_and_the_generator_check_replays_the_draws():
+    from stateremat.finite._study import _draws_reproduce, _replays_to
+    from stateremat.finite._replay import wrong_rng_state
+
+    p, segs, ref = _case("recurrence", seed=6)
+    rows = {n: check_recovery(p, segs, make_engine(n, p, segs), ref) for n in ENGINES}
+    assert all(r["outcome"] == "M" for r in rows.values())
+    assert rows["eager"]["structural_checks"] == "operand_values,restored_bytes"
+    assert rows["whole"]["structural_checks"] == "restored_bytes"
+    assert rows["readset"]["structural_checks"] == "noise,operand_values"
+    assert rows["region"]["structural_checks"] == ""
+    # the real checks: R_a must redraw the segment's noise and land on the next state
+    fw_run = execute(p)
+    truth = {r.k: r for r in fw_run.records}
+    a, b = segs[0]
+    eps = [truth[k].eps for k in range(a, b)]
+    assert any(e is not None for e in eps)
+    r_a, r_b = truth[a].rng_before, truth[b].rng_before
+    assert _draws_reproduce(r_a, eps, r_b)
+    assert not _draws_reproduce(wrong_rng_state(r_a), eps, r_b)
+    assert not _draws_reproduce(r_a, [None if e is None else e + 1e-12 for e in eps], r_b)
+    b0 = p.initial_bytes()
+    b1 = execute(p, ops=p.ops[a:b]).bytes_
+    assert _replays_to(p, b0, a, b, truth, b1)
+    bad = b0.copy()
+    bad[p.view("X").offset_bytes] ^= 1
+    assert not _replays_to(p, bad, a, b, truth, b1)
+
+
+class _WrongRngWhole(WholeEngine):
+    """Whole checkpoint whose anchors keep the generator state one draw ahead (a corrupt record)."""
+
+    def before_op(self, k, buf, rng):
+        super().before_op(k, buf, rng)
+        if k in self.starts:
+            from stateremat.finite._replay import wrong_rng_state
+            self.anchor_rng[self.starts[k]] = wrong_rng_state(rng.bit_generator.state)
+
+
+def test_a_wrong_anchored_generator_state_is_caught_by_redrawing():
+    p, segs, ref = _case("recurrence", seed=3)
+    row = check_recovery(p, segs, _WrongRngWhole(p, segs), ref)
+    assert row["outcome"] == "D" and "does not reproduce its draws" in row["message"]

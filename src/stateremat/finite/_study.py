@@ -8,9 +8,18 @@ full backward passes from the live final state. A recovery *matches* (outcome M)
 * the segment-start bytes it rebuilt equal ``B_a`` on every byte it vouches for (which must
   include every byte the segment reads) — checked view by view, so all aliases agree — and
   its generator state equals ``R_a``;
+* its generator state ``R_a`` reproduces the segment's recorded draws (the noise it
+  returns) and ends at the next segment's generator state (``R_T`` after the last);
+* where it vouches for the whole start state, the executor replaying the segment from it
+  (with the recorded noise) reaches the next segment's start bytes (``B_T`` after the last);
 * the live storage and generator equal ``(B_T, R_T)`` after every recovery (R5);
 * both backward passes give bit-identical gradients within ``GRAD_TOL`` of the forward
   Jacobian.
+
+Some equalities are structural for some engines (the engine's copy was taken at the moment
+the truth was): each row's ``structural_checks`` names them (engine ``structural`` plus
+``restored_bytes`` when a recovery returned a copied start state); they are recorded, not
+counted as independent evidence.
 """
 from __future__ import annotations
 
@@ -47,16 +56,37 @@ def _same(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
+def _draws_reproduce(state: dict, eps_list, end_state: dict) -> bool:
+    """``state`` draws exactly the noise ``eps_list`` (per op, ``None``: no draw), ending at ``end_state``."""
+    g = np.random.Generator(np.random.PCG64())
+    g.bit_generator.state = state
+    for eps in eps_list:
+        if eps is not None and not np.array_equal(g.standard_normal(len(eps)), eps):
+            return False
+    return g.bit_generator.state == end_state
+
+
+def _replays_to(p, start: np.ndarray, a: int, b: int, truth: dict, end: np.ndarray) -> bool:
+    """The executor replaying ``[a, b)`` from ``start`` with recorded noise ends at ``end``."""
+    noise = {k: truth[k].eps for k in range(a, b) if truth[k].eps is not None}
+    frozen = np.random.Generator(np.random.PCG64(0))
+    run = execute(p, start, frozen, ops=p.ops[a:b], start=a, noise=noise, track=False)
+    return bool(np.array_equal(run.bytes_, end))
+
+
 def check_recovery(p, segments, engine, ref: np.ndarray) -> dict:
     """Run ``engine`` (an :class:`Engine` built for ``p``) and check every recovery; one row dict."""
     fw = forward(p, engine)
     truth = {r.k: r for r in fw.run.records}
     fails: list[str] = []
-    restored = []
+    restored, copied = [], []
+    n_seg = len(segments)
 
     def on_recovery(seg, rec):
         a, b = segments[seg]
+        first_pass = len(restored) < n_seg
         restored.append(rec.start_bytes is not None)
+        copied.append(rec.start_is_copy)
         for k in range(a, b):
             r, t = rec.reads[k], truth[k]
             if not (all(map(_same, r.xs, t.xs)) and all(map(np.array_equal, r.src_offsets, t.src_offsets))
@@ -72,8 +102,15 @@ def check_recovery(p, segments, engine, ref: np.ndarray) -> dict:
                 m = rec.start_mask[where]
                 if not np.array_equal(rec.start_bytes[where][m], fw.seg_start_bytes[seg][where][m]):
                     fails.append(f"restored bytes of view {v.name} at segment {seg}")
-        if rec.rng_state is not None and rec.rng_state != fw.seg_start_rng[seg]:
-            fails.append(f"generator state at segment {seg}")
+            end_b = fw.seg_start_bytes[seg + 1] if seg + 1 < n_seg else fw.b_t
+            if first_pass and rec.start_mask.all() and not _replays_to(p, rec.start_bytes, a, b, truth, end_b):
+                fails.append(f"replay from the restored start of segment {seg} misses the next state")
+        if rec.rng_state is not None:
+            if rec.rng_state != fw.seg_start_rng[seg]:
+                fails.append(f"generator state at segment {seg}")
+            end_r = fw.seg_start_rng[seg + 1] if seg + 1 < n_seg else fw.r_t
+            if not _draws_reproduce(rec.rng_state, [rec.reads[k].eps for k in range(a, b)], end_r):
+                fails.append(f"generator state at segment {seg} does not reproduce its draws")
         if not np.array_equal(live, fw.b_t) or gen.bit_generator.state != fw.r_t:
             fails.append(f"live state after recovering segment {seg} (R5)")
 
@@ -87,7 +124,9 @@ def check_recovery(p, segments, engine, ref: np.ndarray) -> dict:
     err, rel = rel_err(grads[0], ref)
     if rel > GRAD_TOL:
         fails.append(f"gradient error {err:.3g}")
+    structural = set(engine.structural) | ({"restored_bytes"} if any(copied) else set())
     return {"engine": engine.name, "outcome": str(Outcome.M if not fails else Outcome.D),
+            "structural_checks": ",".join(sorted(structural)),
             "max_error": err, "repeat_ok": bool(repeat_ok), "start_state_checked": bool(any(restored)),
             "retained_bytes": int(engine.retained_bytes),
             "workspace_bytes": int(engine.workspace_bytes), "message": "; ".join(dict.fromkeys(fails))[:500]}
@@ -97,7 +136,8 @@ def _base_row(p, segments, h, **kw) -> dict:
     return {"family": p.family, "dims": int(p.view("X").length), "n_ops": len(p.ops),
             "n_segments": len(segments), "state_bytes": p.nbytes, "source_hash": h,
             "coordinates": 0, "max_error": math.nan, "retained_bytes": 0, "workspace_bytes": 0,
-            "repeat_ok": None, "start_state_checked": None, "message": "", **kw}
+            "repeat_ok": None, "start_state_checked": None, "structural_checks": "", "message": "",
+            **kw}
 
 
 def semantic_program(seed: int, i: int):

@@ -123,7 +123,18 @@ def summarise_engines(rows: pd.DataFrame) -> dict:
                                 for e in engines},
         "outcomes": {e: {str(o): int(n) for o, n in g["outcome"].value_counts().items()}
                      for e, g in rec.groupby("engine", sort=False)},
+        "structural_checks": _structural(rec),
     }
+
+
+def _structural(rec: pd.DataFrame) -> dict:
+    """Per engine, the checks that were structural (equal by construction) on some row."""
+    if "structural_checks" not in rec:
+        return {}
+    out = {}
+    for e, g in rec.groupby("engine", sort=False):
+        out[e] = sorted({c for v in g["structural_checks"].dropna() for c in str(v).split(",") if c})
+    return out
 
 
 def summarise_alias(rows: pd.DataFrame) -> dict:
@@ -145,4 +156,5 @@ def summarise_alias(rows: pd.DataFrame) -> dict:
         "patterns": sorted(rows["pattern"].unique().tolist()),
         "dims": sorted(int(d) for d in rows["dim"].unique()),
         "retained_bytes": {e: int(g["retained_bytes"].sum()) for e, g in rec.groupby("engine", sort=False)},
+        "structural_checks": _structural(rec),
     }

@@ -43,6 +43,8 @@ class Recovery:
 
     ``start_bytes``/``start_mask``: the segment-start state ``B_a`` the engine rebuilt and the
     bytes it vouches for (``None`` when the engine keeps reads only); ``rng_state`` is ``R_a``.
+    ``start_is_copy``: ``start_bytes`` is a copy the engine took at the segment start, i.e. at
+    the moment the checks' own truth was taken, so comparing the two is structural only.
     """
 
     reads: dict                       # k -> OpRead for every op of the segment
@@ -50,6 +52,7 @@ class Recovery:
     start_mask: np.ndarray | None = None
     rng_state: dict | None = None
     workspace_bytes: int = 0
+    start_is_copy: bool = False
 
 
 def op_read_from_record(r: OpRecord) -> OpRead:
@@ -108,6 +111,8 @@ class Engine(abc.ABC):
     """
 
     name = "engine"
+    #: checks that are structural for this engine (equal by construction, not evidence)
+    structural: tuple = ()
 
     def __init__(self, program: Program, segments: list[tuple[int, int]]):
         self.p = program

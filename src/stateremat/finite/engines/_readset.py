@@ -10,10 +10,16 @@ class ReadSetEngine(Engine):
     Addresses are rebuilt from the declared views and the retained indices ("read indices are
     declared by the finite program"). No state is restored and nothing is replayed.
 
+    Checks: the operand values and noise it returns are copies of the stored operation the
+    study compares them with, so those equalities are structural; there is no restored state
+    or generator state to check. Real evidence: the addresses rebuilt from the retained
+    indices, the gradient against the forward-Jacobian reference, repeated backward, R5.
+
     References: paper §3.1, Table 1.
     """
 
     name = "readset"
+    structural = ("noise", "operand_values")
 
     def __init__(self, program, segments):
         super().__init__(program, segments)

@@ -12,10 +12,16 @@ class WholeEngine(Engine):
     Replay runs in a workspace copy of the anchor and reuses the recorded noise of the
     original forward, never drawing anew (R3); the live state is not touched (R5).
 
+    Checks: the restored bytes are the anchor, a copy taken at the same moment as the study's
+    truth, so that equality is structural. Real evidence: the operand values come from a
+    replay; the executor replaying from the anchor reaches the next segment's bytes; the
+    anchored generator state reproduces the recorded draws and the next segment's state.
+
     References: paper §3.1, Table 1.
     """
 
     name = "whole"
+    structural = ("restored_bytes",)
 
     def __init__(self, program, segments):
         super().__init__(program, segments)
@@ -41,4 +47,4 @@ class WholeEngine(Engine):
         reads = replay_reads(self.p, work, a, b, self.noise)
         self._note_workspace(work.nbytes + sum(nbytes_of(r.xs) for r in reads.values()))
         return Recovery(reads, self.anchor[seg], np.ones(self.p.nbytes, bool), self.anchor_rng[seg],
-                        self.workspace_bytes)
+                        self.workspace_bytes, start_is_copy=True)
