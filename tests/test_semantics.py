@@ -53,6 +53,7 @@ def test_cohort_has_every_row_once(cohort):
     # Paired programs: the hash depends on backend, family and seed only, not dtype/method.
     assert (rows.groupby(["backend", "family", "seed"]).program_hash.nunique() == 1).all()
     assert rows.framework_version.notna().all()
+    assert set(rows.device) == {"cpu"}  # no GPU in this test environment
 
 
 def test_summary_is_recomputed_from_raw_rows(cohort):
@@ -148,19 +149,19 @@ def test_rerun_resumes_and_interrupted_run_loses_nothing(cohort, tmp_path, monke
 
     real, calls = _runner.execute_unit, []
 
-    def interrupted(unit, reference, versions):
+    def interrupted(unit, reference, versions, device):
         if len(calls) == 25:
             raise KeyboardInterrupt
         calls.append(unit.key)
-        return real(unit, reference, versions)
+        return real(unit, reference, versions, device)
 
     monkeypatch.setattr(_runner, "execute_unit", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        sem.run_semantics([420000], tmp_path, progress=False)
+        sem.run_semantics([420000], tmp_path, progress=False, device="cpu")
     first = [read_records(tmp_path, t) for t in (sem.SEMANTICS_TABLE, sem.EXTENSION_TABLE)]
     assert sum(map(len, first)) == 25  # every finished row was flushed
     monkeypatch.setattr(_runner, "execute_unit", real)
-    rep = sem.run_semantics([420000], tmp_path, progress=False)
+    rep = sem.run_semantics([420000], tmp_path, progress=False, device="cpu")
     assert rep.skipped_done == 25
     done = read_records(tmp_path, sem.SEMANTICS_TABLE)
     assert not done.duplicated(list(sem.KEY)).any()
@@ -177,6 +178,9 @@ def test_other_seed_range_into_same_folder_is_refused(cohort):
     res = CliRunner().invoke(app, ["cohort", "semantics", "--seeds", "420000:420001",
                                    "--out", str(out), "--no-progress"])
     assert res.exit_code == 2 and "Tip:" in res.output
+    res = CliRunner().invoke(app, ["cohort", "semantics", "--seeds", SEEDS, "--out", str(out),
+                                   "--device", "tpu", "--no-progress"])
+    assert res.exit_code == 2 and "Tip: use auto" in res.output
 
 
 def test_compare_rules():

@@ -17,6 +17,8 @@ def semantics(
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the summary, "
                                              "recomputed from the raw rows, to this file."),
     progress: bool = typer.Option(True, help="Show a progress bar."),
+    device: str = typer.Option("auto", help="Torch device: auto (CUDA when available), cpu, "
+                               "cuda, cuda:N. JAX runs on CPU."),
 ) -> None:
     """Torch/JAX replay-semantics cohort (paper §5, Table 2): every row kept, resumable."""
     from ..contract import RecordsError, atomic_write_json, parse_seed_range
@@ -32,8 +34,14 @@ def semantics(
     from ..experiments.semantics import run_semantics, summarize_semantics
     from ..report._semantics import report_semantics, report_semantics_extension
 
+    from ..experiments.semantics._runner import resolve_device
+
     try:
-        rep = run_semantics(seed_list, out, progress=progress)
+        device = resolve_device(device)
+    except ValueError as exc:
+        raise fail(str(exc))
+    try:
+        rep = run_semantics(seed_list, out, progress=progress, device=device)
         summary = summarize_semantics(out)
         paths = report_semantics(out) + report_semantics_extension(out)
     except RecordsError as exc:

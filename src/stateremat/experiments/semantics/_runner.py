@@ -74,26 +74,29 @@ def _program_hash(backend: str, family: str, params: dict) -> str:
                         "source": [inspect.getsource(f) for f in fns]})
 
 
-def _execute(unit: Unit) -> tuple[dict, int, list[str]]:
-    if unit.backend == "torch":
-        from ._torch_methods import run_torch as run
-    else:
-        from ._jax_methods import run_jax as run
+def _execute(unit: Unit, device: str) -> tuple[dict, int, list[str]]:
     p = program_params(unit.family, unit.seed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")  # keep framework warnings as observations
-        obs, count = run(unit.method, p, program_data(p), unit.dtype)
+        if unit.backend == "torch":
+            from ._torch_methods import run_torch
+            obs, count = run_torch(unit.method, p, program_data(p), unit.dtype, device)
+        else:
+            from ._jax_methods import run_jax
+            obs, count = run_jax(unit.method, p, program_data(p), unit.dtype)
     return obs, count, [f"{w.category.__name__}: {str(w.message).splitlines()[0]}"
                         for w in caught]
 
 
-def execute_unit(unit: Unit, reference: dict | None, versions: dict[str, str]) -> dict:
+def execute_unit(unit: Unit, reference: dict | None, versions: dict[str, str],
+                 device: str = "cpu") -> dict:
     """Run ``unit`` and return its record (outcome against ``reference`` observations).
 
     Args:
         reference: observations of the functional reference for the unit's condition, or
             ``None`` if the reference itself raised (outcome ``unsupported`` then).
         versions: backend -> framework version string.
+        device: torch device for torch units (JAX units always run on CPU).
     """
     p = program_params(unit.family, unit.seed)
     row: dict = {k: v for k, v in zip(KEY, unit.key)}
@@ -103,7 +106,7 @@ def execute_unit(unit: Unit, reference: dict | None, versions: dict[str, str]) -
                invocation_count=None, warnings=None)
     t0 = time.perf_counter()
     try:
-        obs, count, warned = _execute(unit)
+        obs, count, warned = _execute(unit, device)
         row["invocation_count"] = count
         row["warnings"] = json.dumps(warned) if warned else None
         if reference is None:
@@ -120,6 +123,7 @@ def execute_unit(unit: Unit, reference: dict | None, versions: dict[str, str]) -
         row["exception_stage"] = err.stage
         row["invocation_count"] = err.invocation_count
     row.update(elapsed_s=time.perf_counter() - t0, framework_version=versions[unit.backend],
+               device=device if unit.backend == "torch" else "cpu",
                program_hash=_program_hash(unit.backend, unit.family, p.as_dict()),
                params_json=json.dumps(p.as_dict(), sort_keys=True), created_utc=utc_now())
     return row
@@ -157,14 +161,35 @@ def _versions() -> tuple[dict[str, str], dict[str, str]]:
     return versions, missing
 
 
-def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: bool = True
-                  ) -> RunReport:
+def resolve_device(device: str) -> str:
+    """``"auto"`` -> ``"cuda"`` when torch sees a GPU, else ``"cpu"``; others unchanged.
+
+    Raises:
+        ValueError: ``device`` is not ``auto``, ``cpu`` or ``cuda[:N]``.
+    """
+    if device == "auto":
+        try:
+            import torch
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        except ImportError:
+            return "cpu"
+    if device == "cpu" or device == "cuda" or (device.startswith("cuda:")
+                                                and device[5:].isdigit()):
+        return device
+    raise ValueError(f"stateremat semantics: device {device!r} is not one of auto, cpu, "
+                     "cuda, cuda:N. Tip: use auto.")
+
+
+def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: bool = True,
+                  device: str = "auto") -> RunReport:
     """Run (or resume) the replay-semantics cohort for ``seeds`` into ``out_dir``.
 
     Args:
         seeds: seed keys, e.g. ``range(420000, 420050)`` (the paper's 50).
         out_dir: run folder; tables :data:`SEMANTICS_TABLE` and :data:`EXTENSION_TABLE`.
         progress: show a rich progress bar.
+        device: torch device (``auto``: CUDA when available); recorded in the run config,
+            so a resumed run must use the same one. JAX always runs on CPU.
 
     Returns:
         A :class:`RunReport`; rows of unavailable methods are not written (a later run with
@@ -180,6 +205,7 @@ def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: bool =
                                TimeElapsedColumn, TimeRemainingColumn)
 
     seeds = [int(s) for s in seeds]
+    device = resolve_device(device)
     versions, missing = _versions()
     units = [u for u in cohort_units(seeds) if u.backend in versions]
     unavailable = {f"{b}/*": why for b, why in missing.items()}
@@ -191,7 +217,7 @@ def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: bool =
                 unavailable[f"torch/{m}"] = why
                 units = [u for u in units if not (u.backend == "torch" and u.method == m)]
     config = {"experiment": "semantics", "seeds": seeds, "families": list(FAMILIES),
-              "dtypes": list(DTYPES)}
+              "dtypes": list(DTYPES), "torch_device": device}
     stores = {t: RecordStore(out_dir, t, key=KEY, meta=config)
               for t in (SEMANTICS_TABLE, EXTENSION_TABLE)}
     done = {t: s.done_keys() for t, s in stores.items()}
@@ -215,11 +241,11 @@ def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: bool =
                 with ctx:
                     ref_unit = Unit("", backend, "functional_reference", family, seed, dtype)
                     try:
-                        reference = _execute(ref_unit)[0]
+                        reference = _execute(ref_unit, device)[0]
                     except Exception:  # noqa: BLE001 — recorded as 'unsupported' below
                         reference = None
                     for u in group:
-                        buffers[u.table].append(execute_unit(u, reference, versions))
+                        buffers[u.table].append(execute_unit(u, reference, versions, device))
                         bar.advance(task)
                 if sum(map(len, buffers.values())) >= _FLUSH_EVERY:
                     flush()
@@ -229,9 +255,20 @@ def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: bool =
                      unavailable=unavailable)
 
 
-def _x64():
-    import jax
-    return jax.enable_x64(True)  # thread-local and restored on exit: other code is unaffected
+class _x64:
+    """JAX on CPU with 64-bit types, for this block only (thread-local, restored on exit)."""
+
+    def __enter__(self):
+        import contextlib
+
+        import jax
+        self._stack = contextlib.ExitStack()
+        self._stack.enter_context(jax.enable_x64(True))
+        self._stack.enter_context(jax.default_device(jax.devices("cpu")[0]))
+        return self
+
+    def __exit__(self, *exc):
+        return self._stack.__exit__(*exc)
 
 
 class _null:

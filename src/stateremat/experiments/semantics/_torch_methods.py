@@ -69,14 +69,20 @@ def torch_method_available(method: str) -> str | None:
     return None
 
 
+def _np(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy().copy()
+
+
 def run_torch(method: str, p: ProgramParams, data: dict[str, np.ndarray],
-              dtype: str) -> tuple[dict[str, np.ndarray], int]:
+              dtype: str, device: str = "cpu") -> tuple[dict[str, np.ndarray], int]:
     """Execute program ``p`` under ``method`` once.
 
     Args:
         method: a key of :data:`TORCH_METHODS`.
         p: program parameters; ``data``: its float64 inputs (``x``, ``w``, ``buf``, ``g``).
         dtype: ``"float32"`` or ``"float64"``.
+        device: torch device of the program's tensors and random draws (``"cpu"``,
+            ``"cuda"``); on CUDA the final CUDA generator state is observed too.
 
     Returns:
         ``(observations, invocation_count)``: outputs, gradients of both backward passes,
@@ -91,9 +97,9 @@ def run_torch(method: str, p: ProgramParams, data: dict[str, np.ndarray],
     dt = getattr(torch, dtype)
     inplace, functional = TORCH_PROGRAMS[p.family]
     torch.manual_seed(p.seed)
-    x = torch.tensor(data["x"], dtype=dt, requires_grad=True)
-    w = torch.tensor(data["w"], dtype=dt, requires_grad=True)
-    holder = _Holder(torch.tensor(data["buf"], dtype=dt))
+    x = torch.tensor(data["x"], dtype=dt, device=device, requires_grad=True)
+    w = torch.tensor(data["w"], dtype=dt, device=device, requires_grad=True)
+    holder = _Holder(torch.tensor(data["buf"], dtype=dt, device=device))
     count = [0]
     stage = "forward"
     try:
@@ -107,21 +113,22 @@ def run_torch(method: str, p: ProgramParams, data: dict[str, np.ndarray],
                 return inplace(x_, w_, {"buf": holder.buf}, p)
             out = TORCH_METHODS[method](seg, x, w, holder, p.family)
             final_buf = lambda: holder.buf
-        obs: dict[str, np.ndarray] = {"out": out.detach().numpy().copy()}
-        g = torch.tensor(data["g"], dtype=dt)
+        obs: dict[str, np.ndarray] = {"out": _np(out)}
+        g = torch.tensor(data["g"], dtype=dt, device=device)
         for i in (1, 2):
             stage = f"backward_{i}"
             x.grad = w.grad = None
             out.backward(g, retain_graph=True)
             for name, t in (("x", x), ("w", w)):
-                obs[f"grad_{name}_{i}"] = (t.grad.numpy().copy() if t.grad is not None
+                obs[f"grad_{name}_{i}"] = (_np(t.grad) if t.grad is not None
                                            else np.full(t.shape, np.nan))
         stage = "state"
         if p.family in HIDDEN_FAMILIES:
-            obs["state_buf"] = final_buf().detach().numpy().copy()
-        obs["state_x"] = x.detach().numpy().copy()
-        obs["state_w"] = w.detach().numpy().copy()
+            obs["state_buf"] = _np(final_buf())
+        obs["state_x"], obs["state_w"] = _np(x), _np(w)
         obs["rng"] = torch.get_rng_state().numpy().copy()
+        if x.device.type == "cuda":
+            obs["rng_cuda"] = torch.cuda.get_rng_state(x.device).numpy().copy()
     except Exception as exc:  # every framework exception is an observation (outcome R)
         raise StageError(stage, exc, count[0]) from exc
     return obs, count[0]
