@@ -89,7 +89,11 @@ def test_retained_bytes_follow_each_engines_definition():
     assert g.retained_bytes <= min(eng["region"].retained_bytes, eng["whole"].retained_bytes)
     assert eng["whole"].workspace_bytes >= p.nbytes  # a full working copy per replay
     assert eng["region"].workspace_bytes < p.nbytes  # in place: only touched bytes and reads
-    assert eng["readset"].workspace_bytes == 0
+    # read-set: no values copied; the addresses it rebuilds for one segment are its workspace
+    recs = {r.k: r for r in execute(p).records}
+    addr = [sum(sum(o.nbytes for o in recs[k].src_offsets) + recs[k].dst_offsets.nbytes for k in range(a, b))
+            for a, b in segs]
+    assert eng["readset"].workspace_bytes == max(addr) > 0
 
 
 def test_guarded_picks_the_anchor_when_the_journal_is_bigger():
@@ -166,3 +170,29 @@ def test_a_wrong_anchored_generator_state_is_caught_by_redrawing():
     p, segs, ref = _case("recurrence", seed=3)
     row = check_recovery(p, segs, _WrongRngWhole(p, segs), ref)
     assert row["outcome"] == "D" and "does not reproduce its draws" in row["message"]
+
+
+@pytest.mark.parametrize("family, rows, seed", [("queue", 128, 4), ("recurrence", 1, 5), ("prototype", 8, 7)])
+def test_guarded_drops_a_journal_once_it_outgrows_the_anchor(family, rows, seed):
+    p, segs, ref = _case(family, d=4, steps=5, seed=seed, rows=rows)
+    region, g = RegionEngine(p, segs), GuardedEngine(p, segs)
+    assert check_recovery(p, segs, region, ref)["outcome"] == "M"
+    assert check_recovery(p, segs, g, ref)["outcome"] == "M"
+    anchor = p.nbytes + RNG_STATE_BYTES
+    for s in range(len(segs)):  # the byte-count rule on the full (region) journal
+        jb = region.journal_bytes(s) + RNG_STATE_BYTES
+        assert g.choice[s] == ("journal" if jb <= anchor else "anchor")
+        assert (s in g.anchor) == (g.choice[s] == "anchor")
+        assert (g.journal[s] == []) or g.choice[s] == "journal"
+    noise = sum(r.eps.nbytes for r in execute(p).records if r.eps is not None)
+    kept = sum(min(region.journal_bytes(s) + RNG_STATE_BYTES, anchor) for s in range(len(segs)))
+    assert g.retained_bytes == kept + noise
+    # forward workspace: at most every anchor held at once plus journals capped near one anchor,
+    # far below keeping both representations of every segment to the end
+    both = sum(region.journal_bytes(s) + RNG_STATE_BYTES + anchor for s in range(len(segs)))
+    assert g.workspace_bytes < both - kept
+    if family == "queue":  # sparse writes: no journal can reach an anchor, so none is taken
+        assert set(g.choice.values()) == {"journal"}
+        assert g.workspace_bytes < p.nbytes
+    if family == "recurrence":
+        assert "anchor" in g.choice.values()

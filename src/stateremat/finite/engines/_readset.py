@@ -8,7 +8,8 @@ class ReadSetEngine(Engine):
     """Retains every op's operand values, integer indices and noise; backward reads them.
 
     Addresses are rebuilt from the declared views and the retained indices ("read indices are
-    declared by the finite program"). No state is restored and nothing is replayed.
+    declared by the finite program"). No state is restored and nothing is replayed; its
+    workspace is the byte offsets it rebuilds for one segment (the values are not copied).
 
     Checks: the operand values and noise it returns are copies of the stored operation the
     study compares them with, so those equalities are structural; there is no restored state
@@ -36,4 +37,6 @@ class ReadSetEngine(Engine):
     def recover(self, seg, live, rng):
         a, b = self.segments[seg]
         reads = {k: op_read_from_values(self.p, k, *self.kept[k]) for k in range(a, b)}
+        # the values are the retained arrays (no copy); the rebuilt addresses are new arrays
+        self._note_workspace(sum(nbytes_of(r.src_offsets) + r.dst_offsets.nbytes for r in reads.values()))
         return Recovery(reads, workspace_bytes=self.workspace_bytes)

@@ -44,7 +44,7 @@ class RegionEngine(Engine):
         self.journal = [[] for _ in self.segments]
         self.cover = [np.zeros(program.nbytes, bool) for _ in self.segments]
         self.destroyed = [np.zeros(program.nbytes, bool) for _ in self.segments]
-        self.journaling = [True] * len(self.segments)
+        self.journal_nbytes = [0] * len(self.segments)  # running journal_bytes(s)
         self.starts = {a: i for i, (a, _) in enumerate(self.segments)}
         self.rng_start, self.noise = {}, {}
 
@@ -59,16 +59,25 @@ class RegionEngine(Engine):
             self.noise[k] = rec.eps.copy()
         if self.cover_later_writes:  # R6: later writes destroying what earlier segments need
             for s in range(seg):
-                if not self.journaling[s]:
+                if not self.keeps_journal(s):
                     continue
                 sel = (self.cover[s][where] & ~self.destroyed[s][where]).any(axis=1)
                 if sel.any():  # first destruction of these elements: keep the old value only
-                    self.journal[s].append((k, rec.dst_offsets[sel], isz, rec.old_bytes[sel].copy(), None))
+                    self._append(s, (k, rec.dst_offsets[sel], isz, rec.old_bytes[sel].copy(), None))
                     self.destroyed[s][where[sel].ravel()] = True
-        if self.journaling[seg]:
-            self.journal[seg].append((k, rec.dst_offsets.copy(), isz, rec.old_bytes.copy(), None))
+        if self.keeps_journal(seg):
+            self._append(seg, (k, rec.dst_offsets.copy(), isz, rec.old_bytes.copy(), None))
             self.cover[seg][where.ravel()] = True
             self.cover[seg][rec.read_byte_offsets()] = True
+
+    def keeps_journal(self, seg: int) -> bool:
+        """Whether ``seg`` is still journaled (always here; the guarded engine stops some)."""
+        return True
+
+    def _append(self, seg: int, entry: tuple) -> None:
+        _, offs, _, old, new = entry
+        self.journal[seg].append(entry)
+        self.journal_nbytes[seg] += nbytes_of([old, new]) + META_BYTES_PER_ELEMENT * len(offs)
 
     def journal_bytes(self, seg: int) -> int:
         """Journal payload of ``seg``: old values and one offset per element."""
