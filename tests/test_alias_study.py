@@ -60,6 +60,11 @@ def test_verify_alias_cli(tmp_path):
     assert s["inputs"] == 12 and s["supported_recoveries"] == s["matched"] == 60
     assert s["unsupported"] == 12 and s["stored_operations"] == 12 * 16
     assert s["max_grad_error"] <= 1e-14
-    assert summarise_alias(read_records(out, "alias")) == s
+    rows = read_records(out, "alias")
+    assert summarise_alias(rows) == s
+    assert "dim" in rows.columns and "dims" not in rows.columns  # one width column
+    r = rows.iloc[-1]
+    assert json.loads(r["program_seed"]) == [int(r["seed"]), 4, ["queue", "prototype", "recurrence"].index(
+        r["pattern"]), int(r["dim"])]
     res = CliRunner().invoke(app, ["verify", "alias", "--seeds", "5:3", "--out", str(tmp_path / "b")])
     assert res.exit_code == 2 and "half-open" in res.output

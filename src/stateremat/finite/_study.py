@@ -23,6 +23,7 @@ counted as independent evidence.
 """
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -133,11 +134,25 @@ def check_recovery(p, segments, engine, ref: np.ndarray) -> dict:
 
 
 def _base_row(p, segments, h, **kw) -> dict:
-    return {"family": p.family, "dims": int(p.view("X").length), "n_ops": len(p.ops),
+    """A row's common columns; ``program_seed`` (JSON list) is the entropy of the program's
+    generator, ``np.random.default_rng(json.loads(program_seed))``, so a row reproduces alone.
+    The alias table keys on ``dim`` and so has no separate ``dims`` column."""
+    width = {} if "dim" in kw else {"dims": int(p.view("X").length)}
+    return {"family": p.family, **width, "n_ops": len(p.ops),
             "n_segments": len(segments), "state_bytes": p.nbytes, "source_hash": h,
             "coordinates": 0, "max_error": math.nan, "retained_bytes": 0, "workspace_bytes": 0,
             "repeat_ok": None, "start_state_checked": None, "structural_checks": "", "message": "",
             **kw}
+
+
+def semantic_entropy(seed: int, i: int) -> list[int]:
+    """Generator entropy of semantic-study program ``i`` (stored as ``program_seed``)."""
+    return [int(seed), 3, int(i)]
+
+
+def alias_entropy(seed: int, pattern: str, dim: int) -> list[int]:
+    """Generator entropy of joint-alias input ``(seed, pattern, dim)`` (stored as ``program_seed``)."""
+    return [int(seed), 4, ALIAS_PATTERNS.index(pattern), int(dim)]
 
 
 def semantic_program(seed: int, i: int):
@@ -146,7 +161,7 @@ def semantic_program(seed: int, i: int):
     Queue programs hold a large queue (64/128 rows) written sparsely (one key per step), the
     regime where a region journal should retain far less than whole checkpoints.
     """
-    g = np.random.default_rng([seed, 3, i])
+    g = np.random.default_rng(semantic_entropy(seed, i))
     family = FAMILIES[i % 3]
     return family_program(family, int(g.choice([4, 8])), int(g.choice([3, 4, 5])), g,
                           rows=int(g.choice(SEMANTIC_ROWS[family])))
@@ -157,7 +172,7 @@ def engine_rows(seed: int, i: int) -> list[dict]:
     p, segments = semantic_program(seed, i)
     h = source_hash(p.spec())
     run = execute(p)
-    key = {"seed": seed, "program": i}
+    key = {"seed": seed, "program": i, "program_seed": json.dumps(semantic_entropy(seed, i))}
     why = admission(p, run)
     if why is not None:  # recorded, never assigned a gradient
         return [_base_row(p, segments, h, **key, check="recovery", engine=n,
@@ -176,7 +191,7 @@ def engine_rows(seed: int, i: int) -> list[dict]:
 
 def alias_program(seed: int, pattern: str, dim: int):
     """Joint-alias input ``(seed, pattern, dim)``: 4 segments x 4 ops with aliases."""
-    g = np.random.default_rng([seed, 4, ALIAS_PATTERNS.index(pattern), dim])
+    g = np.random.default_rng(alias_entropy(seed, pattern, dim))
     return family_program(pattern, dim, 4, g, alias=True, rows=4)
 
 
@@ -196,7 +211,8 @@ def alias_rows(seed: int, pattern: str, dim: int) -> list[dict]:
     p, segments = alias_program(seed, pattern, dim)
     h = source_hash(p.spec())
     run = execute(p)
-    key = {"seed": seed, "pattern": pattern, "dim": dim}
+    key = {"seed": seed, "pattern": pattern, "dim": dim,
+           "program_seed": json.dumps(alias_entropy(seed, pattern, dim))}
     why = admission(p, run)
     rows = []
     if why is not None:

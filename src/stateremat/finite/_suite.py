@@ -12,16 +12,21 @@ Checks and outcomes (``Outcome``: M match, D divergence, unsupported):
   ``COMPLEX_STEP_EVERY``-th program).
 * byte suite: ``snapshot_replay`` and ``region_undo`` (exact bytes and generator state),
   ``wrong_rng`` (negative control, detected when the state comparison fails).
+
+Every row carries ``program_seed``, the JSON entropy list of the program's generator
+(``np.random.default_rng(json.loads(program_seed))`` draws program ``i`` of the suite), so a
+row can be reproduced on its own.
 """
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 
 from ..contract import Outcome, source_hash
 from ._exec import execute
-from ._gen import byte_program, byte_segment, derivative_program
+from ._gen import SUITE_CODES, byte_program, byte_segment, derivative_program
 from ._ops import RANDOM_KINDS
 from ._grad import (complex_step_grad, forward_jacobian_grad, graph_output, reverse_grad,
                     scalar_output, unsupported_reason)
@@ -42,6 +47,7 @@ def rel_err(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
 def _row(p, suite, i, seed, check, outcome, max_error=math.nan, coordinates=0, detected=None,
          message="", h=None, bytes_differing=0, segment_random_ops=None):
     return {"suite": suite, "program": int(i), "check": check, "seed": int(seed),
+            "program_seed": json.dumps([int(seed), SUITE_CODES[suite], int(i)]),
             "family": p.family, "dims": int(p.views[0].length), "n_ops": len(p.ops),
             "outcome": str(outcome), "max_error": float(max_error), "coordinates": int(coordinates),
             "detected": detected, "bytes_differing": int(bytes_differing), "message": message, "source_hash": h,
