@@ -5,7 +5,7 @@ semantics are checked against a naive interpreter written here with ``numpy.ndar
 (strides and offsets over one buffer, a Python loop for scatter).
 """
 import numpy as np
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from stateremat.finite import (
     Op, Program, Region, View, complex_step_grad, execute, forward_jacobian_grad,
@@ -133,7 +133,10 @@ def test_final_storage_control_diverges_when_a_nonlinear_read_is_overwritten(p, 
     run = execute(p)
     ref = forward_jacobian_grad(run)
     assert np.abs(reverse_grad(run) - ref).max() <= 1e-13 * max(1.0, np.abs(ref).max())
-    assert np.abs(reverse_grad(run, source="final") - ref).max() > 1e-8
+    scale = float(np.abs(ref).max())
+    assume(scale > 0.0)  # an all-zero gradient cannot show the difference
+    # relative: gradients can be tiny (~1e-8) when long affine chains shrink them
+    assert np.abs(reverse_grad(run, source="final") - ref).max() > 1e-6 * scale
 
 
 @SETTINGS
