@@ -88,3 +88,21 @@ def test_segment_names_are_module_paths():
     assert chain.segment_names == ["seg0", "seg1", "seg2"]
     assert not chain.seg0.live and chain.seg1.live and chain.seg1.state is chain.seg2.state
     assert chain.get_submodule("seg2") is chain.seg2
+
+
+@pytest.mark.parametrize("workload", ["prototype_memory", "unrolled_recurrence"])
+def test_eager_retention_does_not_grow_with_the_write_fraction(workload):
+    # the scores keep only the key rows, never the whole gathered read set (dense writes)
+    from stateremat.torch import PeakMemory
+
+    kept = {}
+    for wf in (0.01, 1.0):
+        cfg = WorkloadConfig(workload=workload, state_bytes=64 * 1024, width=16, batch=32,
+                             write_fraction=wf, live_versions=2, segments=2)
+        chain = StatefulChain(cfg)
+        x = make_batch(cfg)
+        with PeakMemory("cpu", roots=[*chain.parameters(), chain.state, x]) as pm:
+            y = chain(x, 0)
+            kept[wf] = pm.current_bytes - pm.baseline_bytes
+        del y
+    assert kept[1.0] - kept[0.01] < 4096

@@ -115,7 +115,7 @@ class StateSegment(nn.Module):
             keys = state.index_select(0, idx[:kr])
         else:
             old = state.index_select(0, idx)
-            keys = old[:kr]
+            keys = old[:kr].clone()  # a view would keep all of ``old`` alive as a saved tensor
         y, h = self._block(x, keys)
         src = h.detach()
         k = idx.numel()
