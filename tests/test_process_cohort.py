@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -179,4 +180,8 @@ def test_dask_local_cluster_executor(tmp_path, fake):
     assert res["ok"] == 2 and res["failed"] == []
     st = read_records(tmp_path / "run", "cohort_processes")
     assert set(st["executor"]) == {"dask"} and set(st["status"]) == {"ok"}
-    assert sorted(read_records(tmp_path / "run", "cohort_timing")["process"].unique()) == [0, 1]
+    rows = read_records(tmp_path / "run", "cohort_timing")
+    assert sorted(rows["process"].unique()) == [0, 1]
+    # each task launched its own fresh interpreter (not the parent, not a shared worker)
+    assert rows.groupby("process")["pid"].nunique().eq(1).all() and rows["pid"].nunique() == 2
+    assert os.getpid() not in set(rows["pid"])

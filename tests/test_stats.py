@@ -118,6 +118,7 @@ def test_infeasible_method_gets_no_time_never_infinity():
     assert a_b["confidence_level"] == pytest.approx(0.975)
     assert a_c["time_ratio"] is None and a_c["ci"] == [None, None] and a_c["peak_ratio"] is None
     assert a_c["fits"] == {"A": 3, "C": 0} and a_c["n_processes"] == 0
+    assert a_c["note"].startswith("C: no feasible policy") and a_b["note"] == ""
     table = {r["method"]: r for r in method_table(df, {"c": BUDGET})}
     assert table["C"]["mean_step_time_s"] is None and table["C"]["n_feasible"] == 0
     assert table["A"]["mean_step_time_s"] == pytest.approx(8 / 3)

@@ -168,6 +168,7 @@ def cohort_markdown(s: dict[str, Any]) -> str:
                          c["n_processes"]])
         lines.append(markdown_table(["Comparison", "Cell", "Step time", "Peak memory", "Fits",
                                      "Paired processes"], body))
+        lines += [f"- `{c['comparison']}`: {c['note']}.\n" for c in s["comparisons"] if c["note"]]
         if any(set(c["primary"]) != {"time", "peak"} for c in s["comparisons"]):
             lines.append("† secondary metric (not in the prespecified family).\n")
     lines.append(f"Profile hashes: {', '.join(h[:12] for h in s['profile_hashes']) or '—'} "
@@ -245,6 +246,11 @@ def figure_memory_time(s: dict[str, Any], stem: Path) -> list[Path]:
                         markersize=7 if r["method"] in ("joint", "eager_whole") else 5)
             ax.annotate(method_label(r["method"]), (x, y), textcoords="offset points",
                         xytext=(5, 4), fontsize=8)
+        missing = [method_label(r["method"]) for r in s["methods"]
+                   if r["cell"] == cell["cell"] and r["mean_step_time_s"] is None]
+        if missing:
+            ax.text(0.01, 0.99, "no feasible policy, no point: " + ", ".join(missing),
+                    transform=ax.transAxes, va="top", fontsize=8)
         ax.set_xlim(max(0.0, lo - pad), hi + pad)
         ax.set_xlabel(f"Peak memory ({bu}; {', '.join(s['memory_methods']) or 'measured'})")
         ax.set_ylabel(f"Mean step time ({tu})")

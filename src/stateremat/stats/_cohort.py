@@ -108,7 +108,8 @@ def compare(rows: pd.DataFrame, comparisons: Sequence[Comparison], *, seed: int 
         ``time_ratio`` (geometric mean of process ratios), ``ci`` ([lo, hi] of the time
         ratio), ``peak_ratio``, ``peak_ci``, ``fits`` ({method: processes within budget}),
         ``n_processes`` (paired, feasible), ``confidence_level``, ``primary`` metrics,
-        ``point_interval`` ({metric: bool}, identical observed values), ``n_resamples``.
+        ``point_interval`` ({metric: bool}, identical observed values), ``n_resamples``,
+        ``note`` (why a ratio is missing, e.g. a method without a feasible policy).
         Ratios are None (JSON null) when a method has no feasible policy in any process.
 
     References:
@@ -128,7 +129,14 @@ def compare(rows: pd.DataFrame, comparisons: Sequence[Comparison], *, seed: int 
         sub = means[means["cell"] == c.cell]
         fits = {m: int(sub[sub["method"] == m]["fits_budget"].sum())
                 for m in (c.numerator, c.denominator)}
+        infeasible = [m for m in (c.numerator, c.denominator)
+                      if not sub[(sub["method"] == m) & sub["feasible"]].shape[0]]
+        note = ""
+        if infeasible:  # never an infinite time: the ratio does not exist
+            note = (f"{', '.join(infeasible)}: no feasible policy under the logical budget "
+                    "(static model) in any process; no measured ratio")
         entry.update({
+            "note": note,
             "time_ratio": _num(pts["time"].point),
             "ci": [_num(pts["time"].ci_low), _num(pts["time"].ci_high)],
             "peak_ratio": _num(pts["peak"].point),
