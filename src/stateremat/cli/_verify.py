@@ -114,8 +114,8 @@ def _exit_on_failures(command: str, fails: list[str]) -> None:
     """Exit 1 listing the failed contract targets (records and summary are already written)."""
     if fails:
         raise fail(f"stateremat verify {command}: {len(fails)} contract check(s) failed: "
-                   + "; ".join(fails) + ". Tip: the rows with outcome D (and their message "
-                   "column) under --out name the failing programs.", code=1)
+                   + "; ".join(fails) + ". Tip: read the rows under --out (read_records) and look at the "
+                   "outcome, max_error and message columns of the failing check.", code=1)
 
 
 def _guard(fn):
