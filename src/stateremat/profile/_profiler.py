@@ -9,7 +9,8 @@ input (the chain's activation at ``i``, computed by running segments ``0..i-1``)
 * ``q`` (temporary bytes): the larger of the forward and the backward (replay included) peak
   above that post-forward level;
 * ``c`` (time): median synchronized wall time of forward + backward over ``repeats`` runs
-  after one warm-up, measured without the memory tracker.
+  after one warm-up round, measured without the memory tracker, the options of a segment
+  interleaved run by run so machine load hits them alike.
 
 For ``region``, ``r`` swaps the journal measured alone for the journal the segment holds
 inside the chain after a full forward (with every other segment eager, writes journaled), which
@@ -37,12 +38,20 @@ from ..workloads import _chain as _chain_module
 from ._options import PROFILE_OPTIONS, journal_scope, preserved_now, sync, wrap_segment
 
 
-def workload_source_hash(cfg: WorkloadConfig) -> str:
-    """SHA-256 over the workload's source code and its configuration (records cite it)."""
-    from . import _options, _profiler
+def _code_digest() -> str:
+    import sys
 
-    text = "".join(inspect.getsource(m) for m in (_chain_module, _options, _profiler))
-    return source_hash({"source": source_hash(text), "config": cfg.to_dict()})
+    mods = (_chain_module, sys.modules[__name__], sys.modules[wrap_segment.__module__])
+    return source_hash("".join(inspect.getsource(m) for m in mods))
+
+
+def workload_source_hash(cfg: WorkloadConfig) -> str:
+    """SHA-256 over the workload's source code and its configuration (records cite it).
+
+    The code digest is taken once, when this module is imported, so a long run keeps citing
+    the code it actually runs even if the files change meanwhile.
+    """
+    return source_hash({"source": _CODE_DIGEST, "config": cfg.to_dict()})
 
 
 def warm_chain(chain: StatefulChain, x: torch.Tensor, step: int = 0) -> None:
@@ -52,7 +61,8 @@ def warm_chain(chain: StatefulChain, x: torch.Tensor, step: int = 0) -> None:
         p.grad.zero_()
 
 
-def _measure(module, xin, gy, step, device, roots, repeats):
+def _measure_memory(module, xin, gy, step, device, roots):
+    """``(r, q, preserved)`` of one forward + backward of ``module`` under the memory tracker."""
     with PeakMemory(device, roots=roots) as pm:
         y = module(xin, step)
         retained = pm.current_bytes - pm.baseline_bytes
@@ -63,19 +73,28 @@ def _measure(module, xin, gy, step, device, roots, repeats):
         bwd_peak = pm.tracked_peak_bytes
         del y
     xin.grad = None
-    temp = max(fwd_peak, bwd_peak) - retained
-    times = []
+    return max(0, int(retained)), max(0, int(max(fwd_peak, bwd_peak) - retained)), preserved
+
+
+def _measure_times(modules: dict, xin, gy, step, device, repeats) -> dict[str, float]:
+    """Median forward + backward seconds per option, the options interleaved run by run.
+
+    Interleaving (A B C A B C ...) exposes every option to the same machine load, so noise on a
+    shared machine does not reorder options whose costs are close (DATA.md).
+    """
+    times: dict[str, list[float]] = {o: [] for o in modules}
     for rep in range(repeats + 1):
-        sync(device)
-        t0 = time.perf_counter()
-        y = module(xin, step)
-        y.backward(gy)
-        sync(device)
-        if rep:  # the first run is a warm-up
-            times.append(time.perf_counter() - t0)
-        del y
-        xin.grad = None
-    return max(0, int(retained)), max(0, int(temp)), statistics.median(times), preserved
+        for o, module in modules.items():
+            sync(device)
+            t0 = time.perf_counter()
+            y = module(xin, step)
+            y.backward(gy)
+            sync(device)
+            if rep:  # the first round is a warm-up
+                times[o].append(time.perf_counter() - t0)
+            del y
+            xin.grad = None
+    return {o: statistics.median(ts) for o, ts in times.items()}
 
 
 def _chain_journal_bytes(chain: StatefulChain, x, step, granularity_bytes) -> list[int | None]:
@@ -163,18 +182,19 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
         gy = (torch.randn(xi.shape, generator=g, dtype=torch.float64) / xi.numel()).to(xi)
         roots = params + [p.grad for p in params] + [chain.state, xin, gy]
         costs, meta = {}, {"state": bool(seg.live), "write_rows": cfg.write_rows if seg.live else 0}
-        for o in options:
-            if o == "region" and not seg.live:
-                continue
-            wrapped = wrap_segment(seg, o, granularity_bytes=cfg.granularity_bytes)
-            r, q, c, iso = _measure(wrapped, xin, gy, step, device, roots, repeats)
+        modules = {o: wrap_segment(seg, o, granularity_bytes=cfg.granularity_bytes)
+                   for o in options if not (o == "region" and not seg.live)}
+        mem = {o: _measure_memory(m, xin, gy, step, device, roots) for o, m in modules.items()}
+        secs = _measure_times(modules, xin, gy, step, device, repeats)
+        for o in modules:
+            r, q, iso = mem[o]
             in_chain = chain_pres.get(o, [None] * n)[i]
             if o in chain_pres and in_chain is not None:
                 # swap the alone-measured preserved bytes for those held inside the chain (R6)
                 meta[f"{o}_preserved_bytes"] = in_chain
                 if iso is not None:
                     r = max(0, r - iso + in_chain)
-            costs[o] = OptionCost(r, q, c)
+            costs[o] = OptionCost(r, q, secs[o])
         segments.append(SegmentCard(name, costs, meta))
         with torch.no_grad():
             xi = seg(xi, step)
@@ -188,7 +208,8 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
         "workload": cfg.to_dict(),
         "method": memory_method(device),
         "memory_method": memory_method(device),
-        "time_method": f"median of {repeats} synchronized forward+backward runs after 1 warm-up",
+        "time_method": f"median of {repeats} synchronized forward+backward runs after 1 warm-up "
+                       "round, options interleaved",
         "chain_context_preservation": any(v is not None for vs in chain_pres.values() for v in vs),
         "source_hash": workload_source_hash(cfg),
         "torch_version": torch.__version__,
@@ -197,3 +218,6 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
         "step": step,
     }
     return ProfileCard(persistent, segments, meta)
+
+
+_CODE_DIGEST = _code_digest()
