@@ -17,7 +17,10 @@ def processes(
     n_processes: int = typer.Option(..., "--processes", help="Independent processes N."),
     preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu or h100."),
     out: Path = typer.Option(..., "--out", help="Run folder (rerun to resume)."),
-    jobs: int = typer.Option(1, "--jobs", help="Concurrent local processes."),
+    jobs: Optional[int] = typer.Option(
+        None, "--jobs", help="Concurrent local processes (default: cores // threads on cpu, "
+        "1 on cuda)."),
+    threads: int = typer.Option(1, "--threads", help="CPU threads per process."),
     dask: Optional[str] = typer.Option(None, "--dask",
                                        help="Dask scheduler address, e.g. tcp://host:8786."),
     warmups: Optional[int] = typer.Option(None, "--warmups", help="Warmup steps per method."),
@@ -39,13 +42,14 @@ def processes(
                    f"{', '.join(EXPERIMENTS)}, got {experiment!r}. Tip: fair44 is the 44 GiB "
                    "fair-control cohort.")
     for name, v, lo in (("--processes", n_processes, 1), ("--jobs", jobs, 1),
-                        ("--warmups", warmups, 0), ("--steps", steps, 1)):
+                        ("--warmups", warmups, 0), ("--steps", steps, 1),
+                        ("--threads", threads, 1)):
         if v is not None and v < lo:
             raise fail(f"stateremat cohort processes: {name} must be >= {lo}, got {v}. "
                        "Tip: see --help.")
     try:
         res = run_process_cohort(out, experiment, n_processes, preset=preset, warmups=warmups,
-                                 steps=steps, jobs=jobs, dask_address=dask, seed=seed,
+                                 steps=steps, jobs=jobs, threads=threads, dask_address=dask, seed=seed,
                                  device=device, timeout_s=timeout_s, profile_dir=profile,
                                  progress=True)
     except (RecordsError, ProfileCardError, ValueError) as exc:

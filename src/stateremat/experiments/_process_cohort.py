@@ -118,7 +118,8 @@ def freeze_profiles(spec: Any, out_dir: str | os.PathLike, device: str = "cpu",
 # --------------------------------------------------------------------------- driver
 def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: int, *,
                        preset: str = "cpu", warmups: int | None = None,
-                       steps: int | None = None, jobs: int = 1, dask_address: Any = None,
+                       steps: int | None = None, jobs: int | None = None,
+                       threads: int | None = 1, dask_address: Any = None,
                        seed: int = 0, device: str = "cpu", timeout_s: float | None = None,
                        profile_dir: str | os.PathLike | None = None,
                        profile_fn: Callable[..., dict[str, str]] | None = None,
@@ -134,7 +135,12 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
             a larger ``N`` extends the cohort).
         preset: spec preset (``cpu``, ``h100``).
         warmups, steps: per method and process; default: the spec's cells.
-        jobs: concurrent local processes (ignored with ``dask_address``).
+        jobs: concurrent local processes (ignored with ``dask_address``); default: one per
+            ``threads`` CPU cores on ``cpu`` (2 on a 2-core machine), 1 on ``cuda`` (processes
+            sharing one GPU would time each other).
+        threads: CPU threads per process (default 1: several single-threaded processes use
+            the cores without OpenMP oversubscription, which slows multi-threaded steps many
+            times over on a shared machine); None keeps the environment's setting.
         dask_address: scheduler address (``tcp://host:8786``) or a ``distributed.Client``;
             each task launches a fresh interpreter on its worker.
         seed: base seed; process ``p`` shuffles its method order from ``(seed, p)``.
@@ -177,6 +183,7 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
                for c, t in cards.items()} or None
     config = cohort_config(spec, experiment, preset, warmups=warmups, steps=steps, seed=seed,
                            device=device, profile=profile)
+    config["threads"] = threads
     config["config_hash"] = source_hash(config)
     timing = RecordStore(out_dir, TIMING_TABLE, key=["process", "cell", "method", "step"],
                          meta=config)
@@ -195,8 +202,11 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         if steps is not None:
             a += ["--steps", str(steps)]
         tasks.append((p, a))
-    results = (_dask_results(tasks, dask_address, worker_cmd, timeout_s, cards) if dask_address
-               else _local_results(tasks, jobs, worker_cmd, timeout_s, cards))
+    if jobs is None:
+        jobs = 1 if device.startswith("cuda") else max(1, (os.cpu_count() or 1) // (threads or 1))
+    results = (_dask_results(tasks, dask_address, worker_cmd, timeout_s, cards, threads)
+               if dask_address else
+               _local_results(tasks, jobs, worker_cmd, timeout_s, cards, threads))
     ok, failed = 0, []
     with _progress(progress, len(tasks), experiment) as advance:
         for p, res in results:

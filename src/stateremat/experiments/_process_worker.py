@@ -58,6 +58,10 @@ def worker_main(argv: Sequence[str] | None = None, *,
         cell_runner = cell_runner or run_cell_methods
         spec_fn = spec_fn or experiment_spec
     spec = spec_fn(a.experiment, a.preset)
+    threads = None
+    if a.threads and "torch" in sys.modules:  # env set by the launcher; make sure of it
+        sys.modules["torch"].set_num_threads(a.threads)
+        threads = sys.modules["torch"].get_num_threads()
     rows: list[dict] = []
     for cell in spec.cells:
         order = method_order(list(cell.methods), a.seed, a.process)
@@ -78,7 +82,8 @@ def worker_main(argv: Sequence[str] | None = None, *,
     host, pid, load = platform.node(), os.getpid(), loadavg()
     wall = time.perf_counter() - t0
     for r in rows:
-        r.update({"hostname": host, "pid": pid, "loadavg": load, "process_wall_s": wall})
+        r.update({"hostname": host, "pid": pid, "loadavg": load, "process_wall_s": wall,
+                  "torch_threads": threads})
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -98,6 +103,7 @@ def _worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmups", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--profile", default=None, help="folder of frozen <cell>.json cards")
     p.add_argument("--rows-out", required=True)
     return p
@@ -106,7 +112,8 @@ def _worker_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- launcher
 def run_one_process(args: Sequence[str], worker_cmd: Sequence[str] | None = None,
                     timeout_s: float | None = None,
-                    cards: Mapping[str, str] | None = None) -> dict[str, Any]:
+                    cards: Mapping[str, str] | None = None,
+                    threads: int | None = None) -> dict[str, Any]:
     """Launch one fresh interpreter for one cohort process and collect its rows.
 
     Runs wherever it is called: in a thread of the parent (local executor) or inside a Dask
@@ -120,6 +127,8 @@ def run_one_process(args: Sequence[str], worker_cmd: Sequence[str] | None = None
         timeout_s: kill the child after this many seconds (None: no limit).
         cards: frozen profile cards ``{cell: card JSON text}``; written next to the child and
             passed as ``--profile`` (no shared file system needed).
+        threads: CPU threads of the child (``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` and
+            ``torch.set_num_threads``); None leaves the environment as it is.
 
     Returns:
         ``{"exit_code", "status" ("ok" | "failed" | "timeout"), "stderr_tail", "wall_s",
@@ -133,9 +142,13 @@ def run_one_process(args: Sequence[str], worker_cmd: Sequence[str] | None = None
             for cell, text in cards.items():
                 atomic_write_bytes(Path(tmp) / "profile" / f"{cell}.json", text.encode())
             extra += ["--profile", str(Path(tmp) / "profile")]
+        env = dict(os.environ)
+        if threads:
+            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+            extra += ["--threads", str(threads)]
         t0 = time.perf_counter()
         try:
-            proc = subprocess.run(cmd + list(args) + extra,
+            proc = subprocess.run(cmd + list(args) + extra, env=env,
                                   capture_output=True, text=True, timeout=timeout_s)
             code, err, status = proc.returncode, proc.stderr + proc.stdout, None
         except subprocess.TimeoutExpired as exc:
@@ -155,10 +168,10 @@ def _text(b: bytes | str | None) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else b
 
 
-def _local_results(tasks: list[tuple[int, list[str]]], jobs: int, worker_cmd, timeout_s, cards
-                   ) -> Iterator[tuple[int, dict]]:
+def _local_results(tasks: list[tuple[int, list[str]]], jobs: int, worker_cmd, timeout_s, cards,
+                   threads) -> Iterator[tuple[int, dict]]:
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        pending = {pool.submit(run_one_process, a, worker_cmd, timeout_s, cards): p
+        pending = {pool.submit(run_one_process, a, worker_cmd, timeout_s, cards, threads): p
                    for p, a in tasks}
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -167,13 +180,14 @@ def _local_results(tasks: list[tuple[int, list[str]]], jobs: int, worker_cmd, ti
 
 
 def _dask_results(tasks: list[tuple[int, list[str]]], address: Any, worker_cmd, timeout_s,
-                  cards) -> Iterator[tuple[int, dict]]:
+                  cards, threads) -> Iterator[tuple[int, dict]]:
     from distributed import Client, as_completed
 
     own = not hasattr(address, "submit")
     client = Client(address, set_as_default=False) if own else address
     try:
-        futures = {client.submit(run_one_process, a, worker_cmd, timeout_s, cards, pure=False,
+        futures = {client.submit(run_one_process, a, worker_cmd, timeout_s, cards, threads,
+                                 pure=False,
                                  key=f"stateremat-process-{p}-{os.getpid()}-{time.time_ns()}"): p
                    for p, a in tasks}
         for fut in as_completed(list(futures), loop=client.loop):
