@@ -9,8 +9,8 @@ from typer.testing import CliRunner
 
 from stateremat.cli import app
 from stateremat.contract import read_records
-from stateremat.experiments._moco_app import summarize
-from stateremat.experiments._moco_methods import METHODS
+from stateremat.experiments._moco_summary import summarize
+from stateremat.experiments._moco_summary import METHODS
 from stateremat.workloads._datasets import FASHION_MNIST_DIR
 
 ENTRY_KEYS = {"method", "seed", "peak_bytes", "encoder_time_s", "test_accuracy",
@@ -100,3 +100,20 @@ def test_bad_input_is_refused_clearly(tmp_path):
     r = CliRunner().invoke(app, ["app", "moco", "--preset", "tiny", "--seeds", "5:5",
                                  "--out", str(tmp_path)])
     assert r.exit_code == 2 and "bad --seeds" in r.output
+
+
+def test_cifar100_archive_path_runs_end_to_end(tmp_path):
+    import numpy as np
+    from test_datasets_moco import _write_cifar100
+
+    _write_cifar100(tmp_path / "data", 300, 64, np.random.default_rng(2))
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["app", "moco", "--preset", "tiny", "--dataset", "cifar-100",
+                                 "--data", str(tmp_path / "data"), "--methods", "eager,deferred",
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output + repr(r.exception)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["dataset"] == "cifar-100" and summary["identical_within_seed"] is True
+    assert json.loads((out / "moco.json").read_text())["config"]["preset"]["dataset"] == "cifar-100"
+    r = CliRunner().invoke(app, ["app", "moco", "--preset", "paper", "--out", str(tmp_path / "p")])
+    assert r.exit_code == 2 and "needs --data" in r.output

@@ -28,7 +28,7 @@ def moco(
 
     from ..contract import RecordsError, parse_seed_range
     from ..experiments._moco_app import PRESETS, run_moco
-    from ..experiments._moco_methods import METHODS
+    from ..experiments._moco_app import METHODS
 
     if preset not in PRESETS:
         raise fail(f"app moco: unknown --preset {preset!r}; expected one of {sorted(PRESETS)}. "

@@ -19,13 +19,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..contract import RecordStore, atomic_write_bytes, read_records
-from ._moco_methods import METHODS
+from ..contract import RecordStore, atomic_write_bytes
+from ._moco_summary import KEY, METHODS, TABLE, summarize, write_summary
 
-__all__ = ["MocoPreset", "PRESETS", "TABLE", "run_moco", "train_one", "summarize"]
-
-TABLE = "moco"
-KEY = ("seed", "method")
+__all__ = ["METHODS", "MocoPreset", "PRESETS", "TABLE", "run_moco", "train_one", "summarize",
+           "write_summary"]
 
 
 @dataclass(frozen=True)
@@ -134,7 +132,7 @@ def train_one(preset: MocoPreset, split, seed: int, method: str, device, plan: A
     """
     import torch
 
-    from ..torch._memory import PeakMemory, memory_method
+    from ..torch import PeakMemory, memory_method
     from ..workloads._moco import MoCo, two_views
     from ._moco_methods import apply_method, unwrap
     from ._moco_probe import extract_features, linear_probe
@@ -324,62 +322,3 @@ def _run_row(preset: MocoPreset, split, seed: int, method: str, dev, out_dir,
     return {**row, **plan_fields, "outcome": "ok", "error_type": None, "error": None,
             "scores_file": str(path.relative_to(out_dir)),
             "scores_sha256": hashlib.sha256(data).hexdigest()}
-
-
-def summarize(out_dir: str | os.PathLike) -> dict[str, Any]:
-    """Recompute the summary from the raw rows and the score files (never from memory).
-
-    ``scores_sha256`` is re-hashed from each score file on disk; a file missing or differing from
-    its row's hash counts as a mismatch. ``identical_within_seed`` is true only if every seed has
-    all its recorded methods finished and one single hash among them.
-
-    Returns:
-        ``{"dataset", "seeds", "methods": [{"method", "seed", "peak_bytes", "encoder_time_s",
-        "test_accuracy", "test_cross_entropy", "scores_sha256", "policy"}], "identical_within_seed"}``.
-    """
-    out_dir = Path(out_dir)
-    df = read_records(out_dir, TABLE)
-    if df.empty:
-        return {"dataset": None, "seeds": [], "methods": [], "identical_within_seed": False}
-    # latest row per key, a finished row over a failed one
-    df = df.assign(_ok=(df["outcome"] == "ok").astype(int), _order=range(len(df)))
-    df = df.sort_values(["_ok", "_order"]).groupby(list(KEY), as_index=False).tail(1)
-    order = {m: i for i, m in enumerate(METHODS)}
-    df = df.assign(_m=df["method"].map(order)).sort_values(["seed", "_m"])
-    entries, identical = [], True
-    for _, r in df.iterrows():
-        sha = None
-        if r["outcome"] == "ok":
-            f = out_dir / str(r["scores_file"])
-            sha = hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None
-            if sha != r["scores_sha256"]:
-                sha = None
-        entries.append({"method": r["method"], "seed": int(r["seed"]),
-                        "peak_bytes": _num(r.get("peak_bytes"), int),
-                        "encoder_time_s": _num(r.get("encoder_time_s"), float),
-                        "test_accuracy": _num(r.get("test_accuracy"), float),
-                        "test_cross_entropy": _num(r.get("test_cross_entropy"), float),
-                        "scores_sha256": sha,
-                        "policy": json.loads(r["policy"]) if isinstance(r.get("policy"), str) else None})
-    seeds = sorted({e["seed"] for e in entries})
-    for s in seeds:
-        hashes = [e["scores_sha256"] for e in entries if e["seed"] == s]
-        identical &= None not in hashes and len(set(hashes)) == 1
-    datasets = sorted(set(df["dataset"].dropna()))
-    return {"dataset": datasets[0] if len(datasets) == 1 else datasets, "seeds": seeds,
-            "methods": entries, "identical_within_seed": bool(identical)}
-
-
-def _num(v: Any, kind: type) -> Any:
-    if v is None or (isinstance(v, float) and np.isnan(v)):
-        return None
-    return kind(v)
-
-
-def write_summary(out_dir: str | os.PathLike) -> dict[str, Any]:
-    """:func:`summarize` and write it atomically to ``out_dir/summary.json``."""
-    from ..contract import atomic_write_json
-
-    summary = summarize(out_dir)
-    atomic_write_json(Path(out_dir) / "summary.json", summary)
-    return summary

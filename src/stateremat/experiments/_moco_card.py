@@ -188,7 +188,7 @@ def measure_card(preset, split, seed: int, device) -> ProfileCard:
         The first step of each option is the byte-tracked one; times come from the following
         ``preset.profile_steps`` steps. Both are noisy on a shared machine.
     """
-    from ..torch._memory import storage_bytes
+    from ..torch import storage_bytes
 
     per = {o: _measure_option(preset, split, seed, o, device)
            for o in ("eager", "whole", "region", "recompute_only")}

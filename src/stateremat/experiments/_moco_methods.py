@@ -15,10 +15,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
 from ..workloads._moco import SEGMENTS, MoCo
+from ._moco_summary import METHODS
 
 __all__ = ["METHODS", "FIXED_POLICY", "FunctionalSegment", "apply_method", "unwrap"]
 
-METHODS = ("eager", "whole", "regions", "functional", "deferred", "state_agnostic", "joint")
 FIXED_POLICY = {"eager": "eager", "whole": "whole", "regions": "region", "functional": "functional",
                 "deferred": "eager"}
 

@@ -1,7 +1,7 @@
 """Dense-queue application report: Table 9-style markdown and a Figure 3C-style plot (§12).
 
 Every number is recomputed from the raw ``moco`` rows and the score files by
-:func:`stateremat.experiments._moco_app.summarize`; nothing is read from ``summary.json``.
+:func:`stateremat.experiments._moco_summary.summarize`; nothing is read from ``summary.json``.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def moco_markdown(summary: dict) -> str:
             f"{min(ts):.2f}–{max(ts):.2f}" if ts else "—",
             f"{100 * np.mean(acc):.2f}" if acc else "—",
             f"{np.mean(ce):.6f}" if ce else "—", pol])
-    head = [f"Method", "Runs ok", f"Peak {unit} (max)", "Mean encoder s", "Min–max s",
+    head = ["Method", "Runs ok", f"Peak {unit} (max)", "Mean encoder s", "Min–max s",
             "Test acc. % (mean)", "Test CE (mean)", "Policy per segment"]
     lines = [f"# Dense-queue application — {summary['dataset']}, seeds {summary['seeds']}\n",
              markdown_table(head, rows),
@@ -57,25 +57,29 @@ def moco_markdown(summary: dict) -> str:
                      + (f" ({distinct[0][:16]}…)" if len(distinct) == 1 else "")
                      + ("; failed: " + ", ".join(m for m, h in hs.items() if h is None)
                         if None in hs.values() else "") + "\n")
-    lines.append("\nPeak: allocated bytes over the observed training steps (CUDA allocator, or the "
-                 "CPU live-tensor-storage tracker). Encoder time: complete encoder training, "
-                 "tracker steps included. Probe accuracies/CE are per seed means over methods.\n")
+    lines.append("\nPeak: allocated bytes over the preset's observed training steps (CUDA allocator, "
+                 "or the CPU live-tensor-storage tracker; rows name the method). Encoder time: "
+                 "complete encoder training, tracker steps included. Test accuracy and "
+                 "cross-entropy are means over seeds; the linear probe is fitted on the fitting "
+                 "split only.\n")
     return "".join(lines)
 
 
 def moco_figure(summary: dict, stem: Path) -> list[Path]:
-    """Figure 3C-style scatter: every (seed, method) at (encoder minutes, peak), one marker per method."""
+    """Figure 3C-style scatter: every (seed, method) at (encoder time, peak), one marker per method."""
     fig, (ax,) = new_figure(1, width_in=6.0, panel_height_in=4.0)
     entries = [e for e in summary["methods"] if e["scores_sha256"] is not None]
     peaks = [e["peak_bytes"] for e in entries] or [0]
     unit, div = byte_unit(max(peaks))
+    long_run = max([e["encoder_time_s"] for e in entries] or [0]) >= 120
+    t_div, t_unit = (60.0, "min") if long_run else (1.0, "s")
     for m, label in LABELS.items():
         es = [e for e in entries if e["method"] == m]
         if es:
-            ax.scatter([e["encoder_time_s"] / 60 for e in es], [e["peak_bytes"] / div for e in es],
+            ax.scatter([e["encoder_time_s"] / t_div for e in es], [e["peak_bytes"] / div for e in es],
                        marker=MARKERS[m], s=70 if m == "joint" else 40,
                        color="#e66101" if m == "joint" else None, label=label, alpha=0.8)
-    ax.set_xlabel("Complete encoder time (min)")
+    ax.set_xlabel(f"Complete encoder time ({t_unit})")
     ax.set_ylabel(f"Peak allocated ({unit})")
     ax.set_title(f"Dense queue, {len(summary['seeds'])} training seed(s) — {summary['dataset']}")
     ax.legend(fontsize=8, ncol=2)
@@ -85,7 +89,7 @@ def moco_figure(summary: dict, stem: Path) -> list[Path]:
 @register_reporter("moco")
 def report_moco(out_dir: Path) -> list[Path]:
     """Write ``moco_table9.md`` and ``moco_fig3c.{png,svg}`` under ``out_dir``."""
-    from ..experiments._moco_app import summarize
+    from ..experiments._moco_summary import summarize
 
     out_dir = Path(out_dir)
     summary = summarize(out_dir)
