@@ -154,3 +154,25 @@ def test_two_views_are_seeded_crops_flips_and_contrast():
     flip = torch.rand(6, generator=g) < 0.5
     scale = 1.0 + 0.2 * (2.0 * torch.rand(6, generator=g) - 1.0)
     torch.testing.assert_close(a1, _augment_loop(x, oy, ox, flip, scale, 2), rtol=0, atol=0)
+
+
+def test_measured_card_matches_known_queue_segment_bytes():
+    """The card's tracker against allocations known in closed form (queue segment, tiny preset)."""
+    from stateremat.experiments._moco_app import PRESETS
+    from stateremat.experiments._moco_card import measure_card
+    from stateremat.experiments._moco_probe import make_split
+    from stateremat.workloads._datasets import load_dataset
+
+    pr = PRESETS["tiny"]
+    split = make_split(load_dataset(pr.dataset), pr.n_validation, pr.fit_images,
+                       pr.validation_images, pr.test_images)
+    card = measure_card(pr, split, 2701, torch.device("cpu"))
+    assert card.segment_names == list(SEGMENTS)
+    queue = {o: c.retained_bytes for o, c in card.segments[-1].options.items()}
+    logits = 4 * pr.batch_size * (1 + pr.queue_size)      # float32 (batch, 1 + K), kept for the loss
+    queue_bytes = 4 * pr.queue_size * pr.dim              # float32 (K, d)
+    assert queue["eager"] == logits + queue_bytes          # + the retained read version (clone)
+    assert queue["recompute_only"] == logits               # replay keeps nothing of the state
+    assert queue["whole"] == logits + queue_bytes + 8      # + snapshot of queue and int64 pointer
+    for seg in card.segments[:5]:  # trunk: replay retains far less than eager activations
+        assert seg.options["whole"].retained_bytes < seg.options["eager"].retained_bytes / 1.5
