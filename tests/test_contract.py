@@ -124,3 +124,12 @@ def test_atomic_write_has_umask_permissions(tmp_path):
     mask = os.umask(0)
     os.umask(mask)
     assert stat.S_IMODE(p.stat().st_mode) == 0o666 & ~mask
+
+
+def test_parse_size_is_exact_and_bounded():
+    assert parse_size(2**52 + 1) == 2**52 + 1
+    assert parse_size(str(2**52 + 1)) == 2**52 + 1
+    assert parse_size("0.5KiB") == 512
+    for bad in ("1e400", float("inf"), "1e30", 2**60, True, "-1GiB"):
+        with pytest.raises(ValueError, match="size"):
+            parse_size(bad)

@@ -1,7 +1,12 @@
 """Parsing of sizes (bytes, KiB/MiB/GiB) and half-open seed ranges ``A:B``."""
 from __future__ import annotations
 
+import math
 import re
+from fractions import Fraction
+
+#: sizes above this are rejected: far beyond any device, and int64 sums must not overflow
+MAX_SIZE_BYTES = 2**53
 
 _UNITS = {"": 1, "b": 1, "kib": 1024, "mib": 1024**2, "gib": 1024**3, "tib": 1024**4,
           "kb": 1000, "mb": 1000**2, "gb": 1000**3, "tb": 1000**4}
@@ -15,19 +20,33 @@ def parse_size(text: str | int | float) -> int:
     Raises:
         ValueError: on a negative size, an unknown unit or unparsable text.
     """
-    if isinstance(text, (int, float)) and not isinstance(text, bool):
-        value, unit = float(text), ""
+    if isinstance(text, bool):
+        raise ValueError(f"size {text!r}: expected a number of bytes, got a bool")
+    if isinstance(text, int):
+        value, unit = Fraction(text), ""
+    elif isinstance(text, float):
+        if not math.isfinite(text):
+            raise ValueError(f"size {text!r}: must be finite")
+        value, unit = Fraction(text), ""
     else:
-        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+        m = re.fullmatch(r"\s*(-?)([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
         if not m:
             raise ValueError(f"size {text!r}: expected a number of bytes with an optional unit, "
                              "e.g. 4096, 64MiB, 32GiB")
-        value, unit = float(m.group(1)), m.group(2).lower()
+        if len(m.group(2)) > 40:
+            raise ValueError(f"size {text!r}: number too long")
+        value, unit = Fraction(m.group(2)), m.group(3).lower()  # exact: no float rounding
+        if m.group(1):
+            value = -value
     if unit not in _UNITS:
         raise ValueError(f"size {text!r}: unknown unit {unit!r}; use B, KiB, MiB, GiB or TiB")
     if value < 0:
         raise ValueError(f"size {text!r}: must not be negative")
-    return int(round(value * _UNITS[unit]))
+    nbytes = round(value * _UNITS[unit])
+    if nbytes > MAX_SIZE_BYTES:
+        raise ValueError(f"size {text!r}: {nbytes} bytes is above the supported maximum "
+                         f"{MAX_SIZE_BYTES} (8 PiB)")
+    return int(nbytes)
 
 
 def format_bytes(n: float) -> str:
