@@ -261,14 +261,14 @@ def test_bound_pruned_dp_retries_with_wider_beams_and_stays_exact(monkeypatch):
 
     # Tiny beams and abort limits force every retry path; the answer must not change.
     monkeypatch.setattr(_dp, "_SCHEDULE", ((1, 2), (2, 3), (1, None)))
-    real, aborted = _dp.dp_solve, []
+    real, aborted = _dp._dp, []
 
     def spy(*args, **kwargs):
         out = real(*args, **kwargs)
         aborted.append(out.aborted)
         return out
 
-    monkeypatch.setattr(_dp, "dp_solve", spy)
+    monkeypatch.setattr(_dp, "_dp", spy)
     rng = np.random.default_rng(21)
     for _ in range(6):
         card = random_card(8, rng)

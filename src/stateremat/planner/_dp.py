@@ -12,14 +12,20 @@ State after segment ``i``: retained bytes ``R = Σ r``, temporary maximum ``Q = 
 * bound pruning (optional, default on in :func:`stateremat.planner.plan`): given the cost
   ``UB`` of a known feasible policy (the minimum-peak policy, improved by a beam: a capped
   DP pass ordered by the same bound), a prefix is dropped when a Lagrangian
-  (LP-relaxation) lower bound on its best completion exceeds ``UB``: for any ``λ ≥ 0``, a completion within the remaining budget
-  ``B = M - P - R - Q`` costs at least ``Σ_{j>i} min_o (c_jo + λ r_jo) - λ B``.
+  (LP-relaxation) lower bound on its best completion exceeds ``UB``: for any ``λ ≥ 0``, a
+  completion within the remaining budget ``B = M - P - R - Q`` costs at least
+  ``Σ_{j>i} min_o (c_jo + λ (r_jo - rmin_j)) - λ S`` with the slack
+  ``S = B - Σ_{j>i} rmin_j ≥ 0`` computed exactly in integers.
 
-None of these changes the optimum (ties included: bounds are compared with a relative slack
-of 1e-9). Without bound pruning the DP holds the whole budget-feasible Pareto frontier
-(exponential on long heterogeneous cards); with it, only the part that can still beat the
-incumbent. An optional frontier cap is the only approximation; it is recorded as
-``truncated``.
+Offsetting by ``rmin`` keeps every float term of the bound small: the plain form
+``Σ min(c + λ r) - λ B`` subtracts two huge numbers on GiB-scale cards and its rounding
+exceeded the cost differences, pruning the optimum. The remaining float error is bounded by
+``4 (n + 4) eps (|C| + |G| + λ S + UB)`` and added as a margin (on top of a 1e-9 relative
+slack), so no optimum and no tie is pruned. None of these reductions changes the optimum.
+Without bound pruning the DP holds the whole budget-feasible Pareto frontier (exponential on
+long heterogeneous cards); with it, only the part that can still beat the incumbent. An
+optional frontier cap is the only approximation; it is recorded as ``truncated``, and when it
+drops every completion while the exact minimum-peak policy fits, that policy is returned.
 """
 from __future__ import annotations
 
@@ -28,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..contract import internal_assert
-from ._model import CostTables, evaluate, min_peak
+from ._model import _ABSENT, CostTables, clamp_budget, evaluate, min_peak
 from ._pareto import pareto_mask
 
 
@@ -44,9 +50,16 @@ class DPOutcome:
 
 
 def _lagrangian(tables: CostTables, max_lams: int = 512):
-    """Suffix tables for the bound: ``lams (m,)``, ``G, W (n+1, m)`` with row ``j`` covering
-    segments ``≥ j``: ``G = Σ min_o (c + λ r)``, ``W`` = retained bytes of those minimisers."""
-    r = tables.r.astype(np.float64)
+    """Suffix tables for the bound, on retained bytes *offset* by each segment's smallest ``r``.
+
+    Returns ``lams (m,)`` (s/byte) and ``G, W`` ``(n+1, m)`` with row ``j`` covering segments
+    ``≥ j``: ``G = Σ min_o (c + λ (r - rmin))`` seconds (every term ≥ 0), ``W`` = offset
+    retained bytes of those minimisers. Offsetting
+    keeps every float term small: without it, ``λ Σ r`` and ``λ B`` are two huge numbers whose
+    difference loses more than the cost differences being compared (GiB-scale cards).
+    """
+    rmin = np.where(tables.valid, tables.r, _ABSENT).min(axis=1)
+    r = (tables.r - rmin[:, None]).astype(np.float64)  # exact below 2^53 (card size cap)
     c = np.where(tables.valid, tables.c, np.inf)
     lam = []
     for a in range(3):
@@ -56,6 +69,7 @@ def _lagrangian(tables: CostTables, max_lams: int = 512):
     lams = np.unique(np.r_[0.0, np.concatenate(lam)])
     if len(lams) > max_lams:  # any λ gives a valid bound; keep quantiles
         lams = lams[np.unique(np.linspace(0, len(lams) - 1, max_lams).round().astype(np.int64))]
+    r = np.where(tables.valid, r, 0.0)  # invalid options already cost inf
     val = c[:, :, None] + r[:, :, None] * lams[None, None, :]  # (n, 3, m)
     arg = np.argmin(val, axis=1)  # (n, m)
     h = np.take_along_axis(val, arg[:, None, :], 1)[:, 0, :]
@@ -66,13 +80,28 @@ def _lagrangian(tables: CostTables, max_lams: int = 512):
     return lams, G, W
 
 
-def _lower_bound(C, B, lams, g, w):
-    """Lagrangian lower bound on the total cost of prefixes ``(C, B)`` (remaining budget B)."""
-    t = np.searchsorted(-w, -B, side="left")  # first λ whose minimisers fit in B
+def _lower_bound(C, S, lams, g, w):
+    """Lagrangian lower bound on the total cost of prefixes and its rounding-error scale.
+
+    Args:
+        C: prefix costs, ``(N,)`` float64 seconds.
+        S: slack bytes ``B - Σ_{j>i} rmin_j ≥ 0`` (remaining budget beyond the cheapest
+            completion's retained bytes), ``(N,)`` int64, computed exactly in integers.
+        lams: ``(m,)`` multipliers (s/byte), ascending.
+        g, w: rows of :func:`_lagrangian`'s ``G`` and ``W`` for the segments still to come.
+
+    Returns:
+        ``(lb, scale)``: ``lb = C + max over two λ of (G(λ) - λ S)`` seconds (``(N,)``), and
+        ``scale = |C| + |G| + |λ S|`` (``(N,)``), the magnitude its float error is relative to.
+    """
+    t = np.searchsorted(-w, -S, side="left")  # first λ whose minimisers fit in S
     t1 = np.clip(t, 0, len(lams) - 1)
     t0 = np.clip(t - 1, 0, len(lams) - 1)
-    Bf = B.astype(np.float64)
-    return C + np.maximum(g[t1] - lams[t1] * Bf, g[t0] - lams[t0] * Bf)
+    Sf = S.astype(np.float64)
+    a1, a0 = lams[t1] * Sf, lams[t0] * Sf
+    lb = C + np.maximum(g[t1] - a1, g[t0] - a0)
+    scale = np.abs(C) + np.maximum(np.abs(g[t1]) + a1, np.abs(g[t0]) + a0)
+    return lb, scale
 
 
 def _cap(lb: np.ndarray, mem: np.ndarray, cap: int) -> np.ndarray:
@@ -91,28 +120,61 @@ def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = N
     :func:`stateremat.planner.exhaustive`.
 
     Args:
-        tables: cost tables (one model).
-        budget_bytes: ``M``.
-        frontier_cap: keep at most this many frontier points per segment (approximate).
-        bound_pruning: drop prefixes whose Lagrangian lower bound exceeds an incumbent's cost.
-        upper_bound_s: incumbent cost; found automatically when ``None`` and pruning is on.
+        tables: cost tables of one model (bytes int64, seconds float64).
+        budget_bytes: ``M`` in bytes (any int; budgets above the largest possible peak are
+            treated as that peak, so huge values cannot overflow int64).
+        frontier_cap: keep at most this many frontier points per segment (approximate: the
+            result is ``truncated``; if the cap dropped every completion but the exact
+            minimum-peak policy fits ``M``, that policy is returned, still ``truncated``).
+        bound_pruning: drop prefixes whose Lagrangian lower bound exceeds an incumbent's cost
+            (never changes the answer; bounds carry a float-error margin).
+        upper_bound_s: incumbent cost in seconds (the cost of a feasible policy); found
+            automatically when ``None`` and pruning is on.
         abort_above: give up (``aborted``) once the frontier exceeds this many points.
 
     Returns:
-        :class:`DPOutcome`.
+        :class:`DPOutcome`: ``codes`` ``(n,)`` int64 option codes (``None`` when no policy fits
+        or on abort), the largest frontier size, ``truncated``, the incumbent cost used.
+
+    Raises:
+        InternalError: (automatic incumbent only) bound pruning emptied an untruncated
+            frontier although the incumbent is feasible — a bug, never a silent infeasible.
+
+    Danger:
+        An explicit ``upper_bound_s`` below the true optimum prunes the optimum: ``codes`` is
+        then ``None`` although a policy fits (the caller's incumbent must be a real policy's
+        cost).
+
+    References:
+        Paper §4, eq. (3).
     """
+    budget = clamp_budget(tables, budget_bytes)
     if bound_pruning and upper_bound_s is None:
-        return _solve_with_incumbents(tables, budget_bytes, frontier_cap)
+        return _solve_with_incumbents(tables, budget, frontier_cap)
+    out = _dp(tables, budget, frontier_cap, bound_pruning, upper_bound_s, abort_above)
+    if out.codes is None and out.truncated and not out.aborted:
+        # The cap, not the budget, emptied the frontier: the exact min-peak policy may fit.
+        peak, codes = min_peak(tables)
+        if peak <= budget:
+            return DPOutcome(codes, out.frontier_size, True, upper_bound_s)
+    return out
+
+
+def _dp(tables: CostTables, avail_budget: int, frontier_cap: int | None, bound_pruning: bool,
+        upper_bound_s: float | None, abort_above: int | None) -> DPOutcome:
+    """The DP pass itself (``avail_budget`` already clamped); see :func:`dp_solve`."""
     if bound_pruning or frontier_cap is not None:
         lams, G, W = _lagrangian(tables)
     limit = upper_bound_s * (1 + 1e-9) + 1e-12 if bound_pruning else np.inf
     n = tables.n
-    avail = int(budget_bytes) - tables.persistent_bytes
-    big = np.iinfo(np.int64).max // 4
-    rmin = np.where(tables.valid, tables.r, big).min(axis=1)
-    qmin = np.where(tables.valid, tables.q, big).min(axis=1)
+    avail = int(avail_budget) - tables.persistent_bytes
+    rmin = np.where(tables.valid, tables.r, _ABSENT).min(axis=1)
+    qmin = np.where(tables.valid, tables.q, _ABSENT).min(axis=1)
     rest_r = np.r_[np.cumsum(rmin[::-1])[::-1][1:], 0]  # Σ_{j>i} min r_j
     q_floor = np.r_[np.maximum.accumulate(qmin[::-1])[::-1][1:], 0]  # max_{j>i} min q_j
+    # Float error of a bound: G is a sum of ≤ n non-negative terms, C a left fold of ≤ n
+    # terms, plus a few products and the comparison with the incumbent's own left fold.
+    rel_err = 4.0 * (n + 4) * np.finfo(np.float64).eps
 
     R = np.zeros(1, np.int64)
     Q = np.zeros(1, np.int64)
@@ -129,16 +191,19 @@ def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = N
         Cn = (C[:, None] + tables.c[i, opts][None, :]).ravel()
         par = np.repeat(np.arange(len(R)), k)
         code = np.tile(opts, len(R))
-        ok = Rn + rest_r[i] + Qn <= avail
+        slack = avail - Rn - Qn - rest_r[i]  # exact int64 bytes beyond the cheapest completion
+        ok = slack >= 0
         if not ok.any():
             return DPOutcome(None, largest, truncated, upper_bound_s)
         lb = None
         if bound_pruning or frontier_cap is not None:
-            lb = _lower_bound(Cn[ok], avail - Rn[ok] - Qn[ok], lams, G[i + 1], W[i + 1])
+            lb, scale = _lower_bound(Cn[ok], slack[ok], lams, G[i + 1], W[i + 1])
             if bound_pruning:
-                ok[ok] = lb <= limit
-                lb = lb[lb <= limit]
-                if not ok.any():  # cannot happen when upper_bound_s is a feasible policy's cost
+                # Prune only what the bound excludes beyond its own rounding error.
+                survive = lb - rel_err * (scale + limit) <= limit
+                ok[ok] = survive
+                lb = lb[survive]
+                if not ok.any():  # only a frontier cap can drop the incumbent's own prefix
                     return DPOutcome(None, largest, truncated, upper_bound_s)
         Rn, Qn, Cn, par, code = Rn[ok], Qn[ok], Cn[ok], par[ok], code[ok]
         keep = np.flatnonzero(pareto_mask(Rn, Qn, Cn))
@@ -175,14 +240,23 @@ def _solve_with_incumbents(tables: CostTables, budget_bytes: int,
     peak, codes = min_peak(tables)
     if peak > budget_bytes:  # no feasible policy exists at all (exact min-peak test)
         return DPOutcome(None, 0, False, None)
-    ub = evaluate(tables, codes)[1]
+    inc_codes, ub = codes, evaluate(tables, codes)[1]
     largest = 0
     for beam, abort in _SCHEDULE:
         quick = dp_solve(tables, budget_bytes, frontier_cap=beam)
         if quick.codes is not None:
-            ub = min(ub, evaluate(tables, quick.codes)[1])
-        out = dp_solve(tables, budget_bytes, frontier_cap, True, ub, abort_above=abort)
+            cost = evaluate(tables, quick.codes)[1]
+            if cost < ub:
+                inc_codes, ub = quick.codes, cost
+        out = _dp(tables, budget_bytes, frontier_cap, True, ub, abort)
         largest = max(largest, out.frontier_size)
-        if not out.aborted:
-            return DPOutcome(out.codes, largest, out.truncated, ub)
+        if out.aborted:
+            continue
+        if out.codes is None:
+            # Exact bounds keep the incumbent's own prefixes (bound ≤ its cost); only a
+            # frontier cap can have dropped them. The incumbent is feasible: return it.
+            internal_assert(out.truncated, "bound pruning emptied an untruncated frontier "
+                            f"below the feasible incumbent cost {ub!r}")
+            return DPOutcome(inc_codes, largest, True, ub)
+        return DPOutcome(out.codes, largest, out.truncated, ub)
     internal_assert(False, "the last bound-pruned pass has no abort limit")

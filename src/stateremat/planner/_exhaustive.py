@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ._model import CostTables
+from ._model import CostTables, clamp_budget
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ def enumerate_policies(tables: CostTables, budget_bytes: int, chunk: int = 1 << 
     Raises:
         ValueError: more than ``max_policies`` policies (3^16 ≈ 43 M fits the default).
     """
+    budget_bytes = clamp_budget(tables, budget_bytes)  # same feasible set, int64-safe
     n = tables.n
     cols = np.flatnonzero(tables.valid.any(axis=0))  # option codes in play, ascending
     radix = len(cols)

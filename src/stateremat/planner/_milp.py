@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..contract import internal_assert
-from ._model import CostTables, evaluate
+from ._model import CostTables, clamp_budget, evaluate
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,7 @@ def _solve(tables: CostTables, avail: float, objective: str, time_limit_s: float
 
 def milp_solve(tables: CostTables, budget_bytes: int, time_limit_s: float = 60.0) -> MILPOutcome:
     """Solve eq. (3) as a MILP; exact re-scoring guards against solver tolerances."""
+    budget_bytes = clamp_budget(tables, budget_bytes)  # same feasible set, int64-safe
     avail = float(budget_bytes - tables.persistent_bytes)
     if avail < 0:
         return MILPOutcome(None, 2, "persistent bytes alone exceed the budget", True)

@@ -15,6 +15,11 @@ from ..contract import ProfileCard, ProfileCardError, internal_assert
 #: Executable options, in the canonical order that breaks ties (lower code first).
 OPTION_CODES: tuple[str, ...] = ("eager", "whole", "region")
 
+#: Placeholder bytes for an absent option in min/max reductions. Cards cap every size at
+#: ``MAX_BYTES`` = 2^53 and their total peak below 2^62 (``ProfileCard``), so no real value
+#: or sum of real values reaches it, and sums of a few placeholders stay below int64's 2^63.
+_ABSENT = 2**62
+
 
 @dataclass(frozen=True)
 class CostTables:
@@ -90,7 +95,25 @@ def cost_tables(card: ProfileCard, options: tuple[str, ...] = OPTION_CODES,
             raise ValueError(f"planner: segment {seg.name!r} has none of the options "
                              f"{list(options)} (it has {list(seg.options)}). Tip: include eager "
                              "or whole in the option set; region is optional per segment.")
+    internal_assert(int(max(r.max(), q.max(), card.persistent_bytes)) < _ABSENT,
+                    "card sizes above the placeholder passed ProfileCard's size cap")
     return CostTables(card.segment_names, card.persistent_bytes, r, q, c, valid, tuple(fallback))
+
+
+def max_peak_bytes(tables: CostTables) -> int:
+    """Largest ``P + Σ r + max q`` any policy can have (bytes, Python int, no overflow)."""
+    r = np.where(tables.valid, tables.r, 0)
+    q = np.where(tables.valid, tables.q, 0)
+    return tables.persistent_bytes + sum(int(v) for v in r.max(axis=1)) + int(q.max())
+
+
+def clamp_budget(tables: CostTables, budget_bytes: int) -> int:
+    """``budget_bytes`` clamped to ``[-1, max_peak_bytes]``: the same feasible set, no overflow.
+
+    Every budget at or above the largest possible peak admits every policy and every negative
+    budget admits none, so solvers may work with the clamped value in int64 arithmetic.
+    """
+    return max(-1, min(int(budget_bytes), max_peak_bytes(tables)))
 
 
 def left_fold_sum(values) -> float:
@@ -127,7 +150,7 @@ def min_peak(tables: CostTables) -> tuple[int, np.ndarray]:
         ``(peak_bytes, codes)``; among equal-``r`` options a segment takes the faster one.
     """
     n = tables.n
-    big = np.iinfo(np.int64).max // 4
+    big = _ABSENT
     r = np.where(tables.valid, tables.r, big)
     q = np.where(tables.valid, tables.q, big)
     order = np.argsort(q, axis=1, kind="stable")
