@@ -141,3 +141,41 @@ def test_load_card_errors(tmp_path):
     nan.write_text(json.dumps(d).replace('"time_s": 0.3', '"time_s": NaN'))
     with pytest.raises(ProfileCardError, match=r"segment 'seg0'\.options\.whole\.time_s"):
         load_card(nan)
+
+
+@pytest.mark.parametrize("mutate, match", [
+    (lambda d: d["segments"][1]["options"]["whole"].__setitem__("retained_bytes", 2**70),
+     r"segment 'seg1'\.options\.whole\.retained_bytes: expected at most 2\^53"),
+    (lambda d: d["segments"][0]["options"]["eager"].__setitem__("temp_bytes", 1e30),
+     r"segment 'seg0'\.options\.eager\.temp_bytes: expected at most 2\^53"),
+    (lambda d: d.__setitem__("persistent_bytes", 2**63), r"persistent_bytes: expected at most 2\^53"),
+])
+def test_sizes_above_2_53_bytes_are_refused_naming_segment_and_field(mutate, match):
+    d = _card_dict()
+    mutate(d)
+    with pytest.raises(ProfileCardError, match=match):
+        ProfileCard.from_dict(d)
+
+
+def test_cards_whose_total_could_overflow_int64_are_refused_at_the_crossing_segment():
+    big = 2**53  # each field is allowed; 512 of them reach 2^62
+    segs = [{"name": f"s{i}", "options": {"eager": _opt(big, 0, 0.1), "whole": _opt(1, 0, 0.2)}}
+            for i in range(600)]
+    d = {"schema_version": 1, "persistent_bytes": 0, "segments": segs}
+    with pytest.raises(ProfileCardError, match=r"segment 's511'\.options\.eager\.retained_bytes: "
+                                               r"persistent_bytes \+ Σ max retained_bytes"):
+        ProfileCard.from_dict(d)
+    ok = copy.deepcopy(d)
+    ok["segments"] = ok["segments"][:511]  # 511 · 2^53 < 2^62: accepted and plannable exactly
+    card = ProfileCard.from_dict(ok)
+    from stateremat.planner import plan
+
+    res = plan(card, big)
+    assert res.feasible and res.options == ["whole"] * 511 and res.predicted_peak_bytes == 511
+    assert plan(card, 0).min_feasible_peak_bytes == 511
+    segs = [SegmentCard(f"s{i}", {"eager": OptionCost(big, 0, 0.0), "whole": OptionCost(1, 0, 0.0)})
+            for i in range(510)]
+    segs.append(SegmentCard("t", {"eager": OptionCost(0, 0, 0.0), "whole": OptionCost(0, big, 0.0)}))
+    with pytest.raises(ProfileCardError, match=r"segment 't'\.options\.whole\.temp_bytes"):
+        ProfileCard(big, segs)  # 2^53 + 510 · 2^53 + 2^53 = 2^62
+    assert ProfileCard(big - 1, segs).persistent_bytes == big - 1  # one byte less fits

@@ -137,3 +137,40 @@ def test_cli_huge_budget_is_a_clean_error_not_a_traceback(tmp_path, budget):
     res = runner.invoke(app, ["plan", str(path), "--budget", budget])
     assert res.exit_code == 2, res.output
     assert "Traceback" not in res.output and "--budget" in res.output
+
+
+def _min_peak_reference(card: ProfileCard, options=("eager", "whole", "region")) -> int:
+    """Min of P + Σ r + max q in Python ints: per threshold T, each segment's smallest r with q ≤ T."""
+    best = None
+    costs = [[c for o, c in s.options.items() if o in options] for s in card.segments]
+    for t in sorted({c.temp_bytes for cs in costs for c in cs}):
+        rs = [min((c.retained_bytes for c in cs if c.temp_bytes <= t), default=None) for cs in costs]
+        if None not in rs:
+            peak = card.persistent_bytes + sum(rs) + t
+            best = peak if best is None else min(best, peak)
+    return best
+
+
+def test_cards_at_the_size_cap_plan_exactly_without_placeholder_collisions():
+    # Totals just below 2^62 (the absent-option placeholder) with regions missing on most
+    # segments: the min-peak sweep and the DP must see real values, never the placeholder.
+    rng = np.random.default_rng(5)
+    big = 2**53
+    segs = []
+    for i in range(509):
+        opts = {"eager": OptionCost(big - int(rng.integers(0, 4)), int(rng.integers(0, 3)), 1.0),
+                "whole": OptionCost(big - 4 - int(rng.integers(0, 4)), big - int(rng.integers(0, 3)),
+                                    1.0 + float(rng.integers(0, 3)))}
+        if rng.random() < 0.2:
+            opts["region"] = OptionCost(big - 8, int(rng.integers(0, 9)), 1.5)
+        segs.append(SegmentCard(f"s{i}", opts))
+    card = ProfileCard(big, segs)
+    ref = _min_peak_reference(card)
+    assert ref > 2**61
+    for planner in ("joint", "eager_whole"):  # budgets stop at 2^53 (parse_size): infeasible
+        for pruning in (True, False):
+            res = plan(card, big, planner, bound_pruning=pruning)
+            assert not res.feasible and res.options is None
+            assert res.min_feasible_peak_bytes == _min_peak_reference(
+                card, ("eager", "whole", "region") if planner == "joint" else ("eager", "whole"))
+    assert plan(card, big).min_feasible_peak_bytes == ref

@@ -80,3 +80,26 @@ def test_plan_bad_card_exits_2_naming_segment_and_field(tmp_path):
     assert not (tmp_path / "never.json").exists()
     res = runner.invoke(app, ["plan", str(tmp_path / "missing.json"), "--budget", "1GiB"])
     assert res.exit_code == 2 and "cannot read" in res.output
+
+
+@pytest.mark.parametrize("field, value", [("retained_bytes", 2**70), ("temp_bytes", 2**63)])
+def test_plan_card_size_beyond_the_cap_exits_2_naming_field(tmp_path, field, value):
+    d = activation_pressure_card().to_dict()
+    d["segments"][2]["options"]["whole"][field] = value
+    bad = tmp_path / "huge.json"
+    bad.write_text(json.dumps(d))
+    res = runner.invoke(app, ["plan", str(bad), "--budget", "32GiB"])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit)
+    assert f"segment 'layer2'.options.whole.{field}: expected at most 2^53" in res.output
+
+
+def test_plan_overflow_inside_the_solver_is_a_clean_exit_2(card_path, monkeypatch):
+    import stateremat.planner as planner
+
+    def boom(*args, **kwargs):
+        raise OverflowError("Python int too large to convert to C long")
+
+    monkeypatch.setattr(planner, "plan", boom)
+    res = runner.invoke(app, ["plan", str(card_path), "--budget", "32GiB"])
+    assert res.exit_code == 2 and isinstance(res.exception, SystemExit)
+    assert "cannot plan" in res.output and "too large" in res.output

@@ -46,8 +46,12 @@ def plan_cmd(
         card = load_card(card_path)
     except ProfileCardError as exc:
         raise fail(f"{api}: {exc}")
-    result = plan(card, budget_bytes, planner, frontier_cap=frontier_cap,
-                  bound_pruning=bound_pruning)
+    try:
+        result = plan(card, budget_bytes, planner, frontier_cap=frontier_cap,
+                      bound_pruning=bound_pruning)
+    except (OverflowError, ValueError) as exc:  # e.g. a size the card cap should have refused
+        raise fail(f"{api}: cannot plan {str(card_path)!r}: {exc}. Tip: check the card's sizes "
+                   "are bytes and the budget is at most 8 PiB.")
     _print(result)
     if explain:
         typer.echo(result.explain())

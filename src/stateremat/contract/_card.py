@@ -46,6 +46,11 @@ REQUIRED_OPTIONS = ("eager", "whole")
 OPTIONAL_OPTIONS = ("region", "recompute_only")
 OPTION_NAMES = REQUIRED_OPTIONS + OPTIONAL_OPTIONS
 _COST_KEYS = ("retained_bytes", "temp_bytes", "time_s")
+#: Largest size of one field (8 PiB): exact in float64, far above any device.
+MAX_BYTES = 2**53
+#: Largest ``P + Σ_i max_o r + max_{i,o} q`` of a card: planners sum sizes in int64 (< 2^63)
+#: and use 2^62 as an absent-option placeholder, so every real total must stay below it.
+MAX_TOTAL_BYTES = 2**62 - 1
 _TIP = "Tip: see the schema in the docstring of stateremat.contract.ProfileCard."
 
 
@@ -67,6 +72,9 @@ def _as_bytes(value: Any, where: str) -> int:
         value = int(value)
     if value < 0:
         raise _err(where, f"expected a non-negative integer number of bytes, got {value}")
+    if value > MAX_BYTES:
+        raise _err(where, f"expected at most 2^53 bytes (8 PiB), got {value}",
+                   "Tip: sizes are bytes, not bits or elements; check the unit.")
     return int(value)
 
 
@@ -256,6 +264,7 @@ class ProfileCard:
             seen[s.name] = i
         if not isinstance(self.meta, Mapping):
             raise _err("meta", f"expected an object, got {type(self.meta).__name__}")
+        _check_total(self.persistent_bytes, segs)
         object.__setattr__(self, "segments", segs)
         object.__setattr__(self, "meta", dict(self.meta))
 
@@ -301,6 +310,25 @@ class ProfileCard:
     def source_hash(self) -> str:
         """SHA-256 of the canonical JSON of this card (records cite it as the profile digest)."""
         return source_hash(self.to_dict())
+
+
+def _check_total(persistent_bytes: int, segs: list[SegmentCard]) -> None:
+    """Refuse cards whose largest possible peak could overflow the planners' int64 sums."""
+    total, qmax = persistent_bytes, 0
+    for s in segs:
+        r_o = max(s.options.values(), key=lambda c: c.retained_bytes)
+        q_o = max(s.options.values(), key=lambda c: c.temp_bytes)
+        total += r_o.retained_bytes
+        qmax = max(qmax, q_o.temp_bytes)
+        if total + qmax > MAX_TOTAL_BYTES:
+            # Name this segment's larger contribution (the field most likely mis-scaled).
+            field = "temp_bytes" if q_o.temp_bytes > r_o.retained_bytes else "retained_bytes"
+            opt = next(o for o, c in s.options.items()
+                       if c is (q_o if field == "temp_bytes" else r_o))
+            raise _err(f"segment {s.name!r}.options.{opt}.{field}",
+                       f"persistent_bytes + Σ max retained_bytes + max temp_bytes reaches "
+                       f"{total + qmax} bytes here, above the supported total 2^62 - 1",
+                       "Tip: sizes are bytes; a card this large cannot be planned exactly.")
 
 
 def load_card(path: str | os.PathLike) -> ProfileCard:
