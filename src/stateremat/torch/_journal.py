@@ -23,6 +23,15 @@ from ._storage import StorageKey, flat_bytes, round_runs
 _SEQ = itertools.count(1)
 
 
+class _Total:
+    """Bytes of all live journal entries (kept as a running sum: read after every write)."""
+
+    bytes = 0
+
+
+TOTAL = _Total()
+
+
 def next_seq() -> int:
     """Return the next global sequence number (orders writes, segment starts and gaps)."""
     return next(_SEQ)
@@ -60,7 +69,6 @@ class _Entry:
     seq: int
     runs: np.ndarray  # (n, 2) byte runs
     old: torch.Tensor  # uint8, old bytes of runs, concatenated
-    owner: int  # id of the segment whose forward wrote it (for attribution), 0 if none
 
 
 class StorageTracker:
@@ -85,6 +93,7 @@ class StorageTracker:
         self._names: dict[int, str] = {}
         self.gap_seq = 0
         self.gap_note = ""
+        self._bytes = 0  # bytes of self.entries
 
     # -- version witnesses (R8) -------------------------------------------------------------
     def add_witness(self, t: torch.Tensor, name: str) -> None:
@@ -107,14 +116,16 @@ class StorageTracker:
             self.synced[i] = self.witnesses[i]._version
 
     # -- journal ---------------------------------------------------------------------------
-    def journal(self, runs: np.ndarray, owner: int) -> int:
+    def journal(self, runs: np.ndarray) -> int:
         """Record the old bytes of ``runs`` before a write; return the bytes journaled."""
         runs = round_runs(runs, self.granularity_bytes, self.nbytes)
         if runs.shape[0] == 0:
             return 0
         with torch.no_grad():
             old = gather(self.flat, runs)
-        self.entries.append(_Entry(next_seq(), runs, old, owner))
+        self.entries.append(_Entry(next_seq(), runs, old))
+        self._bytes += old.numel()
+        TOTAL.bytes += old.numel()
         return old.numel()
 
     def entries_since(self, start_seq: int) -> list[_Entry]:
@@ -122,15 +133,15 @@ class StorageTracker:
 
     def prune(self) -> None:
         """Drop entries no live consumer can need (older than every consumer's start)."""
-        if not self.consumers:
-            self.entries.clear()
-            return
-        oldest = min(self.consumers.values())
-        if self.entries and self.entries[0].seq < oldest:
-            self.entries = [e for e in self.entries if e.seq >= oldest]
+        oldest = min(self.consumers.values()) if self.consumers else None
+        if self.entries and (oldest is None or self.entries[0].seq < oldest):
+            self.entries = [] if oldest is None else [e for e in self.entries if e.seq >= oldest]
+            kept = sum(e.old.numel() for e in self.entries)
+            TOTAL.bytes -= self._bytes - kept
+            self._bytes = kept
 
     def journal_bytes(self) -> int:
-        return sum(e.old.numel() for e in self.entries)
+        return self._bytes
 
 
 #: Live trackers by storage; a tracker lives while some segment uses it.
@@ -152,4 +163,6 @@ def release(tr: StorageTracker, segment_id: int) -> None:
     tr.prune()
     tr.users -= 1
     if tr.users <= 0 and TRACKERS.get(tr.key) is tr:
+        tr.consumers.clear()
+        tr.prune()
         del TRACKERS[tr.key]

@@ -5,6 +5,10 @@ its schema marks it ``(a!)`` (``alias_info.is_write``). A few kernels write buff
 schema does not mark (``native_batch_norm`` updates running statistics in training) and are
 listed in :data:`HIDDEN_WRITES`.
 
+During a replay the mode also refuses, before it happens, every write to a storage that is
+neither declared nor allocated during the replay (R7): such a write would happen a second
+time, whatever path (unregistered attribute, container, plain object) reached the tensor.
+
 Danger:
     Writes that bypass the dispatcher (``tensor.data`` tricks on another object, raw
     pointers, other threads or streams) are invisible here.
@@ -35,6 +39,29 @@ for _name in ("cudnn_batch_norm", "miopen_batch_norm"):
         HIDDEN_WRITES[getattr(_aten, _name).default] = ((3, 4), 5)
 
 _WRITE_ARGS: dict[Any, tuple[tuple[int, str, bool], ...]] = {}
+#: Per op: does it (maybe) write an argument? ``func._schema.is_mutable`` is a C++ call.
+_WRITES: dict[Any, bool] = {}
+#: Per op: positions of its returns that own fresh storage (no alias annotation).
+_FRESH: dict[Any, tuple[int, ...]] = {}
+#: Ops whose aliasing return is a tensor made from Python data (``torch.tensor``): fresh.
+_LIFT = {_aten.lift_fresh.default}
+if hasattr(_aten, "lift_fresh_copy"):
+    _LIFT.add(_aten.lift_fresh_copy.default)
+
+
+def _writes(func: Any) -> bool:
+    w = _WRITES.get(func)
+    if w is None:
+        w = _WRITES[func] = bool(func._schema.is_mutable or func in HIDDEN_WRITES)
+    return w
+
+
+def _fresh(func: Any) -> tuple[int, ...]:
+    f = _FRESH.get(func)
+    if f is None:
+        rets = func._schema.returns
+        f = _FRESH[func] = tuple(i for i, r in enumerate(rets) if func in _LIFT or r.alias_info is None)
+    return f
 
 
 def _write_args(func: Any) -> tuple[tuple[int, str, bool], ...]:
@@ -68,21 +95,66 @@ def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
 
 
 class StateMode(TorchDispatchMode):
-    """Journal writes to declared storages (forward) or capture them for reinstatement (replay)."""
+    """Journal writes to declared storages (forward) or capture them for reinstatement (replay).
 
-    def __init__(self, role: str) -> None:
+    Args:
+        role: ``"forward"`` (journal writes to region-declared storages, catch undeclared writes
+            to reachable tensors) or ``"replay"``.
+        segment: the replaying segment (role ``"replay"``); its ``on_undeclared`` decides what
+            a write to pre-existing undeclared state does, and it names the tensor.
+    """
+
+    def __init__(self, role: str, segment: Any = None) -> None:
         super().__init__()
         self.role = role  # "forward" | "replay"
+        self.segment = segment
+        self.created: set = set()  # storages allocated during this replay
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func._schema.is_mutable or func in HIDDEN_WRITES:
+        if _writes(func):
             for w in written_tensors(func, args, kwargs):
                 if self.role == "forward":
                     _before_forward_write(func, args, kwargs, w)
                 else:
-                    _before_replay_write(func, args, kwargs, w)
-        return func(*args, **kwargs)
+                    self._before_replay_write(func, args, kwargs, w)
+        out = func(*args, **kwargs)
+        if self.role == "replay":
+            fresh = _fresh(func)
+            if fresh:
+                self._record_created(out, () if func in _LIFT else args, fresh)
+        return out
+
+    def _record_created(self, out: Any, args: tuple, fresh: tuple[int, ...]) -> None:
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for i in fresh:
+            t = outs[i] if i < len(outs) else None
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
+                key = storage_key(t)
+                # A few ops (``_unsafe_view``) return an unannotated alias of an argument.
+                if key not in self.created and not any(
+                    isinstance(a, torch.Tensor) and a.layout == torch.strided and storage_key(a) == key
+                    for a in args
+                ):
+                    self.created.add(key)
+
+    def _before_replay_write(self, func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
+        key = storage_key(w)
+        log = LOCAL.replay[-1] if LOCAL.replay else None
+        item = log.items.get(key) if log is not None else None
+        seg = self.segment
+        if item is None:
+            if key not in self.created and seg is not None and seg.on_undeclared != "warn":
+                seg.undeclared_at_replay(w, func, "a storage that is not declared")
+            return
+        if item.kind == "whole":
+            return  # the snapshot holds every byte of the storage: reinstatement restores it
+        log.copy_aliases(key)  # saved tensors that alias these bytes keep their replayed version
+        tr = item.tracker
+        runs = round_runs(write_runs(func, args, kwargs, w), tr.granularity_bytes, tr.nbytes)
+        if runs.shape[0]:
+            with torch.no_grad():
+                log.writes.append((tr, runs, gather(tr.flat, runs)))
 
 
 def _before_forward_write(func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
@@ -95,26 +167,10 @@ def _before_forward_write(func: Any, args: tuple, kwargs: dict, w: torch.Tensor)
     tr = _journal.TRACKERS.get(key)
     if tr is not None and tr.consumers:
         owner = LOCAL.forward[-1] if LOCAL.forward else None
-        n = tr.journal(write_runs(func, args, kwargs, w), id(owner) if owner is not None else 0)
+        n = tr.journal(write_runs(func, args, kwargs, w))
         if owner is not None:
             owner.txn.journal_bytes += n
         COUNTERS.touch()
-
-
-def _before_replay_write(func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
-    if not LOCAL.replay:
-        return
-    log = LOCAL.replay[-1]
-    key = storage_key(w)
-    item = log.keys.get(key)
-    if item is None:
-        return
-    log.copy_aliases(key)  # saved tensors that alias these bytes keep their replayed version
-    tr = item.tracker
-    runs = round_runs(write_runs(func, args, kwargs, w), tr.granularity_bytes, tr.nbytes)
-    if runs.shape[0]:
-        with torch.no_grad():
-            log.writes.append((tr, runs, gather(tr.flat, runs)))
 
 
 def warn_undeclared(msg: str) -> None:

@@ -1,27 +1,27 @@
 """Names of declared state and of tensors a segment can reach (undeclared-write detection, R7).
 
-A segment can reach: the parameters and buffers of the module it runs (``fn`` itself, a
-bound method's ``self``, modules captured in its closure or named as globals), tensors in its
-arguments, and tensors captured in its closure or named as globals. Their version counters
-are read before and after the forward; a change on one that is not declared is an
-undeclared in-place write.
+A segment can reach: the parameters, buffers and plain tensor attributes of the module it
+runs (``fn`` itself, a bound method's ``self``, modules captured in its closure or named as
+globals), tensors in its arguments, and tensors captured in its closure or named as globals,
+including one level into captured lists, tuples, dicts and plain objects' attributes. Their
+version counters are read before and after the forward; a change on one that is not
+declared is an undeclared in-place write.
 
 Danger:
-    Tensors reachable only through deeper object graphs (attributes of plain objects, items
-    of captured containers) are not scanned; writes that do not bump version counters
-    (``native_batch_norm``'s running statistics, ``.data`` writes) are seen only while the
-    dispatch mode is active (region journaling or ``on_undeclared="declare"``).
+    Tensors reachable only through deeper object graphs are not scanned in the forward, and
+    writes that do not bump version counters (``native_batch_norm``'s running statistics) are
+    seen in the forward only while the dispatch mode is active (region journaling or
+    ``on_undeclared="declare"``); both are refused at recomputation by the replay mode.
 """
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any, Callable
 
 import torch
 from torch import nn
 from torch.utils._pytree import tree_flatten
-
-from stateremat.contract import ReplayError
 
 
 def root_module(fn: Callable) -> nn.Module | None:
@@ -46,7 +46,7 @@ def resolve_state(state: Any, root: nn.Module | None, prefix: str = "") -> list[
     """Flatten ``state=`` into ``(name, tensor, group)``; a module contributes all its buffers.
 
     Raises:
-        ReplayError: if an entry is neither a tensor nor a module.
+        TypeError: if an entry is neither a tensor nor a module.
     """
     out: list[tuple[str, torch.Tensor, int]] = []
 
@@ -59,13 +59,12 @@ def resolve_state(state: Any, root: nn.Module | None, prefix: str = "") -> list[
             path = _module_path(obj, root)
             base = ".".join(p for p in (prefix, path) if p)
             for bname, b in obj.named_buffers():
-                if b is not None:
-                    out.append((f"{base}.{bname}" if base else bname, b, id(obj)))
+                out.append((f"{base}.{bname}" if base else bname, b, id(obj)))
         elif isinstance(obj, (list, tuple)):
             for i, x in enumerate(obj):
                 add(x, f"state[{i}]")
         else:
-            raise ReplayError(
+            raise TypeError(
                 f"stateremat.torch.checkpoint: state= expects tensors and/or nn.Modules (all their "
                 f"buffers), got {type(obj).__name__} at {where}. Tip: pass e.g. "
                 "state=[model.queue, model.bn]."
@@ -79,8 +78,12 @@ def _add_module(out: dict[int, tuple[str, torch.Tensor]], m: nn.Module, prefix: 
     for name, p in m.named_parameters(prefix=prefix):
         out.setdefault(id(p), (f"parameter {name!r}", p))
     for name, b in m.named_buffers(prefix=prefix):
-        if b is not None:
-            out.setdefault(id(b), (f"buffer {name!r}", b))
+        out.setdefault(id(b), (f"buffer {name!r}", b))
+    for path, sub in m.named_modules(prefix=prefix):
+        for attr, v in vars(sub).items():  # unregistered tensor attributes (s.count = torch.zeros(1))
+            if isinstance(v, torch.Tensor):
+                out.setdefault(id(v), (f"tensor attribute {path + '.' if path else ''}{attr!r} (not a "
+                                       "registered buffer)", v))
 
 
 def _add_callable(out: dict[int, tuple[str, torch.Tensor]], fn: Any, prefix: str, depth: int = 0) -> None:
@@ -111,11 +114,23 @@ def _add_callable(out: dict[int, tuple[str, torch.Tensor]], fn: Any, prefix: str
             _add_value(out, v, f"global {name!r}", name)
 
 
-def _add_value(out: dict[int, tuple[str, torch.Tensor]], v: Any, what: str, prefix: str) -> None:
+def _add_value(out: dict[int, tuple[str, torch.Tensor]], v: Any, what: str, prefix: str,
+               depth: int = 0) -> None:
     if isinstance(v, torch.Tensor):
         out.setdefault(id(v), (what, v))
     elif isinstance(v, nn.Module):
         _add_module(out, v, prefix)
+    elif depth > 0:
+        return
+    elif isinstance(v, (list, tuple)):
+        for i, x in enumerate(v):
+            _add_value(out, x, f"{what}[{i}]", prefix, 1)
+    elif isinstance(v, dict):
+        for k, x in v.items():
+            _add_value(out, x, f"{what}[{k!r}]", prefix, 1)
+    elif not isinstance(v, (type, types.ModuleType)) and isinstance(getattr(v, "__dict__", None), dict) and not callable(v):
+        for k, x in vars(v).items():  # attributes of a plain object, one level
+            _add_value(out, x, f"{what}.{k}", prefix, 1)
 
 
 def _add_values(out: dict[int, tuple[str, torch.Tensor]], values: list[Any], what: str, prefix: str) -> None:

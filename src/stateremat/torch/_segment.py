@@ -24,7 +24,8 @@ from . import _rng
 from ._context import LOCAL
 from ._mode import StateMode
 from ._stats import COUNTERS
-from ._storage import storage_key
+from ._scan import reachable
+from ._storage import byte_extent, storage_key
 from ._txn import Transaction
 
 
@@ -90,7 +91,7 @@ class Segment:
         self.verify = verify
         self.on_undeclared = on_undeclared
         self.sink = sink
-        self.txn: Transaction = Transaction(id(self), [], "whole", 4096)
+        self.txn: Transaction  # set by attach() before the forward runs
         self.rng: _rng.RngState | None = None
         self.candidate_keys: dict | None = None
         self.weak_holders: list[weakref.ref] = []
@@ -100,11 +101,12 @@ class Segment:
         self.recomp_counter: defaultdict = defaultdict(int)
         self.is_recomputed: defaultdict = defaultdict(bool)
         self.mismatch: dict[Any, list[str]] = defaultdict(list)
-        self.recompute_count = 0
         self.passive_declared = False
         self._saved: list[Any] = []
         self._spec: Any = None
         self._autocast: tuple = ()
+        self.recompute_context: Any = contextlib.nullcontext()  # context_fn's second context
+        self.check_metadata = True  # determinism_check="default"
 
     def attach(self, txn: Transaction) -> None:
         """Own ``txn``; it is released when this segment is garbage (no graph needs it)."""
@@ -122,19 +124,43 @@ class Segment:
             if self.candidate_keys is not None:
                 self.candidate_keys.pop(key, None)
 
+    def undeclared_at_replay(self, w: torch.Tensor, func: Any, what: str) -> None:
+        """Called by the replay mode before ``func`` writes pre-existing undeclared state (R7)."""
+        args, kwargs = self.inputs()
+        key = storage_key(w)
+        names = [n for n, t in reachable(self.fn, args, kwargs) if t.layout == torch.strided and storage_key(t) == key]
+        name = names[0] if names else f"a tensor of shape {tuple(w.shape)} {w.dtype} the scan cannot name"
+        raise UndeclaredStateError(undeclared_message(
+            self, name, f"at recomputation by {func} to {what} (not applied; the forward already made "
+            "this write once, the replay would make it twice)"))
+
     # -- inputs (Rule 2 of torch's note: inputs are saved tensors of the enclosing segment) --
     def save_inputs(self, args: tuple, kwargs: dict) -> None:
         leaves, self._spec = tree_flatten((args, kwargs))
-        declared = self.txn.items
         self._saved = [
-            _make_saved_tensor(x, is_output=False)
-            if isinstance(x, torch.Tensor)
-            and not (declared and x.layout == torch.strided and storage_key(x) in declared)
-            else x  # declared state is restored by the transaction, so it is held as is
+            x if isinstance(x, torch.Tensor) and self._restored_by_txn(x)
+            else _make_saved_tensor(x, is_output=False) if isinstance(x, torch.Tensor) else x
             for x in leaves
         ]
         device_type = _infer_device_type(*[x for x in leaves if isinstance(x, torch.Tensor)])
         self._autocast = (device_type, *_get_autocast_kwargs(device_type=device_type))
+
+    def _restored_by_txn(self, x: torch.Tensor) -> bool:
+        """True if the transaction restores every byte of input ``x`` (then it is held as is).
+
+        Other inputs keep torch's saved-tensor version check: a later in-place write to them
+        raises at backward instead of replaying on changed values (R8).
+        """
+        items = self.txn.items
+        if not items or x.layout != torch.strided:
+            return False
+        item = items.get(storage_key(x))
+        if item is None:
+            return False
+        # A region journal covers every byte of the storage (gaps are refused); a whole
+        # snapshot covers [lo, hi), all of the storage today.
+        lo, hi = byte_extent(x)
+        return item.kind == "region" or (item.lo <= lo and hi <= item.hi)
 
     def inputs(self) -> tuple[tuple, dict]:
         leaves = [x.unpack() if isinstance(x, SavedTensor) else x for x in self._saved]
@@ -225,16 +251,15 @@ class Segment:
             torch.amp.autocast(device_type=device_type, **device_kw)
             if torch.amp.is_autocast_available(device_type) else contextlib.nullcontext()
         )
-        with self.txn.replay(self.name) as log, _rng.replayed(self.rng):
-            mode = StateMode("replay") if log.keys else contextlib.nullcontext()
+        with self.txn.replay(self.name), _rng.replayed(self.rng):
+            # The mode refuses writes to undeclared pre-existing storages before they happen (R7).
             with self._recompute_hooks(gid), torch.autograd.enable_grad(), device_ac, \
-                    torch.amp.autocast("cpu", **cpu_kw), mode:
+                    torch.amp.autocast("cpu", **cpu_kw), self.recompute_context, StateMode("replay", self):
                 try:
                     self.fn(*args, **kwargs)
                 except _StopRecomputation:
                     pass
         self.is_recomputed[gid] = True
-        self.recompute_count += 1
         COUNTERS.recompute_count += 1
         if self.sink is not None:
             self.sink.recompute_count += 1
@@ -261,7 +286,7 @@ class Segment:
                 f"tensors during recomputation (expected {n}, got {got}). Tip: make the segment's "
                 "control flow depend only on its inputs and declared state."
             )
-        for idx, ref in enumerate(self.weak_holders):
+        for idx, ref in enumerate(self.weak_holders if self.check_metadata else ()):
             holder = ref()
             if holder is None or holder.handles.get(gid) is None:
                 continue

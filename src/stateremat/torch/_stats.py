@@ -6,7 +6,6 @@ retained bytes ``r`` (whole snapshots + region journal entries alive) and tempor
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 from . import _journal
@@ -38,7 +37,6 @@ class PreservationStats:
 
 class _Counters:
     def __init__(self) -> None:
-        self.lock = threading.Lock()
         self.snapshot_bytes = 0
         self.live_segments = 0
         self.peak_retained = 0
@@ -46,7 +44,7 @@ class _Counters:
         self.recompute_count = 0
 
     def retained(self) -> int:
-        return self.snapshot_bytes + sum(t.journal_bytes() for t in list(_journal.TRACKERS.values()))
+        return self.snapshot_bytes + _journal.TOTAL.bytes
 
     def touch(self) -> None:
         """Update the retained peak (called after every change of held bytes)."""
@@ -66,7 +64,7 @@ def preservation_stats() -> PreservationStats:
         Paper §4 (retained bytes ``r``, temporary bytes ``q`` of a profile card).
     """
     c = COUNTERS
-    journal = sum(t.journal_bytes() for t in list(_journal.TRACKERS.values()))
+    journal = _journal.TOTAL.bytes
     return PreservationStats(
         snapshot_bytes=c.snapshot_bytes,
         journal_bytes=journal,
@@ -81,7 +79,6 @@ def preservation_stats() -> PreservationStats:
 def reset_preservation_stats() -> None:
     """Reset the peaks and the replay count (live byte counts are kept: they are facts)."""
     c = COUNTERS
-    with c.lock:
-        c.peak_retained = c.retained()
-        c.peak_temporary = 0
-        c.recompute_count = 0
+    c.peak_retained = c.retained()
+    c.peak_temporary = 0
+    c.recompute_count = 0

@@ -1,7 +1,7 @@
 """The replay transaction of one segment: preserve declared state, restore it, reinstate it.
 
-Per declared storage a segment holds one *item*: either a whole snapshot of the declared
-byte extent taken when its forward began (``whole``) or a start sequence number into the
+Per declared storage a segment holds one *item*: either a whole snapshot of every byte of
+the storage taken when its forward began (``whole``) or a start sequence number into the
 shared region journal (``region``). At recomputation :meth:`Transaction.replay` restores
 ``B0`` (R2), lets the segment re-run, then reinstates the visible bytes and version counters
 exactly (R5).
@@ -21,7 +21,7 @@ from . import _journal
 from ._context import LOCAL
 from ._journal import StorageTracker, gather, scatter
 from ._stats import COUNTERS
-from ._storage import StorageKey, byte_extent, merge_runs, storage_key
+from ._storage import StorageKey, merge_runs, storage_key
 
 PRESERVE_OPTIONS = ("whole", "region")
 
@@ -45,7 +45,8 @@ class Item:
 class _ReplayLog:
     """Pre-write bytes of writes made during a replay (undone to reinstate, R5)."""
 
-    keys: dict[StorageKey, Item]
+    keys: dict[StorageKey, Item]  # region items: their replay writes are captured
+    items: dict[StorageKey, Item] = field(default_factory=dict)  # every declared storage
     writes: list[tuple[StorageTracker, np.ndarray, torch.Tensor]] = field(default_factory=list)
     # Recomputed saved tensors that alias a region-journaled storage, not yet copied:
     # (key, copy-and-store callback). Copied lazily, before bytes under them change (R1).
@@ -113,8 +114,9 @@ class Transaction:
                   kind: str) -> Item:
         item = Item(key, tr, kind, names)
         if kind == "whole":
-            extents = [byte_extent(t) for t in tensors]
-            item.lo, item.hi = min(e[0] for e in extents), max(e[1] for e in extents)
+            # Every byte of the storage, not only the declared views' extent: an alias outside
+            # it (base[4:] of a declared base[:4]) may be read and written too (R2, R8).
+            item.lo, item.hi = 0, tr.nbytes
             with torch.no_grad():
                 item.snapshot = tr.flat[item.lo : item.hi].clone()
             self.snapshot_bytes += item.hi - item.lo
@@ -169,7 +171,7 @@ class Transaction:
     def replay(self, segment_name: str) -> Iterator[_ReplayLog]:
         """Restore ``B0`` of every item, yield for the re-run, then reinstate (R2, R5)."""
         if not self.items:
-            LOCAL.replay.append(_ReplayLog({}))
+            LOCAL.replay.append(_ReplayLog({}, {}))
             try:
                 yield LOCAL.replay[-1]
             finally:
@@ -204,7 +206,7 @@ class Transaction:
                     visible.append((it, union, gather(it.tracker.flat, union)))
                     for e in reversed(entries):
                         scatter(it.tracker.flat, e.runs, e.old)
-        log = _ReplayLog({k: it for k, it in self.items.items() if it.kind == "region"})
+        log = _ReplayLog({k: it for k, it in self.items.items() if it.kind == "region"}, dict(self.items))
         temp = sum(v[2].numel() for v in visible)
         LOCAL.replay.append(log)
         try:
