@@ -238,7 +238,7 @@ def test_bad_options_are_clear():
         checkpoint(torch.sin, torch.ones(1), preserve="bogus")
     with pytest.raises(ValueError, match="on_undeclared must be one of"):
         checkpoint(torch.sin, torch.ones(1), on_undeclared="ignore")
-    with pytest.raises(ReplayError, match="state= expects tensors"):
+    with pytest.raises(TypeError, match="state= expects tensors"):
         checkpoint(torch.sin, torch.ones(1, requires_grad=True), state=[3])
 
 

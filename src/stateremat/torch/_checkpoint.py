@@ -26,7 +26,7 @@ def _validate(fn: Any, preserve: str, granularity_bytes: int, on_undeclared: str
     if preserve not in PRESERVE_OPTIONS:
         raise ValueError(f"stateremat.torch.checkpoint: preserve must be one of {PRESERVE_OPTIONS}, "
                          f"got {preserve!r}. Tip: 'region' journals only written bytes.")
-    if not isinstance(granularity_bytes, int) or granularity_bytes <= 0:
+    if isinstance(granularity_bytes, bool) or not isinstance(granularity_bytes, int) or granularity_bytes <= 0:
         raise ValueError("stateremat.torch.checkpoint: granularity_bytes must be a positive int, got "
                          f"{granularity_bytes!r}. Tip: 4096 is a good default.")
     if on_undeclared not in UNDECLARED_OPTIONS:
@@ -34,9 +34,14 @@ def _validate(fn: Any, preserve: str, granularity_bytes: int, on_undeclared: str
                          f"got {on_undeclared!r}. Tip: keep 'raise' unless you know the write is benign.")
 
 
+DETERMINISM_CHECKS = ("default", "none")
+
+
 def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "region",
                granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False,
-               preserve_rng_state: bool = True, use_reentrant: bool | None = None, **kwargs: Any) -> Any:
+               preserve_rng_state: bool = True, use_reentrant: bool | None = None,
+               context_fn: Callable[[], tuple[Any, Any]] | None = None, determinism_check: str = "default",
+               debug: bool = False, **kwargs: Any) -> Any:
     """Run ``fn(*args, **kwargs)`` without keeping its activations; replay it transactionally in backward.
 
     Like ``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)``, but declared
@@ -47,7 +52,8 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
     Args:
         fn: the segment; a function or ``nn.Module``.
         *args: positional arguments of ``fn`` (tensors of any shape and dtype, or other objects).
-        state: declared state: a tensor, an ``nn.Module`` (all its buffers), or a list of them.
+        state: declared state: a tensor, an ``nn.Module`` (all its buffers), a list of them, or
+            ``"buffers"`` (every buffer of ``fn``, which must then be an ``nn.Module``).
         preserve: ``"region"`` journals only the bytes written (default) or ``"whole"``
             snapshots every declared tensor when the forward begins.
         granularity_bytes: region journal chunk size in bytes.
@@ -60,21 +66,38 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
             CUDA devices). ``False`` is a negative control: dropout then draws new masks.
         use_reentrant: accepted for drop-in compatibility with ``torch.utils.checkpoint``;
             only ``False``/``None`` (non-reentrant) is supported.
-        **kwargs: keyword arguments of ``fn``.
+        context_fn: as in ``torch.utils.checkpoint``: returns two context managers, entered
+            around the forward and around the recomputation respectively.
+        determinism_check: ``"default"`` compares shape, dtype and device of every recomputed
+            saved tensor with the forward's; ``"none"`` skips that comparison (as in torch).
+        debug: accepted for drop-in compatibility; no effect (errors already name the segment).
+        **kwargs: keyword arguments of ``fn`` (the names above are taken, as in torch).
 
     Returns:
         Whatever ``fn`` returns.
 
     Raises:
-        UndeclaredStateError: an undeclared pre-existing tensor was written in place (R7).
-        ReplayError: at recomputation, state cannot be reconstructed exactly (R8), or the replay
-            saved different tensors.
+        TypeError: ``fn`` is not callable, or ``state`` holds something other than tensors and
+            modules.
+        ValueError: an unknown ``preserve``/``on_undeclared``/``determinism_check``/``state``
+            string, a bad ``granularity_bytes``, or ``use_reentrant=True``.
+        UnsupportedError: a declared tensor is not a dense strided tensor with storage.
+        UndeclaredStateError: an undeclared pre-existing tensor was written in place (R7): in
+            the forward when the scan reaches it, otherwise at recomputation, before the write
+            would happen a second time (also a write to a declared storage outside the bytes a
+            ``"whole"`` snapshot covers).
+        ReplayError: CUDA was first initialized inside the segment (its RNG state is unknown);
+            at recomputation, state cannot be reconstructed exactly (R8), or the replay saved
+            different tensors; an input that is not declared state was modified in place
+            between the forward and the backward (torch's saved-tensor check, a ``RuntimeError``).
         ReplayDivergenceError: ``verify=True`` and a recomputed saved tensor differs (R4).
 
     Danger:
-        Writes that bypass the dispatcher and version counters are invisible; tensors reached
-        only through deeper object graphs are not checked for undeclared writes; the first write
-        is already done when a version-counter check raises ``UndeclaredStateError``.
+        Writes that bypass the dispatcher and version counters are invisible. An undeclared
+        write that the forward's scan cannot see (a tensor reached through deeper object
+        graphs) is refused only at recomputation, so the forward's single write stands; the
+        first write is also already done when a version-counter check raises
+        ``UndeclaredStateError``.
 
     References:
         Paper §3 (eq. 2), §3.1 (selective preservation, the transaction), §5.
@@ -83,10 +106,23 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
     if use_reentrant:
         raise ValueError("stateremat.torch.checkpoint: use_reentrant must be False or None (expected the "
                          "non-reentrant saved-tensor-hooks implementation, got True). Tip: drop the argument.")
+    if determinism_check not in DETERMINISM_CHECKS:
+        raise ValueError(f"stateremat.torch.checkpoint: determinism_check must be one of {DETERMINISM_CHECKS}, "
+                         f"got {determinism_check!r}. Tip: verify=True compares recomputed values bit for bit.")
+    if isinstance(state, str):
+        if state != "buffers" or not isinstance(fn, torch.nn.Module):
+            raise ValueError(f"stateremat.torch.checkpoint: state='buffers' needs fn to be an nn.Module (got "
+                             f"state={state!r}, fn of type {type(fn).__name__}). Tip: pass the tensors or "
+                             "modules to declare, e.g. state=[model.bn].")
+        state = fn
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)  # no graph, nothing will be replayed
-    return run_segment(fn, args, kwargs, state=state, preserve=preserve, granularity_bytes=granularity_bytes,
-                       on_undeclared=on_undeclared, verify=verify, preserve_rng_state=preserve_rng_state)
+    forward_ctx, recompute_ctx = (contextlib.nullcontext(), contextlib.nullcontext()) \
+        if context_fn is None else context_fn()
+    with forward_ctx:
+        return run_segment(fn, args, kwargs, state=state, preserve=preserve, granularity_bytes=granularity_bytes,
+                           on_undeclared=on_undeclared, verify=verify, preserve_rng_state=preserve_rng_state,
+                           recompute_context=recompute_ctx, check_metadata=determinism_check == "default")
 
 
 def _segment_name(fn: Any) -> str:
@@ -96,9 +132,13 @@ def _segment_name(fn: Any) -> str:
 def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, granularity_bytes: int,
                 on_undeclared: str, verify: bool, preserve_rng_state: bool, name: str | None = None,
                 module_prefix: str = "", sink: RecomputeSink | None = None,
-                declared: list | None = None, on_done: dict | None = None) -> Any:
+                declared: list | None = None, on_done: dict | None = None,
+                recompute_context: Any = None, check_metadata: bool = True) -> Any:
     """Run one checkpointed segment (shared by :func:`checkpoint` and ``StatefulCheckpoint``)."""
     seg = Segment(fn, name or _segment_name(fn), verify, on_undeclared, sink)
+    if recompute_context is not None:
+        seg.recompute_context = recompute_context
+    seg.check_metadata = check_metadata
     if declared is None:
         declared = resolve_state(state, root_module(fn), module_prefix)
     if replaying():
