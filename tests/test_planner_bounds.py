@@ -174,3 +174,18 @@ def test_cards_at_the_size_cap_plan_exactly_without_placeholder_collisions():
             assert res.min_feasible_peak_bytes == _min_peak_reference(
                 card, ("eager", "whole", "region") if planner == "joint" else ("eager", "whole"))
     assert plan(card, big).min_feasible_peak_bytes == ref
+
+
+def test_frontier_candidates_count_what_bound_pruning_removed():
+    card = random_card(30, 1)
+    lo = plan(card, 0).min_feasible_peak_bytes
+    budget = (lo + plan(card, 0, "eager").predicted_peak_bytes) // 2
+    on, off = plan(card, budget), plan(card, budget, bound_pruning=False)
+    assert _key(on) == _key(off)
+    # Without the bound the frontier stores every budget-feasible Pareto point (≤ candidates,
+    # ≤ 3 children per stored point); with it, far fewer points are stored and examined.
+    assert off.frontier_size <= off.frontier_candidates_max <= 3 * off.frontier_size
+    assert on.frontier_size <= on.frontier_candidates_max < off.frontier_candidates_max
+    assert on.frontier_size < off.frontier_size
+    assert "frontier_candidates_max" in on.to_dict()
+    assert exhaustive(random_card(4, 1), budget).frontier_candidates_max is None

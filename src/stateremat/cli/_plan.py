@@ -86,6 +86,8 @@ def _print(res) -> None:
     own = " (own model)" if res.planner == "state_agnostic" else ""
     summary.add_row("min feasible peak" + own, format_bytes(res.min_feasible_peak_bytes))
     summary.add_row("frontier size", str(res.frontier_size))
+    if res.frontier_candidates_max is not None:
+        summary.add_row("candidates examined (max per segment)", str(res.frontier_candidates_max))
     summary.add_row("truncated", str(res.truncated))
     summary.add_row("solve time", f"{res.solve_time_s * 1e3:.2f} ms")
     for note in res.notes:

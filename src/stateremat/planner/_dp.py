@@ -40,13 +40,19 @@ from ._pareto import pareto_mask
 
 @dataclass(frozen=True)
 class DPOutcome:
-    """Raw DP output: codes per segment (``None`` if infeasible) and frontier statistics."""
+    """Raw DP output: codes per segment (``None`` if infeasible) and frontier statistics.
+
+    ``frontier_size`` is the largest stored frontier; ``candidates_max`` the largest number of
+    budget-feasible candidate prefixes examined at one segment (before bound pruning and the
+    Pareto filter).
+    """
 
     codes: np.ndarray | None
     frontier_size: int
     truncated: bool
     upper_bound_s: float | None = None
     aborted: bool = False
+    candidates_max: int = 0
 
 
 def _lagrangian(tables: CostTables, max_lams: int = 512):
@@ -156,7 +162,8 @@ def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = N
         # The cap, not the budget, emptied the frontier: the exact min-peak policy may fit.
         peak, codes = min_peak(tables)
         if peak <= budget:
-            return DPOutcome(codes, out.frontier_size, True, upper_bound_s)
+            return DPOutcome(codes, out.frontier_size, True, upper_bound_s,
+                             candidates_max=out.candidates_max)
     return out
 
 
@@ -181,7 +188,7 @@ def _dp(tables: CostTables, avail_budget: int, frontier_cap: int | None, bound_p
     C = np.zeros(1, np.float64)
     parents: list[np.ndarray] = []
     chosen: list[np.ndarray] = []
-    largest, truncated = 1, False
+    largest, truncated, cands = 1, False, 0
     for i in range(n):
         opts = np.flatnonzero(tables.valid[i])
         k = len(opts)
@@ -193,8 +200,9 @@ def _dp(tables: CostTables, avail_budget: int, frontier_cap: int | None, bound_p
         code = np.tile(opts, len(R))
         slack = avail - Rn - Qn - rest_r[i]  # exact int64 bytes beyond the cheapest completion
         ok = slack >= 0
+        cands = max(cands, int(ok.sum()))
         if not ok.any():
-            return DPOutcome(None, largest, truncated, upper_bound_s)
+            return DPOutcome(None, largest, truncated, upper_bound_s, candidates_max=cands)
         lb = None
         if bound_pruning or frontier_cap is not None:
             lb, scale = _lower_bound(Cn[ok], slack[ok], lams, G[i + 1], W[i + 1])
@@ -204,7 +212,8 @@ def _dp(tables: CostTables, avail_budget: int, frontier_cap: int | None, bound_p
                 ok[ok] = survive
                 lb = lb[survive]
                 if not ok.any():  # only a frontier cap can drop the incumbent's own prefix
-                    return DPOutcome(None, largest, truncated, upper_bound_s)
+                    return DPOutcome(None, largest, truncated, upper_bound_s,
+                                     candidates_max=cands)
         Rn, Qn, Cn, par, code = Rn[ok], Qn[ok], Cn[ok], par[ok], code[ok]
         keep = np.flatnonzero(pareto_mask(Rn, Qn, Cn))
         if frontier_cap is not None and len(keep) > frontier_cap:
@@ -216,13 +225,14 @@ def _dp(tables: CostTables, avail_budget: int, frontier_cap: int | None, bound_p
         chosen.append(code[keep].astype(np.int8))
         largest = max(largest, len(R))
         if abort_above is not None and largest > abort_above:
-            return DPOutcome(None, largest, truncated, upper_bound_s, aborted=True)
+            return DPOutcome(None, largest, truncated, upper_bound_s, aborted=True,
+                             candidates_max=cands)
     best = int(np.lexsort((np.arange(len(R)), R + Q, C))[0])
     codes = np.empty(n, np.int64)
     for i in range(n - 1, -1, -1):
         codes[i] = chosen[i][best]
         best = int(parents[i][best])
-    return DPOutcome(codes, largest, truncated, upper_bound_s)
+    return DPOutcome(codes, largest, truncated, upper_bound_s, candidates_max=cands)
 
 
 #: (beam width, abort-above frontier size) per attempt; the last attempt never aborts.
@@ -241,7 +251,7 @@ def _solve_with_incumbents(tables: CostTables, budget_bytes: int,
     if peak > budget_bytes:  # no feasible policy exists at all (exact min-peak test)
         return DPOutcome(None, 0, False, None)
     inc_codes, ub = codes, evaluate(tables, codes)[1]
-    largest = 0
+    largest = cands = 0
     for beam, abort in _SCHEDULE:
         quick = dp_solve(tables, budget_bytes, frontier_cap=beam)
         if quick.codes is not None:
@@ -249,7 +259,7 @@ def _solve_with_incumbents(tables: CostTables, budget_bytes: int,
             if cost < ub:
                 inc_codes, ub = quick.codes, cost
         out = _dp(tables, budget_bytes, frontier_cap, True, ub, abort)
-        largest = max(largest, out.frontier_size)
+        largest, cands = max(largest, out.frontier_size), max(cands, out.candidates_max)
         if out.aborted:
             continue
         if out.codes is None:
@@ -257,6 +267,6 @@ def _solve_with_incumbents(tables: CostTables, budget_bytes: int,
             # frontier cap can have dropped them. The incumbent is feasible: return it.
             internal_assert(out.truncated, "bound pruning emptied an untruncated frontier "
                             f"below the feasible incumbent cost {ub!r}")
-            return DPOutcome(inc_codes, largest, True, ub)
-        return DPOutcome(out.codes, largest, out.truncated, ub)
+            return DPOutcome(inc_codes, largest, True, ub, candidates_max=cands)
+        return DPOutcome(out.codes, largest, out.truncated, ub, candidates_max=cands)
     internal_assert(False, "the last bound-pruned pass has no abort limit")

@@ -72,7 +72,7 @@ def _spec(options, api: str) -> PlannerSpec:
 def _record(spec: PlannerSpec, card: ProfileCard, budget: int, codes, *, solver: str,
             t0: float, frontier_size=None, truncated=False, optimal=True,
             min_peak_pair=None, extra_notes=(), bound_pruning=False,
-            model: CostTables | None = None) -> PlanResult:
+            model: CostTables | None = None, candidates_max=None) -> PlanResult:
     model = spec.model(card) if model is None else model
     truth = model if not spec.omit_preservation else spec.truth(card)
     peak_min, peak_codes = min_peak_pair if min_peak_pair is not None else min_peak(model)
@@ -87,7 +87,8 @@ def _record(spec: PlannerSpec, card: ProfileCard, budget: int, codes, *, solver:
     common = dict(planner=spec.name, budget_bytes=budget, segment_names=card.segment_names,
                   frontier_size=frontier_size, truncated=truncated, min_feasible_peak_bytes=peak_min,
                   solver=solver, min_peak_options=names, persistent_bytes=card.persistent_bytes,
-                  notes=notes, card=card, bound_pruning=bound_pruning)
+                  notes=notes, card=card, bound_pruning=bound_pruning,
+                  frontier_candidates_max=candidates_max)
     if codes is None:
         return PlanResult(feasible=False, options=None, predicted_peak_bytes=None,
                           predicted_time_s=None, optimal=optimal and not truncated,
@@ -113,18 +114,64 @@ def _dp_planner(spec: PlannerSpec, card: ProfileCard, budget_bytes, frontier_cap
                    bound_pruning=bool(bound_pruning))
     return _record(spec, card, budget, out.codes, solver="dp", t0=t0,
                    frontier_size=out.frontier_size, truncated=out.truncated,
-                   bound_pruning=bool(bound_pruning), model=model)
+                   bound_pruning=bool(bound_pruning), model=model,
+                   candidates_max=out.candidates_max)
 
 
 def joint(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
           bound_pruning: bool = True) -> PlanResult:
-    """Joint planner: eager / whole / region per segment with correct costs (§4)."""
+    """Joint planner: eager / whole / region per segment with correct costs (§4).
+
+    Args:
+        card: the profile card (bytes and seconds per segment and option).
+        budget_bytes: logical budget ``M`` in bytes (int) or a size string such as ``"32GiB"``
+            (at most 8 PiB).
+        frontier_cap: optional cap on DP frontier points per segment; the result is then
+            ``truncated`` and claims no optimality (if the cap drops every completion while the
+            exact minimum-peak policy fits, that policy is returned).
+        bound_pruning: drop prefixes whose Lagrangian lower bound (with a float-error margin)
+            exceeds a feasible incumbent's cost; never changes the answer.
+
+    Returns:
+        :class:`PlanResult` with ``solver="dp"``; an infeasible budget gives
+        ``feasible=False``, ``options=None`` and ``min_feasible_peak_bytes``.
+
+    Raises:
+        ValueError: bad budget (unparsable, over 8 PiB) or a cap that is not a positive int.
+        ProfileCardError: ``card`` is not a ProfileCard.
+
+    References:
+        Paper §4 eq. (3), §9.1.
+    """
     return _dp_planner(SPECS["joint"], card, budget_bytes, frontier_cap, bound_pruning)
 
 
 def eager_whole(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
                 bound_pruning: bool = True) -> PlanResult:
-    """Correctly costed eager/whole control: same costs as joint, no regions (§9.1, Table 5)."""
+    """Correctly costed eager/whole control: same costs as joint, no regions (§9.1, Table 5).
+
+    Args:
+        card: the profile card (bytes and seconds per segment and option).
+        budget_bytes: logical budget ``M`` in bytes (int) or a size string such as ``"32GiB"``
+            (at most 8 PiB).
+        frontier_cap: optional cap on DP frontier points per segment; the result is then
+            ``truncated`` and claims no optimality (if the cap drops every completion while the
+            exact minimum-peak policy fits, that policy is returned).
+        bound_pruning: drop prefixes whose Lagrangian lower bound (with a float-error margin)
+            exceeds a feasible incumbent's cost; never changes the answer.
+
+    Returns:
+        :class:`PlanResult` with ``solver="dp"``; ``min_feasible_peak_bytes`` is over
+        eager/whole policies only; an infeasible budget gives ``feasible=False``,
+        ``options=None`` and ``min_feasible_peak_bytes``.
+
+    Raises:
+        ValueError: bad budget (unparsable, over 8 PiB) or a cap that is not a positive int.
+        ProfileCardError: ``card`` is not a ProfileCard.
+
+    References:
+        Paper §4 eq. (3), §9.1, Table 5.
+    """
     return _dp_planner(SPECS["eager_whole"], card, budget_bytes, frontier_cap, bound_pruning)
 
 
@@ -135,6 +182,32 @@ def state_agnostic(card: ProfileCard, budget_bytes, frontier_cap: int | None = N
     It optimises with ``whole`` priced as the card's ``recompute_only`` entry (replay without
     preservation; ``whole`` itself where absent, noted in ``notes``) and reports the true
     predicted peak/time of its policy, so ``fits_budget`` can be False while ``feasible`` is True.
+
+    Args:
+        card: the profile card (bytes and seconds per segment and option).
+        budget_bytes: logical budget ``M`` in bytes (int) or a size string such as ``"32GiB"``
+            (at most 8 PiB).
+        frontier_cap: optional cap on DP frontier points per segment; the result is then
+            ``truncated`` and claims no optimality (if the cap drops every completion while the
+            exact minimum-peak policy fits, that policy is returned).
+        bound_pruning: drop prefixes whose Lagrangian lower bound (with a float-error margin)
+            exceeds a feasible incumbent's cost; never changes the answer.
+
+    Returns:
+        :class:`PlanResult` with ``solver="dp"``: ``model_peak_bytes``/``model_time_s`` in
+        its own (preservation-omitting) model, ``predicted_*`` with true costs; an infeasible
+        budget (in its model) gives ``feasible=False``, ``options=None`` and
+        ``min_feasible_peak_bytes``.
+
+    Raises:
+        ValueError: bad budget (unparsable, over 8 PiB) or a cap that is not a positive int.
+        ProfileCardError: ``card`` is not a ProfileCard.
+
+    Danger:
+        ``feasible`` refers to the planner's own model; judge the policy by ``fits_budget``.
+
+    References:
+        Paper §4 eq. (3), §9.1.
     """
     return _dp_planner(SPECS["state_agnostic"], card, budget_bytes, frontier_cap, bound_pruning)
 
@@ -206,8 +279,22 @@ def exhaustive(card: ProfileCard, budget_bytes, options=("eager", "whole", "regi
                max_policies: int = 50_000_000) -> PlanResult:
     """Enumerate every policy (the DP's oracle); ``options`` is an option tuple or planner name.
 
+    Args:
+        card: the profile card.
+        budget_bytes: logical budget ``M`` in bytes (int) or a size string (at most 8 PiB).
+        options: option names (subset of eager/whole/region) or a planner name of
+            :data:`SPECS` (``"state_agnostic"`` enumerates its preservation-omitting model).
+        max_policies: refuse to enumerate more policies than this (3^16 ≈ 43 M fits).
+
+    Returns:
+        :class:`PlanResult` with ``solver="exhaustive"``, ``frontier_size=None``; ties broken
+        as the DP does (cost, then peak, then lexicographic options).
+
     Raises:
         ValueError: more than ``max_policies`` policies, bad budget or options.
+
+    References:
+        Paper §9.1 (2^16 eager/whole and 3^16 joint policies).
     """
     t0 = time.perf_counter()
     spec = _spec(options, "stateremat.planner.exhaustive")
@@ -220,9 +307,29 @@ def exhaustive(card: ProfileCard, budget_bytes, options=("eager", "whole", "regi
 
 def milp(card: ProfileCard, budget_bytes, options=("eager", "whole", "region"),
          time_limit_s: float = 60.0) -> PlanResult:
-    """Solve the model as a MILP with ``scipy.optimize.milp``; same record as the DP.
+    """Solve the model as a MILP with ``scipy.optimize.milp`` (HiGHS); same record as the DP.
 
-    ``optimal`` is False when HiGHS stopped on the time limit.
+    Args:
+        card: the profile card.
+        budget_bytes: logical budget ``M`` in bytes (int) or a size string (at most 8 PiB).
+        options: option names or a planner name, as for :func:`exhaustive`.
+        time_limit_s: HiGHS wall-clock limit in seconds (per solve; the minimum-peak MILP and
+            any tolerance re-solves each get it).
+
+    Returns:
+        :class:`PlanResult` with ``solver="milp"``; ``optimal`` is False (with a note) when
+        HiGHS stopped on the time limit. The policy is re-scored exactly, so a solver
+        tolerance never admits an over-budget policy.
+
+    Raises:
+        ValueError: bad budget or options.
+
+    Danger:
+        Ties between equal-cost policies may be broken differently from the DP; compare
+        costs, not option lists, when costs tie.
+
+    References:
+        Paper §4 eq. (3).
     """
     t0 = time.perf_counter()
     spec = _spec(options, "stateremat.planner.milp")

@@ -11,7 +11,7 @@ PLAN_KEYS = ("planner", "budget_bytes", "feasible", "options", "segment_names",
              "predicted_peak_bytes", "predicted_time_s", "frontier_size", "truncated",
              "min_feasible_peak_bytes", "solve_time_s", "solver", "optimal", "fits_budget",
              "model_peak_bytes", "model_time_s", "min_peak_options", "persistent_bytes",
-             "bound_pruning", "notes")
+             "bound_pruning", "frontier_candidates_max", "notes")
 
 
 @dataclass(frozen=True)
@@ -49,6 +49,11 @@ class PlanResult:
         persistent_bytes: ``P`` from the card.
         bound_pruning: the DP dropped prefixes by an exact Lagrangian cost bound (optimality
             is kept; the stored frontier is the part that can still beat an incumbent).
+        frontier_candidates_max: largest number of budget-feasible candidate prefixes the DP
+            examined at one segment (children of the stored frontier before bound pruning and
+            the Pareto filter; ``None`` for non-DP solvers). With bound pruning this shows the
+            work the bound removed; the size of the *full* Pareto frontier is only known from
+            a run with ``bound_pruning=False`` (its ``frontier_size``).
         notes: caveats (fallbacks, truncation).
         card: the card planned on (for :meth:`explain`; not serialised).
 
@@ -75,6 +80,7 @@ class PlanResult:
     min_peak_options: list[str] = field(default_factory=list)
     persistent_bytes: int = 0
     bound_pruning: bool = False
+    frontier_candidates_max: int | None = None
     notes: list[str] = field(default_factory=list)
     card: ProfileCard | None = field(default=None, repr=False, compare=False)
 
