@@ -36,6 +36,24 @@ def _repeated_layers(n: int) -> ProfileCard:
     return ProfileCard(base.persistent_bytes, segs, meta={"method": "repeated pressure layers"})
 
 
+def _gib_bytes_card(n: int, seed: int) -> ProfileCard:
+    """1–64 GiB segments whose options differ by a few bytes (float-rounding stress for bounds)."""
+    import numpy as np
+
+    from stateremat.contract import OptionCost
+
+    rng = np.random.default_rng(seed)
+    segs = []
+    for i in range(n):
+        base = int(rng.integers(1, 65)) * GiB + int(rng.integers(0, 1000))
+        opts = {o: OptionCost(base + int(rng.integers(0, 8)),
+                              int(rng.integers(0, 3)) * (GiB if rng.random() < 0.5 else 1),
+                              float(rng.integers(0, 5)) * 1e-3 + rng.random() * 1e-4)
+                for o in ("eager", "whole", "region")}
+        segs.append(SegmentCard(f"s{i}", opts))
+    return ProfileCard(2 * GiB, segs, meta={"method": "GiB segments, byte-level option gaps"})
+
+
 def _cards():
     """(label, card, budget_bytes, planner, repeats or None) cases."""
     cases = [("pressure 16 @32GiB", activation_pressure_card(), 32 * GiB, "joint", None),
@@ -46,6 +64,10 @@ def _cards():
         lo = plan(card, 0).min_feasible_peak_bytes
         hi = plan(card, 0, "eager").predicted_peak_bytes
         cases.append((f"random {n} seed {seed}", card, (lo + hi) // 2, "joint", None))
+    for n in (16, 1000):
+        card = _gib_bytes_card(n, 3)
+        lo = plan(card, 0).min_feasible_peak_bytes
+        cases.append((f"gib-bytes {n} @min+7B", card, lo + 7, "joint", None))
     # Identical layers: symmetric for branch and bound (the MILP takes about a minute), so once.
     cases.append(("repeated 1000 @1000GiB", _repeated_layers(1000), 1000 * GiB, "joint", 1))
     return cases
@@ -127,6 +149,7 @@ def main() -> None:
                          "median_s": statistics.median(times[name]),
                          "min_s": min(times[name]), "repeats": len(times[name]),
                          "feasible": res.feasible, "frontier_size": res.frontier_size,
+                         "candidates_max": res.frontier_candidates_max,
                          "truncated": res.truncated, "optimal": res.optimal,
                          "predicted_time_s": res.predicted_time_s,
                          "predicted_peak_bytes": res.predicted_peak_bytes,
@@ -136,13 +159,14 @@ def main() -> None:
                 console.print(f"[red]MISMATCH {label} {name}: gap {gap:.3e}[/red]")
     table = Table(title=f"planner benchmark (medians of {args.repeats} unless 'runs' says; loadavg before "
                         f"{load_before}, after {loadavg()})")
-    for col in ("case", "planner", "solver", "runs", "median ms", "frontier", "truncated",
+    for col in ("case", "planner", "solver", "runs", "median ms", "frontier", "cands", "truncated",
                 "feasible", "time s/step", "gap vs MILP"):
         table.add_column(col)
     for r in rows:
         table.add_row(r["case"], r["planner"], r["solver"], str(r["repeats"]),
                       f"{r['median_s'] * 1e3:.1f}",
-                      str(r["frontier_size"]), str(r["truncated"]), str(r["feasible"]),
+                      str(r["frontier_size"]), str(r["candidates_max"]), str(r["truncated"]),
+                      str(r["feasible"]),
                       "-" if r["predicted_time_s"] is None else f"{r['predicted_time_s']:.6g}",
                       "-" if r["rel_gap_vs_milp"] is None else f"{r['rel_gap_vs_milp']:.2e}")
     console.print(table)

@@ -1,15 +1,21 @@
 """MILP formulation of eq. (3) solved with ``scipy.optimize.milp`` (HiGHS): an independent check.
 
-Variables: binary ``x[i,o]`` for each valid option, continuous ``Q ≥ 0``.
+Variables: binary ``x[i,o]`` for each valid option, continuous ``Q' ≥ 0``. Memory is written
+relative to each segment's smallest retained bytes ``rmin_i`` and the temporary floor
+``qf = max_i min_o q[i,o]`` (every policy's ``max q`` is at least ``qf``):
 
     minimise   Σ c[i,o] x[i,o]
-    subject to Σ_o x[i,o] = 1                      (one option per segment)
-               q[i,o] x[i,o] - Q ≤ 0               (Q is the temporary maximum)
-               P + Σ r[i,o] x[i,o] + Q ≤ M         (budget)
+    subject to Σ_o x[i,o] = 1                              (one option per segment)
+               (q[i,o] - qf) x[i,o] - Q' ≤ 0               (Q' + qf is the temporary maximum)
+               Σ (r[i,o] - rmin_i) x[i,o] + Q' ≤ S         (budget)
 
-Memory rows are scaled by ``1/(M - P)`` and costs to a large objective so HiGHS' absolute
-tolerances are negligible; the returned policy is re-scored exactly and, if the solver's
-feasibility tolerance let it exceed ``M`` by a few bytes, re-solved with a tightened budget.
+with the slack ``S = M - P - Σ rmin_i - qf`` computed exactly in integers (``S < 0``: no policy
+fits). Rows stay in bytes: HiGHS' feasibility tolerance (1e-7) is then far below one byte, and
+offsetting keeps the numbers small, so GiB-scale cards whose options differ by a few bytes are
+solved byte-exactly (an earlier form scaled rows by ``1/(M - P)``, which let the tolerance
+swallow hundreds of bytes). The returned policy is re-scored exactly and, if a tolerance still
+let it exceed ``M``, re-solved with a tightened budget (then no longer claimed optimal: HiGHS
+accepts binaries within 1e-6 of 0/1, which on GiB coefficients can hide up to ~1 KiB).
 """
 from __future__ import annotations
 
@@ -31,27 +37,35 @@ class MILPOutcome:
     proven_optimal: bool
 
 
-def _solve(tables: CostTables, avail: float, objective: str, time_limit_s: float):
+def _offsets(tables: CostTables) -> tuple[np.ndarray, int]:
+    """``rmin (n,)`` int64 and the temporary floor ``qf`` (bytes) of the offset form."""
+    rmin = np.where(tables.valid, tables.r, np.iinfo(np.int64).max).min(axis=1)
+    qf = int(np.where(tables.valid, tables.q, np.iinfo(np.int64).max).min(axis=1).max())
+    return rmin, qf
+
+
+def _solve(tables: CostTables, slack: float, objective: str, time_limit_s: float):
     from scipy.optimize import Bounds, LinearConstraint, milp  # lazy: plan() does not need scipy
     from scipy.sparse import coo_array
 
     n = tables.n
     seg, opt = np.nonzero(tables.valid)
     nx = len(seg)
-    scale = 1.0 / max(avail, 1.0)
+    rmin, qf = _offsets(tables)
+    dr = (tables.r[seg, opt] - rmin[seg]).astype(np.float64)  # exact: sizes ≤ 2^53
+    dq = (tables.q[seg, opt] - qf).astype(np.float64)
     if objective == "time":
         cmax = float(tables.c[seg, opt].max()) or 1.0
         obj = np.r_[tables.c[seg, opt] * (1e4 / (cmax * n)), 0.0]
-    else:  # minimum peak: Σ r x + Q
-        obj = np.r_[tables.r[seg, opt] * scale, 1.0] * 1e4  # ×1e4: HiGHS' absolute gap
+    else:  # minimum peak: Σ (r - rmin) x + Q'
+        obj = np.r_[dr, 1.0]
     onehot = coo_array((np.ones(nx), (seg, np.arange(nx))), shape=(n, nx + 1))
-    tmp = coo_array((np.r_[tables.q[seg, opt] * scale, -np.ones(nx)],
+    tmp = coo_array((np.r_[dq, -np.ones(nx)],
                      (np.r_[np.arange(nx), np.arange(nx)], np.r_[np.arange(nx), np.full(nx, nx)])),
                     shape=(nx, nx + 1))
     cons = [LinearConstraint(onehot, 1, 1), LinearConstraint(tmp, -np.inf, 0)]
     if objective == "time":
-        budget = np.r_[tables.r[seg, opt] * scale, 1.0][None, :]
-        cons.append(LinearConstraint(budget, -np.inf, avail * scale))
+        cons.append(LinearConstraint(np.r_[dr, 1.0][None, :], -np.inf, slack))
     integrality = np.r_[np.ones(nx), 0]
     bounds = Bounds(np.zeros(nx + 1), np.r_[np.ones(nx), np.inf])
     res = milp(obj, integrality=integrality, bounds=bounds, constraints=cons,
@@ -67,27 +81,53 @@ def _solve(tables: CostTables, avail: float, objective: str, time_limit_s: float
 
 
 def milp_solve(tables: CostTables, budget_bytes: int, time_limit_s: float = 60.0) -> MILPOutcome:
-    """Solve eq. (3) as a MILP; exact re-scoring guards against solver tolerances."""
+    """Solve eq. (3) as a MILP; exact re-scoring guards against solver tolerances.
+
+    Args:
+        tables: cost tables of one model.
+        budget_bytes: ``M`` in bytes.
+        time_limit_s: HiGHS time limit per solve, seconds.
+
+    Returns:
+        :class:`MILPOutcome`; ``codes`` is ``None`` when no policy fits (proven) or HiGHS
+        found none in time.
+    """
     budget_bytes = clamp_budget(tables, budget_bytes)  # same feasible set, int64-safe
-    avail = float(budget_bytes - tables.persistent_bytes)
-    if avail < 0:
-        return MILPOutcome(None, 2, "persistent bytes alone exceed the budget", True)
-    target = avail
-    for _ in range(6):
+    rmin, qf = _offsets(tables)
+    slack = budget_bytes - tables.persistent_bytes - int(rmin.sum()) - qf  # exact
+    if slack < 0:
+        return MILPOutcome(None, 2, "even the smallest retained and temporary bytes exceed the "
+                           "budget", True)
+    target, tightened = float(slack), 0.0
+    for attempt in range(12):
         res, codes = _solve(tables, target, "time", time_limit_s)
         if codes is None:
-            return MILPOutcome(None, int(res.status), str(res.message), res.status == 2)
+            return MILPOutcome(None, int(res.status), str(res.message),
+                               res.status == 2 and tightened == 0)
         peak, _ = evaluate(tables, codes)
         if peak <= budget_bytes:
-            return MILPOutcome(codes, int(res.status), str(res.message), res.status == 0)
-        target -= (peak - budget_bytes) + 1.0  # solver tolerance admitted an over-budget policy
+            note = "" if tightened == 0 else (
+                f"; budget tightened by {tightened:.0f} B for solver tolerance: optimal only "
+                "among policies that far under the budget")
+            return MILPOutcome(codes, int(res.status), str(res.message) + note,
+                               res.status == 0 and tightened == 0)
+        # HiGHS accepts x within 1e-6 of 0/1, so a GiB coefficient can hide ~1 KiB: tighten
+        # by the excess, doubling each time (the same excess may reappear at a lower target).
+        step = ((peak - budget_bytes) + 1.0) * 2.0**attempt
+        target -= step
+        tightened += step
+        if target < 0:
+            break
     return MILPOutcome(None, int(res.status), "could not find a policy within the budget after "
                        "tightening for solver tolerance", False)
 
 
 def milp_min_peak(tables: CostTables, time_limit_s: float = 60.0) -> tuple[int, np.ndarray]:
-    """Minimum ``P + Σ r + max q`` by MILP (independent of :func:`min_peak`'s sweep)."""
-    scale_ref = float(max(int(tables.r.max()) * tables.n + int(tables.q.max()), 1))
-    _, codes = _solve(tables, scale_ref, "peak", time_limit_s)
+    """Minimum ``P + Σ r + max q`` by MILP (independent of :func:`min_peak`'s sweep).
+
+    Returns:
+        ``(peak_bytes, codes)`` with ``codes`` ``(n,)`` int64 option codes.
+    """
+    _, codes = _solve(tables, np.inf, "peak", time_limit_s)
     internal_assert(codes is not None, "min-peak MILP returned no policy")
     return evaluate(tables, codes)[0], codes
