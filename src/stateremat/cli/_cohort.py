@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from ._app import cohort_app, fail
+from ._app import check_json_target, check_out_dir, cohort_app, fail
 
 
 @cohort_app.command("semantics")
@@ -31,6 +31,8 @@ def semantics(
     if not seed_list:
         raise fail(f"stateremat cohort semantics: --seeds {seeds!r} is empty; expected A:B "
                    "with A < B. Tip: 420000:420050 is the paper's 50 seeds.")
+    check_out_dir("stateremat cohort semantics", out)
+    check_json_target("stateremat cohort semantics", json_path)
     from ..experiments.semantics import run_semantics, summarize_semantics
     from ..report._semantics import report_semantics, report_semantics_extension
 

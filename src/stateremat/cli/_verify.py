@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import typer
 
-from ._app import fail, verify_app
+from ._app import check_json_target as _check_json_target, fail, verify_app
 
 CHUNK = 64  # units per Parquet part: an interrupt loses at most one chunk of work
 
@@ -67,24 +67,8 @@ def check_seed(command: str, seed: int) -> None:
 
 
 def check_json_target(command: str, json_path: Optional[Path]) -> None:
-    """Reject a ``--json`` target that cannot be written, before the run starts.
-
-    The target must not be a folder, and its nearest existing ancestor must be a writable
-    folder (missing parent folders are created when the summary is written).
-    """
-    if json_path is None:
-        return
-    where = f"stateremat verify {command}: --json {str(json_path)!r}"
-    if json_path.is_dir():
-        raise fail(f"{where} is a folder; expected a file path. Tip: use --json {json_path / 'summary.json'}.")
-    parent = json_path.absolute().parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise fail(f"{where}: {parent} is a file, not a folder; expected a path inside a folder. "
-                   "Tip: choose a --json path whose parent is (or can become) a folder.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise fail(f"{where}: folder {parent} is not writable. Tip: choose a --json path you can write.")
+    """Reject a ``--json`` target that cannot be written, before the run starts."""
+    _check_json_target(f"stateremat verify {command}", json_path)
 
 
 def parse_alias_seeds(seeds: str) -> list[int]:

@@ -68,6 +68,9 @@ def parse_seed_range(text: str) -> list[int]:
     m = re.fullmatch(r"\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?", str(text))
     if not m:
         raise ValueError(f"seed range {text!r}: expected A:B (half-open, like 2701:2703) or one seed")
+    if m.group(1).startswith("-") or (m.group(2) or "").startswith("-"):
+        raise ValueError(f"seed range {text!r}: seeds must be non-negative integers "
+                         "(NumPy and torch generators take seeds >= 0)")
     a = int(m.group(1))
     b = int(m.group(2)) if m.group(2) is not None else a + 1
     if b <= a:

@@ -165,7 +165,8 @@ def resolve_device(device: str) -> str:
     """``"auto"`` -> ``"cuda"`` when torch sees a GPU, else ``"cpu"``; others unchanged.
 
     Raises:
-        ValueError: ``device`` is not ``auto``, ``cpu`` or ``cuda[:N]``.
+        ValueError: ``device`` is not ``auto``, ``cpu`` or ``cuda[:N]``, or CUDA is asked for
+            but unavailable.
     """
     if device == "auto":
         try:
@@ -173,8 +174,15 @@ def resolve_device(device: str) -> str:
             return "cuda" if torch.cuda.is_available() else "cpu"
         except ImportError:
             return "cpu"
-    if device == "cpu" or device == "cuda" or (device.startswith("cuda:")
-                                                and device[5:].isdigit()):
+    if device == "cpu":
+        return device
+    if device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit()):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(f"stateremat semantics: device {device!r} requested, but this torch "
+                             f"({torch.__version__}) sees no CUDA device. Tip: use --device cpu "
+                             "or auto.")
         return device
     raise ValueError(f"stateremat semantics: device {device!r} is not one of auto, cpu, "
                      "cuda, cuda:N. Tip: use auto.")
