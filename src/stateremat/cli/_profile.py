@@ -19,7 +19,7 @@ def profile_cmd(
     live: int = typer.Option(16, help="live versions = segments writing the buffer"),
     dtype: str = typer.Option("float32", help="float32 or float64"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
-    repeats: int = typer.Option(3, help="timed runs per segment and option (median)"),
+    repeats: int = typer.Option(3, help="least timed runs per segment and option (minimum kept)"),
 ) -> None:
     """Measure a profile card (r, q, c per segment and option; P) on this device (paper §4)."""
     from rich.progress import Progress

@@ -8,9 +8,10 @@ input (the chain's activation at ``i``, computed by running segments ``0..i-1``)
   activations, snapshot or journal, and the output handed to the next segment);
 * ``q`` (temporary bytes): the larger of the forward and the backward (replay included) peak
   above that post-forward level;
-* ``c`` (time): median synchronized wall time of forward + backward over ``repeats`` runs
-  after one warm-up round, measured without the memory tracker, the options of a segment
-  interleaved run by run so machine load hits them alike.
+* ``c`` (time): least synchronized wall time of forward + backward over at least ``repeats``
+  runs (more for sub-millisecond segments) after one warm-up round, measured without the
+  memory tracker, the options of a segment interleaved run by run so machine load hits them
+  alike.
 
 For ``region``, ``r`` swaps the journal measured alone for the journal the segment holds
 inside the chain after a full forward (with every other segment eager, writes journaled), which
@@ -25,7 +26,7 @@ gradients, the state buffer and the input batch.
 from __future__ import annotations
 
 import inspect
-import statistics
+import math
 import time
 from typing import Callable, Iterable
 
@@ -77,24 +78,33 @@ def _measure_memory(module, xin, gy, step, device, roots):
 
 
 def _measure_times(modules: dict, xin, gy, step, device, repeats) -> dict[str, float]:
-    """Median forward + backward seconds per option, the options interleaved run by run.
+    """Least forward + backward seconds per option, the options interleaved run by run.
 
-    Interleaving (A B C A B C ...) exposes every option to the same machine load, so noise on a
-    shared machine does not reorder options whose costs are close (DATA.md).
+    Interleaving (A B C A B C ...) exposes every option to the same machine load. Rounds are
+    repeated at least ``repeats`` times and until about 50 ms were measured (at most 25
+    rounds), and the minimum is kept: on a shared machine a sub-millisecond segment is often
+    preempted for a whole scheduler slice, which the minimum filters out (as ``timeit`` does).
     """
     times: dict[str, list[float]] = {o: [] for o in modules}
-    for rep in range(repeats + 1):
+    rounds, rep = repeats, 0
+    while rep <= rounds:
+        round_s = 0.0
         for o, module in modules.items():
             sync(device)
             t0 = time.perf_counter()
             y = module(xin, step)
             y.backward(gy)
             sync(device)
+            dt = time.perf_counter() - t0
+            round_s += dt
             if rep:  # the first round is a warm-up
-                times[o].append(time.perf_counter() - t0)
+                times[o].append(dt)
             del y
             xin.grad = None
-    return {o: statistics.median(ts) for o, ts in times.items()}
+        if rep == 0:
+            rounds = max(repeats, min(25, math.ceil(0.05 / max(round_s, 1e-9))))
+        rep += 1
+    return {o: min(ts) for o, ts in times.items()}
 
 
 def _chain_journal_bytes(chain: StatefulChain, x, step, granularity_bytes) -> list[int | None]:
@@ -133,7 +143,7 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
         cfg: workload shape (its ``dtype`` is the dtype profiled).
         device: ``"cpu"`` or a CUDA device.
         options: options to measure; ``region`` is skipped for segments without state.
-        repeats: timed runs per segment and option (median kept), after one warm-up.
+        repeats: least timed runs per segment and option (minimum kept), after one warm-up.
         step: training step whose write indices are used.
         on_segment: progress callback ``(done, total)`` after each segment.
 
@@ -208,8 +218,8 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
         "workload": cfg.to_dict(),
         "method": memory_method(device),
         "memory_method": memory_method(device),
-        "time_method": f"median of {repeats} synchronized forward+backward runs after 1 warm-up "
-                       "round, options interleaved",
+        "time_method": f"min of >= {repeats} synchronized forward+backward runs (>= 50 ms per "
+                       "option set, <= 25 rounds) after 1 warm-up round, options interleaved",
         "chain_context_preservation": any(v is not None for vs in chain_pres.values() for v in vs),
         "source_hash": workload_source_hash(cfg),
         "torch_version": torch.__version__,
