@@ -11,7 +11,7 @@ from stateremat.contract import ReplayError, UndeclaredStateError, rule
 from . import _journal, _rng
 from ._context import LOCAL, replaying
 from ._mode import StateMode, warn_undeclared
-from ._scan import reachable, resolve_state, root_module
+from ._scan import describe, reachable, resolve_state, root_module
 from ._segment import RecomputeSink, Segment, undeclared_message
 from ._storage import storage_key
 from ._txn import PRESERVE_OPTIONS, Transaction
@@ -239,7 +239,7 @@ def _version_scan(seg: Segment, scan: list) -> None:
     changed = [(n, t) for n, t in changed if storage_key(t) not in seg.txn.items]
     if not changed:
         return
-    names = ", ".join(n for n, _ in changed)
+    names = ", ".join(describe(n) for n, _ in changed)
     if seg.on_undeclared == "warn":
         warn_undeclared(undeclared_message(seg, names, "seen by its version counter"))
         return

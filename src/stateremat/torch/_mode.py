@@ -108,7 +108,7 @@ class StateMode(TorchDispatchMode):
         super().__init__()
         self.role = role  # "forward" | "replay"
         self.segment = segment
-        self.created: set = set()  # storages allocated during this replay
+        self.created: set[int] = set()  # addresses of storages allocated during this replay
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -126,17 +126,20 @@ class StateMode(TorchDispatchMode):
         return out
 
     def _record_created(self, out: Any, args: tuple, fresh: tuple[int, ...]) -> None:
-        outs = out if isinstance(out, (tuple, list)) else (out,)
+        # Keys are raw storage addresses (cheaper than storage_key; host and device
+        # allocations do not share addresses). 0 is a meta or empty storage.
+        outs = out if type(out) is tuple or type(out) is list else (out,)
+        created = self.created
         for i in fresh:
             t = outs[i] if i < len(outs) else None
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided and t.device.type != "meta":
-                key = storage_key(t)
-                # A few ops (``_unsafe_view``) return an unannotated alias of an argument.
-                if key not in self.created and not any(
-                    isinstance(a, torch.Tensor) and a.layout == torch.strided and storage_key(a) == key
-                    for a in args
+            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
+                ptr = t.untyped_storage().data_ptr()
+                # Some ops (``_unsafe_view``, ``unsafe_split``) return an unannotated alias of an argument.
+                if ptr and ptr not in created and not any(
+                    isinstance(a, torch.Tensor) and a.layout == torch.strided
+                    and a.untyped_storage().data_ptr() == ptr for a in args
                 ):
-                    self.created.add(key)
+                    created.add(ptr)
 
     def _before_replay_write(self, func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
         key = storage_key(w)
@@ -144,7 +147,8 @@ class StateMode(TorchDispatchMode):
         item = log.items.get(key) if log is not None else None
         seg = self.segment
         if item is None:
-            if key not in self.created and seg is not None and seg.on_undeclared != "warn":
+            if w.untyped_storage().data_ptr() not in self.created and seg is not None \
+                    and seg.on_undeclared != "warn":
                 seg.undeclared_at_replay(w, func, "a storage that is not declared")
             return
         if item.kind == "whole":

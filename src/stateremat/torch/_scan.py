@@ -74,16 +74,23 @@ def resolve_state(state: Any, root: nn.Module | None, prefix: str = "") -> list[
     return out
 
 
-def _add_module(out: dict[int, tuple[str, torch.Tensor]], m: nn.Module, prefix: str) -> None:
-    for name, p in m.named_parameters(prefix=prefix):
-        out.setdefault(id(p), (f"parameter {name!r}", p))
-    for name, b in m.named_buffers(prefix=prefix):
-        out.setdefault(id(b), (f"buffer {name!r}", b))
+def describe(name: Any) -> str:
+    """Human-readable name of a reachable tensor (names are formatted only when reported)."""
+    if not isinstance(name, tuple):
+        return name
+    kind, path, attr = name
+    full = f"{path}.{attr}" if path else attr
+    return f"{kind} {full!r}" + (" (not a registered buffer)" if kind == "tensor attribute" else "")
+
+
+def _add_module(out: dict[int, tuple[Any, torch.Tensor]], m: nn.Module, prefix: str) -> None:
+    # One pass over the module tree; __dict__ holds unregistered tensor attributes
+    # (s.count = torch.zeros(1)), which replay would otherwise write twice.
     for path, sub in m.named_modules(prefix=prefix):
-        for attr, v in vars(sub).items():  # unregistered tensor attributes (s.count = torch.zeros(1))
-            if isinstance(v, torch.Tensor):
-                out.setdefault(id(v), (f"tensor attribute {path + '.' if path else ''}{attr!r} (not a "
-                                       "registered buffer)", v))
+        for kind, d in (("parameter", sub._parameters), ("buffer", sub._buffers), ("tensor attribute", sub.__dict__)):
+            for k, v in d.items():
+                if isinstance(v, torch.Tensor) and id(v) not in out:
+                    out[id(v)] = ((kind, path, k), v)
 
 
 def _add_callable(out: dict[int, tuple[str, torch.Tensor]], fn: Any, prefix: str, depth: int = 0) -> None:
@@ -138,8 +145,8 @@ def _add_values(out: dict[int, tuple[str, torch.Tensor]], values: list[Any], wha
         _add_value(out, v, f"{what} {i}", prefix)
 
 
-def reachable(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") -> list[tuple[str, torch.Tensor]]:
-    """Pre-existing tensors the segment can reach, each with a human-readable name."""
+def reachable(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") -> list[tuple[Any, torch.Tensor]]:
+    """Pre-existing tensors the segment can reach, each with a name for :func:`describe`."""
     out: dict[int, tuple[str, torch.Tensor]] = {}
     _add_callable(out, fn, module_prefix)
     for i, a in enumerate(args):
@@ -153,4 +160,4 @@ def reachable(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") 
         for leaf in tree_flatten(a)[0]:
             if isinstance(leaf, torch.Tensor):
                 out.setdefault(id(leaf), (f"keyword argument {k!r}", leaf))
-    return [v for v in out.values() if v[1].layout == torch.strided and v[1].device.type != "meta"]
+    return [v for v in out.values() if v[1].layout == torch.strided and not v[1].is_meta]

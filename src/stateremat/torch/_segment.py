@@ -24,7 +24,7 @@ from . import _rng
 from ._context import LOCAL
 from ._mode import StateMode
 from ._stats import COUNTERS
-from ._scan import reachable
+from ._scan import describe, reachable
 from ._storage import byte_extent, storage_key
 from ._txn import Transaction
 
@@ -116,7 +116,7 @@ class Segment:
 
     def undeclared_before_write(self, key: Any, entry: tuple, func: Any) -> None:
         """Called by the dispatch mode before ``func`` writes an undeclared reachable tensor (R7)."""
-        name, t = entry
+        name, t = describe(entry[0]), entry[1]
         if self.on_undeclared == "raise":
             raise UndeclaredStateError(undeclared_message(self, name, f"by {func} (not applied)"))
         if self.on_undeclared == "declare":
@@ -129,7 +129,7 @@ class Segment:
         args, kwargs = self.inputs()
         key = storage_key(w)
         names = [n for n, t in reachable(self.fn, args, kwargs) if t.layout == torch.strided and storage_key(t) == key]
-        name = names[0] if names else f"a tensor of shape {tuple(w.shape)} {w.dtype} the scan cannot name"
+        name = describe(names[0]) if names else f"a tensor of shape {tuple(w.shape)} {w.dtype} the scan cannot name"
         raise UndeclaredStateError(undeclared_message(
             self, name, f"at recomputation by {func} to {what} (not applied; the forward already made "
             "this write once, the replay would make it twice)"))
