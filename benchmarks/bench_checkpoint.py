@@ -5,6 +5,10 @@
    and ``stateremat.torch.checkpoint`` (B) alternate A B A B ...; the printed value is the
    median of the paired ratios B/A. Target: <= 1.05. Also printed: the same ratio with a
    declared 4 KiB buffer under ``preserve="region"`` (every op then passes the dispatch mode).
+   Both include the backward's replay, which always runs under the dispatch mode that refuses
+   writes to undeclared pre-existing storages (R7).
+1b. Informational worst case for that replay-time mode: a segment of 100 tiny ops (64
+   floats), where per-op Python dispatch cost dominates; same A/B median ratio.
 2. Retained preservation bytes: a declared 64 MiB queue (65,536 x 256 float32) of which
    0.1 % of the rows are written per step (MoCo-style enqueue). Bytes retained after the
    forward under ``preserve="region"`` vs ``"whole"``. Target: region/whole < 0.02.
@@ -77,6 +81,32 @@ def mlp_overhead(pairs: int, device: torch.device) -> dict:
     }
 
 
+def small_op_overhead(pairs: int, device: torch.device) -> dict:
+    x = torch.randn(64, device=device, requires_grad=True)
+
+    def seg(h):
+        for _ in range(50):
+            h = (h * 1.01).sin()
+        return h
+
+    def step(ckpt) -> float:
+        _sync()
+        t0 = time.perf_counter()
+        ckpt(seg, x).sum().backward()
+        _sync()
+        return time.perf_counter() - t0
+
+    a = lambda f, h: tuc.checkpoint(f, h, use_reentrant=False)  # noqa: E731
+    b = lambda f, h: checkpoint(f, h)  # noqa: E731
+    for _ in range(5):
+        step(a), step(b)
+    ratios = []
+    for i in range(4 * pairs):
+        ta, tb = (step(a), step(b)) if i % 2 == 0 else reversed((step(b), step(a)))
+        ratios.append(tb / ta)
+    return {"median_ratio_small_ops": statistics.median(ratios), "pairs": 4 * pairs}
+
+
 def queue_bytes(steps: int, device: torch.device, K: int = 65536, D: int = 256) -> dict:
     torch.manual_seed(0)
     queue = F.normalize(torch.randn(K, D, device=device), dim=1)  # 64 MiB float32
@@ -130,6 +160,9 @@ def main() -> None:
     print(f"overhead_ratio_median={o['median_ratio_stateremat_over_torch']:.4f} (target <= 1.05)")
     print(f"region_state_overhead_ratio_median={o['median_ratio_region_state_over_torch']:.4f} "
           "(informational: 4 KiB declared buffer, every op passes the journaling dispatch mode)")
+    sm = small_op_overhead(args.pairs, device)
+    print(f"small_op_segment_ratio_median={sm['median_ratio_small_ops']:.4f} pairs={sm['pairs']} "
+          "(informational worst case: 100 ops on 64 floats, replay under the dispatch mode)")
     q = queue_bytes(args.queue_steps, device)
     print(f"queue {q['queue_bytes']} bytes, {q['written_bytes_per_step']} bytes written per step: "
           f"retained whole={q['whole_retained_bytes']:.0f} region={q['region_retained_bytes']:.0f} bytes; "

@@ -55,7 +55,9 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
         state: declared state: a tensor, an ``nn.Module`` (all its buffers), a list of them, or
             ``"buffers"`` (every buffer of ``fn``, which must then be an ``nn.Module``).
         preserve: ``"region"`` journals only the bytes written (default) or ``"whole"``
-            snapshots every declared tensor when the forward begins.
+            snapshots, when the forward begins, every byte of each declared tensor's storage
+            (a declared view of a larger tensor costs the whole storage: its other bytes may be
+            read and written through aliases).
         granularity_bytes: region journal chunk size in bytes.
         on_undeclared: an in-place write inside the segment to a pre-existing tensor that is not
             declared: ``"raise"`` :class:`UndeclaredStateError`, ``"warn"`` (the replay repeats
@@ -93,7 +95,9 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
         ReplayDivergenceError: ``verify=True`` and a recomputed saved tensor differs (R4).
 
     Danger:
-        Writes that bypass the dispatcher and version counters are invisible. An undeclared
+        Writes that bypass the dispatcher and version counters are invisible. The replay runs
+        under a Python dispatch mode (about 5 us per op, backward only) that refuses writes to
+        pre-existing undeclared storages; ``on_undeclared="warn"`` lets them repeat. An undeclared
         write that the forward's scan cannot see (a tensor reached through deeper object
         graphs) is refused only at recomputation, so the forward's single write stands; the
         first write is also already done when a version-counter check raises

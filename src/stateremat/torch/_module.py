@@ -35,7 +35,7 @@ class StatefulCheckpoint(nn.Module):
             access and indexing are those of the unwrapped block).
         state: ``"buffers"`` (all buffers of ``block``, the default), ``None`` (nothing), or a
             tensor / module / list of them.
-        preserve: ``"region"`` or ``"whole"``.
+        preserve: ``"region"`` or ``"whole"`` (snapshots every byte of each declared storage).
         granularity_bytes: region journal chunk size in bytes.
         on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"``.
         verify: compare recomputed saved tensors with the forward's bit for bit.
