@@ -78,13 +78,16 @@ def _bn_fn(rm, rv):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_batch_norm_on_undeclared_captured_stats_is_refused_not_doubled(dtype):
+@pytest.mark.parametrize("other_state", [False, True])
+def test_batch_norm_on_undeclared_captured_stats_is_refused_not_doubled(dtype, other_state):
     x = torch.randn(5, 3, dtype=dtype, generator=torch.Generator().manual_seed(0), requires_grad=True)
     ref_rm = torch.zeros(3, dtype=dtype)
     F.batch_norm(x, ref_rm, torch.ones(3, dtype=dtype), training=True, momentum=0.5)
 
     rm, rv = torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)
-    y = checkpoint(_bn_fn(rm, rv), x)
+    # Nothing declared, or something else declared with a whole snapshot (no forward mode).
+    opts = {"state": [torch.zeros(2)], "preserve": "whole"} if other_state else {}
+    y = checkpoint(_bn_fn(rm, rv), x, **opts)
     with pytest.raises(UndeclaredStateError, match=r"captured variable 'r[mv]'.*native_batch_norm.*state="):
         y.pow(2).sum().backward()
     assert torch.equal(rm, ref_rm)  # the forward's update, once
