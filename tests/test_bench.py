@@ -108,6 +108,8 @@ def test_summary_is_recomputed_from_rows_with_the_contract_keys(rows):
     keys = {"method", "policy", "feasible", "peak_bytes", "step_time_s", "fits_budget",
             "semantic_checks", "predicted_peak_bytes", "predicted_time_s"}
     assert all(keys <= set(e) for e in m)
+    assert all(isinstance(e["peak_bytes"], int) and isinstance(e["predicted_peak_bytes"], (int, type(None)))
+               for e in m)
     eager = m[0]
     times = [r["step_time_s"] for r in rows if r["method"] == "eager"]
     assert eager["step_time_s"] == pytest.approx(sum(times) / len(times))

@@ -27,6 +27,11 @@ def _num(v: Any) -> Any:
     return None if isinstance(v, float) and math.isnan(v) else v
 
 
+def _int(v: Any) -> int | None:
+    v = _num(v)
+    return None if v is None else int(v)
+
+
 def summarize(rows: pd.DataFrame) -> dict:
     """Recompute the run summary from raw rows.
 
@@ -55,8 +60,8 @@ def summarize(rows: pd.DataFrame) -> dict:
                  "write_fraction": float(c0["write_fraction"]),
                  "live_versions": int(c0["live_versions"]), "width": int(c0["width"]),
                  "batch": int(c0["batch"]), "budget_bytes": int(c0["budget_bytes"]),
-                 "min_eager_whole_peak_bytes": _num(c0["min_eager_whole_peak_bytes"]),
-                 "min_joint_peak_bytes": _num(c0["min_joint_peak_bytes"]),
+                 "min_eager_whole_peak_bytes": _int(c0["min_eager_whole_peak_bytes"]),
+                 "min_joint_peak_bytes": _int(c0["min_joint_peak_bytes"]),
                  "profile_hash": str(c0["profile_hash"]), "methods": []}
         present = list(dict.fromkeys(cdf["method"]))
         for m in [m for m in METHODS if m in present]:
@@ -81,7 +86,7 @@ def summarize(rows: pd.DataFrame) -> dict:
                 "semantic_checks": "fail" if (mdf["semantic_checks"] == "fail").any() or errors
                 else ("pass" if (mdf["semantic_checks"] == "pass").all() else "not_run"),
                 "semantic_detail": str(m0["semantic_detail"] or ""),
-                "predicted_peak_bytes": _num(m0["predicted_peak_bytes"]),
+                "predicted_peak_bytes": _int(m0["predicted_peak_bytes"]),
                 "predicted_time_s": _num(m0["predicted_time_s"]),
                 "error": "; ".join(errors),
             })
