@@ -216,3 +216,17 @@ def test_milp_is_byte_exact_on_gib_cards_with_byte_level_option_gaps():
                 if got.feasible:
                     assert got.predicted_time_s >= ref.predicted_time_s * (1 - 1e-9)
     assert proven >= 12, proven  # the byte-level budgets (lo - 1, lo, lo + 7) are all exact
+
+
+@pytest.mark.parametrize("planner", ["joint", "eager_whole"])
+@pytest.mark.parametrize("budget_gib", [32, 40.75, 44])
+def test_milp_matches_the_dp_on_the_pressure_card(planner, budget_gib):
+    # Unscaled GiB coefficients once made HiGHS return all-whole (3.92 s) as "optimal" at 44 GiB.
+    from stateremat.planner import activation_pressure_card
+
+    card = activation_pressure_card()
+    ref, got = plan(card, int(budget_gib * GiB), planner), milp(card, int(budget_gib * GiB), planner)
+    assert got.optimal and got.feasible == ref.feasible
+    assert got.min_feasible_peak_bytes == ref.min_feasible_peak_bytes
+    if ref.feasible:
+        assert got.predicted_time_s == pytest.approx(ref.predicted_time_s, rel=1e-9)

@@ -10,10 +10,11 @@ relative to each segment's smallest retained bytes ``rmin_i`` and the temporary 
                Σ (r[i,o] - rmin_i) x[i,o] + Q' ≤ S         (budget)
 
 with the slack ``S = M - P - Σ rmin_i - qf`` computed exactly in integers (``S < 0``: no policy
-fits). Rows stay in bytes: HiGHS' feasibility tolerance (1e-7) is then far below one byte, and
-offsetting keeps the numbers small, so GiB-scale cards whose options differ by a few bytes are
-solved byte-exactly (an earlier form scaled rows by ``1/(M - P)``, which let the tolerance
-swallow hundreds of bytes). The returned policy is re-scored exactly and, if a tolerance still
+fits). Memory rows use a power-of-two unit (exact in float) that brings the largest
+coefficient near 2^10, so HiGHS' 1e-7 feasibility tolerance stays below a byte for offsets up
+to ~2^33 bytes and its presolve sees well-scaled rows; GiB-scale cards whose options differ by
+a few bytes are then solved byte-exactly (an earlier form scaled rows by ``1/(M - P)``, which
+let the tolerance swallow hundreds of bytes). The returned policy is re-scored exactly and, if a tolerance still
 let it exceed ``M``, re-solved with a tightened budget (then no longer claimed optimal: HiGHS
 accepts binaries within 1e-6 of 0/1, which on GiB coefficients can hide up to ~1 KiB).
 """
@@ -54,6 +55,12 @@ def _solve(tables: CostTables, slack: float, objective: str, time_limit_s: float
     rmin, qf = _offsets(tables)
     dr = (tables.r[seg, opt] - rmin[seg]).astype(np.float64)  # exact: sizes ≤ 2^53
     dq = (tables.q[seg, opt] - qf).astype(np.float64)
+    # Power-of-two units (exact in float) bring the largest coefficient near 2^10: raw GiB
+    # coefficients upset HiGHS' presolve (it returned a clearly suboptimal "optimal" policy),
+    # while 2^10 units keep its 1e-7 feasibility tolerance below a byte up to 2^33-byte ranges.
+    top = max(float(np.abs(dr).max()), float(np.abs(dq).max()), 1.0)
+    unit = 2.0 ** max(int(np.floor(np.log2(top))) - 10, 0)
+    dr, dq, slack = dr / unit, dq / unit, slack / unit
     if objective == "time":
         cmax = float(tables.c[seg, opt].max()) or 1.0
         obj = np.r_[tables.c[seg, opt] * (1e4 / (cmax * n)), 0.0]
