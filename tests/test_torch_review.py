@@ -214,3 +214,21 @@ def test_state_buffers_and_bool_granularity():
         checkpoint(torch.sin, x, granularity_bytes=True)
     with pytest.raises(TypeError, match=r"state= expects tensors.*Tip"):
         checkpoint(torch.sin, x, state={"a": 1})
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_unannotated_alias_of_pre_existing_storage_is_not_taken_as_new(dtype):
+    # aten._unsafe_view returns an alias its schema does not annotate; writing through it
+    # still writes the pre-existing (deeply hidden) tensor and must be refused at replay.
+    deep = {"a": [{"b": torch.zeros(2, 2, dtype=dtype)}]}
+    x = torch.ones(4, dtype=dtype, requires_grad=True)
+
+    def seg(t):
+        flat = torch.ops.aten._unsafe_view(deep["a"][0]["b"], [4])
+        flat.add_(1)
+        return (t * flat).exp()
+
+    y = checkpoint(seg, x)
+    with pytest.raises(UndeclaredStateError, match="at recomputation by aten.add_"):
+        y.sum().backward()
+    assert torch.equal(deep["a"][0]["b"], torch.ones(2, 2, dtype=dtype))

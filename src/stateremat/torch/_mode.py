@@ -112,7 +112,10 @@ class StateMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if _writes(func):
+        writes = _WRITES.get(func)
+        if writes is None:
+            writes = _writes(func)
+        if writes:
             for w in written_tensors(func, args, kwargs):
                 if self.role == "forward":
                     _before_forward_write(func, args, kwargs, w)
@@ -120,26 +123,30 @@ class StateMode(TorchDispatchMode):
                     self._before_replay_write(func, args, kwargs, w)
         out = func(*args, **kwargs)
         if self.role == "replay":
-            fresh = _fresh(func)
-            if fresh:
-                self._record_created(out, () if func in _LIFT else args, fresh)
+            fresh = _FRESH.get(func)
+            if fresh is None:
+                fresh = _fresh(func)
+            if fresh == (0,) and type(out) is torch.Tensor:  # the common case
+                self._record_one(out, () if func in _LIFT else args)
+            elif fresh:
+                outs = out if type(out) is tuple or type(out) is list else (out,)
+                for i in fresh:
+                    if i < len(outs) and isinstance(outs[i], torch.Tensor):
+                        self._record_one(outs[i], () if func in _LIFT else args)
         return out
 
-    def _record_created(self, out: Any, args: tuple, fresh: tuple[int, ...]) -> None:
+    def _record_one(self, t: torch.Tensor, args: tuple) -> None:
         # Keys are raw storage addresses (cheaper than storage_key; host and device
         # allocations do not share addresses). 0 is a meta or empty storage.
-        outs = out if type(out) is tuple or type(out) is list else (out,)
-        created = self.created
-        for i in fresh:
-            t = outs[i] if i < len(outs) else None
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
-                ptr = t.untyped_storage().data_ptr()
-                # Some ops (``_unsafe_view``, ``unsafe_split``) return an unannotated alias of an argument.
-                if ptr and ptr not in created and not any(
-                    isinstance(a, torch.Tensor) and a.layout == torch.strided
-                    and a.untyped_storage().data_ptr() == ptr for a in args
-                ):
-                    created.add(ptr)
+        if t.layout != torch.strided:
+            return
+        ptr = t.untyped_storage().data_ptr()
+        if ptr and ptr not in self.created:
+            # Some ops (``_unsafe_view``, ``unsafe_split``) return an unannotated alias of an argument.
+            for a in args:
+                if isinstance(a, torch.Tensor) and a.layout == torch.strided and a.untyped_storage().data_ptr() == ptr:
+                    return
+            self.created.add(ptr)
 
     def _before_replay_write(self, func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
         key = storage_key(w)
