@@ -8,8 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stateremat.workloads import _datasets
 from stateremat.workloads._datasets import (
     FASHION_MNIST_DIR,
+    detect_dataset,
     fit_validation_split,
     load_cifar100,
     load_dataset,
@@ -106,3 +108,32 @@ def test_fit_validation_split_is_fixed_and_disjoint():
     np.testing.assert_array_equal(val, val2)
     with pytest.raises(ValueError, match="0 < n_validation < n_train"):
         fit_validation_split(10, 10)
+
+
+def test_detect_dataset_from_file_names(tmp_path):
+    _write_cifar100(tmp_path / "c", 4, 2, np.random.default_rng(3))
+    assert detect_dataset(tmp_path / "c") == "cifar-100"                      # the parent
+    assert detect_dataset(tmp_path / "c" / "cifar-100-python") == "cifar-100"
+    (tmp_path / "c" / "cifar-100-python" / "meta").unlink()                 # meta is required
+    assert detect_dataset(tmp_path / "c") is None
+    (tmp_path / "f").mkdir()
+    _write_idx(tmp_path / "f" / "train-images-idx3-ubyte.gz", np.zeros((1, 28, 28)), 2051)
+    assert detect_dataset(tmp_path / "f") == "fashion-mnist"
+    assert detect_dataset(tmp_path) is None
+
+
+def test_fashion_mnist_name_on_a_cifar100_folder_says_so(tmp_path):
+    _write_cifar100(tmp_path, 4, 2, np.random.default_rng(4))
+    with pytest.raises(FileNotFoundError, match="looks like CIFAR-100.*add --dataset cifar-100"):
+        load_dataset("fashion-mnist", tmp_path / "cifar-100-python")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):   # a plain empty folder
+        load_dataset("fashion-mnist", tmp_path / "empty")
+
+
+def test_digits_fallback_carries_a_warning(tmp_path, monkeypatch):
+    monkeypatch.setattr(_datasets, "FASHION_MNIST_DIR", tmp_path / "absent")
+    d = load_dataset("fashion-mnist")
+    assert d.name == "digits" and d.train_x.shape == (1497, 1, 8, 8)
+    assert "Fashion-MNIST package files not found" in d.note and "apt-get install" in d.note
+    assert load_dataset("digits").note == ""   # asked for by name: nothing to warn about

@@ -10,13 +10,13 @@ from __future__ import annotations
 import gzip
 import os
 import pickle
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["ImageData", "FASHION_MNIST_DIR", "fit_validation_split", "load_cifar100",
-           "load_dataset", "load_digits", "load_fashion_mnist"]
+__all__ = ["ImageData", "FASHION_MNIST_DIR", "detect_dataset", "fit_validation_split",
+           "load_cifar100", "load_dataset", "load_digits", "load_fashion_mnist"]
 
 FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 
@@ -31,6 +31,8 @@ class ImageData:
         test_x: uint8 ``(n_test, c, h, w)``; test_y: int64 ``(n_test,)``.
         num_classes: label count.
         source: the files read.
+        note: a warning about how the data was chosen (e.g. the digits fallback), "" if none;
+            runners print it and record it.
     """
 
     name: str
@@ -40,6 +42,7 @@ class ImageData:
     test_y: np.ndarray
     num_classes: int
     source: str
+    note: str = ""
 
 
 def _read_idx(path: Path, magic: int) -> np.ndarray:
@@ -133,9 +136,45 @@ def load_digits() -> ImageData:
     return ImageData("digits", x[:1497], y[:1497], x[1497:], y[1497:], 10, "sklearn.datasets.load_digits")
 
 
+_CIFAR100_FILES = ("train", "test", "meta")
+
+
+def detect_dataset(path: str | os.PathLike) -> str | None:
+    """Which dataset a ``--data`` folder holds, from its file names only (nothing is unpickled).
+
+    Args:
+        path: a folder.
+
+    Returns:
+        ``"cifar-100"`` if it (or its ``cifar-100-python`` subfolder) holds the python archive's
+        ``train``, ``test`` and ``meta`` files; ``"fashion-mnist"`` if it holds the IDX file
+        ``train-images-idx3-ubyte.gz``; else None.
+    """
+    root = Path(path)
+    for folder in (root, root / "cifar-100-python"):
+        if all((folder / f).is_file() for f in _CIFAR100_FILES):
+            return "cifar-100"
+    if (root / "train-images-idx3-ubyte.gz").is_file():
+        return "fashion-mnist"
+    return None
+
+
 def load_dataset(name: str, data: str | os.PathLike | None = None) -> ImageData:
-    """By name: ``"cifar-100"`` (needs ``data``), ``"fashion-mnist"`` (falls back to ``digits``
-    only when the package files are absent — the returned ``name`` says which was used)."""
+    """By name: ``"cifar-100"`` (needs ``data``), ``"fashion-mnist"`` or ``"digits"``.
+
+    Args:
+        name: dataset name.
+        data: folder of the dataset's files; None: the Debian package's Fashion-MNIST files.
+
+    Returns:
+        The official partition. ``"fashion-mnist"`` without ``data`` falls back to scikit-learn's
+        ``digits`` when the package files are absent: the returned ``name`` says ``"digits"`` and
+        ``note`` carries a warning to print and record.
+
+    Raises:
+        FileNotFoundError: a named folder lacks the dataset's files (the message says when the
+            folder holds the other dataset). ValueError: unknown name; cifar-100 without data.
+    """
     if name == "cifar-100":
         if data is None:
             raise ValueError("load_dataset: cifar-100 needs --data PATH (the extracted "
@@ -143,8 +182,16 @@ def load_dataset(name: str, data: str | os.PathLike | None = None) -> ImageData:
         return load_cifar100(data)
     if name == "fashion-mnist":
         root = Path(data) if data is not None else FASHION_MNIST_DIR
-        if not (root / "train-images-idx3-ubyte.gz").is_file() and data is None:
-            return load_digits()
+        if not (root / "train-images-idx3-ubyte.gz").is_file():
+            if data is None:
+                return replace(load_digits(), note=(
+                    f"load_dataset: Fashion-MNIST package files not found under {root}; fell back "
+                    "to scikit-learn's 1,797 8x8 digits (results are not comparable to "
+                    "Fashion-MNIST runs). Tip: apt-get install -y dataset-fashion-mnist."))
+            if detect_dataset(root) == "cifar-100":
+                raise FileNotFoundError(
+                    f"load_dataset: {root} holds no Fashion-MNIST files, but this looks like "
+                    "CIFAR-100 (train, test, meta pickles). Tip: add --dataset cifar-100.")
         return load_fashion_mnist(root)
     if name == "digits":
         return load_digits()
