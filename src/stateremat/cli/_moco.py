@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from ._app import app_app, fail
+from ._app import app_app, check_out_dir, fail
 
 
 @app_app.command("moco")
@@ -14,10 +14,13 @@ def moco(
     preset: str = typer.Option("cpu", help="tiny | cpu | paper (paper: GPU + CIFAR-100 --data)."),
     seeds: str = typer.Option("2701:2703", help="Half-open seed range A:B."),
     out: Path = typer.Option(..., help="Run folder (resumable: rerun with the same --out)."),
-    data: Optional[Path] = typer.Option(None, help="CIFAR-100 python folder, or a Fashion-MNIST "
-                                        "folder; default: the Debian package files."),
-    dataset: Optional[str] = typer.Option(None, help="Override the preset's dataset: "
-                                          "fashion-mnist | cifar-100 | digits."),
+    data: Optional[Path] = typer.Option(None, help="Dataset folder: the extracted "
+                                        "cifar-100-python folder (or its parent), or a folder of "
+                                        "Fashion-MNIST IDX .gz files; which one is detected from "
+                                        "the file names. Default: the Debian package's "
+                                        "Fashion-MNIST files."),
+    dataset: Optional[str] = typer.Option(None, help="Override the preset's (and --data's "
+                                          "detected) dataset: fashion-mnist | cifar-100 | digits."),
     device: Optional[str] = typer.Option(None, help="cpu | cuda (default: cuda when present)."),
     methods: Optional[str] = typer.Option(None, help="Comma-separated subset of the seven methods."),
     threads: Optional[int] = typer.Option(None, help="torch intra-op threads (1 is fastest on a "
@@ -27,32 +30,58 @@ def moco(
     from dataclasses import replace
 
     from ..contract import RecordsError, parse_seed_range
-    from ..experiments._moco_app import PRESETS, run_moco
-    from ..experiments._moco_app import METHODS
+    from ..experiments._moco_app import METHODS, PRESETS, check_threads, resolve_device, run_moco
+    from ..experiments._moco_summary import failed_runs
+    from ..workloads._datasets import detect_dataset
 
+    api = "app moco"
     if preset not in PRESETS:
-        raise fail(f"app moco: unknown --preset {preset!r}; expected one of {sorted(PRESETS)}. "
+        raise fail(f"{api}: unknown --preset {preset!r}; expected one of {sorted(PRESETS)}. "
                    "Tip: use cpu here, paper on a GPU with --data.")
     try:
         seed_list = parse_seed_range(seeds)
     except ValueError as exc:
-        raise fail(f"app moco: bad --seeds {seeds!r}: {exc}")
+        raise fail(f"{api}: bad --seeds {seeds!r}: {exc}")
     chosen = tuple(m.strip() for m in methods.split(",")) if methods else METHODS
     bad = [m for m in chosen if m not in METHODS]
     if bad:
-        raise fail(f"app moco: unknown methods {bad}; expected a subset of {list(METHODS)}. "
+        raise fail(f"{api}: unknown methods {bad}; expected a subset of {list(METHODS)}. "
                    "Tip: omit --methods to run all seven.")
-    cfg = PRESETS[preset] if dataset is None else replace(PRESETS[preset], dataset=dataset)
+    try:   # before anything is written: torch would raise later, mid-run
+        check_threads(threads)
+        resolve_device(device)
+    except ValueError as exc:
+        raise fail(str(exc))
+    check_out_dir(f"stateremat {api}", out)
+    if data is not None and not data.is_dir():
+        raise fail(f"{api}: --data {str(data)!r} is not a folder. Tip: pass the extracted "
+                   "cifar-100-python folder or a folder of Fashion-MNIST IDX .gz files.")
+    cfg = PRESETS[preset]
+    if dataset is not None:
+        cfg = replace(cfg, dataset=dataset)
+    elif data is not None:
+        found = detect_dataset(data)
+        if found is not None and found != cfg.dataset:
+            typer.echo(f"note: --data {data} holds {found}; using it (pass --dataset to override)",
+                       err=True)
+            cfg = replace(cfg, dataset=found)
     try:
         summary = run_moco(cfg, seed_list, out, data=data, device=device, methods=chosen,
                            threads=threads)
-    except (FileNotFoundError, RecordsError) as exc:
+    except (FileNotFoundError, RecordsError, ValueError) as exc:
         raise fail(str(exc))
-    except ValueError as exc:
-        raise fail(str(exc))
-    n_ok = sum(m["scores_sha256"] is not None for m in summary["methods"])
-    typer.echo(f"dataset {summary['dataset']}: {n_ok}/{len(summary['methods'])} method runs "
-               f"finished; identical_within_seed={summary['identical_within_seed']}; "
+    entries = summary["methods"]
+    n_ok = sum(e["status"] == "ok" for e in entries)
+    typer.echo(f"dataset {summary['dataset']}: {n_ok}/{len(entries)} method runs "
+               f"finished; identical_within_seed={summary['identical_within_seed']} "
+               f"(methods compared per seed: {summary['methods_compared']}); "
                f"summary: {Path(out) / 'summary.json'}")
-    if not summary["identical_within_seed"]:
+    for f in failed_runs(out):   # recorded in the rows; said here so nobody has to dig
+        first = (str(f["error"] or "").strip().splitlines() or [""])[0]
+        typer.echo(f"failed: seed {f['seed']} {f['method']}: {f['error_type']}: {first}", err=True)
+    for e in entries:
+        if e["status"] == "score file mismatch":
+            typer.echo(f"score file mismatch: seed {e['seed']} {e['method']}: the file on disk "
+                       "differs from its row's hash", err=True)
+    if n_ok < len(entries) or summary["identical_within_seed"] is False:
         raise typer.Exit(1)

@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,11 +20,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..contract import RecordStore, atomic_write_bytes
+from ..contract import RecordStore, atomic_write_bytes, loadavg
 from ._moco_summary import KEY, METHODS, TABLE, summarize, write_summary
 
-__all__ = ["METHODS", "MocoPreset", "PRESETS", "TABLE", "run_moco", "train_one", "summarize",
-           "write_summary"]
+__all__ = ["METHODS", "MocoPreset", "PRESETS", "TABLE", "check_threads", "resolve_device",
+           "run_moco", "train_one", "summarize", "write_summary"]
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,51 @@ PRESETS: dict[str, MocoPreset] = {
 }
 
 
-def _device(name: str | None):
+def resolve_device(name: str | None):
+    """The torch device for ``--device``, refused before anything is written if unusable.
+
+    Args:
+        name: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``; None picks CUDA when present, else CPU.
+
+    Returns:
+        ``torch.device``.
+
+    Raises:
+        ValueError: not a cpu/cuda device name, or CUDA requested but unavailable (or ``N`` past
+            the visible device count).
+    """
     import torch
 
-    if name:
-        return torch.device(name)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not name:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"app moco: --device {name!r} is not a device name ({exc}); expected "
+                         "cpu or cuda[:N]. Tip: omit --device to pick CUDA when present.") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"app moco: --device {name!r} has type {dev.type!r}; expected cpu or "
+                         "cuda[:N]. Tip: omit --device to pick CUDA when present.")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"app moco: --device {name!r} but torch.cuda.is_available() is False "
+                             f"(torch {torch.__version__}). Tip: use --device cpu, or a CUDA "
+                             "build of torch on a GPU machine.")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"app moco: --device {name!r} but only {torch.cuda.device_count()} "
+                             "CUDA device(s) are visible. Tip: use cuda:0.")
+    return dev
+
+
+def check_threads(threads: int | None) -> None:
+    """Refuse a torch intra-op thread count below 1 (``torch.set_num_threads`` would raise).
+
+    Raises:
+        ValueError: ``threads`` is not None and below 1.
+    """
+    if threads is not None and threads < 1:
+        raise ValueError(f"app moco: --threads must be at least 1, got {threads}. Tip: 1 is "
+                         "fastest on a shared, oversubscribed machine; omit it for the preset's.")
 
 
 def _sync(device) -> None:
@@ -244,6 +284,8 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
 
     Raises:
         RecordsError: ``out_dir`` holds a run with a different configuration.
+        ValueError: unknown method, unusable ``device`` or ``threads`` below 1 (before anything
+            is written).
 
     Danger:
         Byte identity across methods assumes deterministic kernels on one device and thread
@@ -259,24 +301,30 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
     if bad:
         raise ValueError(f"run_moco: unknown methods {bad}; expected a subset of {METHODS}. "
                          "Tip: omit --methods to run all seven.")
-    dev = _device(device)
-    old_threads = torch.get_num_threads()
+    dev = resolve_device(device)
     threads = threads if threads is not None else preset.threads
-    if threads is not None:
-        torch.set_num_threads(threads)
+    check_threads(threads)
     images = load_dataset(preset.dataset, data)
-    split = make_split(images, preset.n_validation, preset.fit_images, preset.validation_images,
-                       preset.test_images)
-    config = {"preset": asdict(preset), "dataset": images.name, "data_source": images.source,
-              "device": str(dev), "torch": torch.__version__, "threads": torch.get_num_threads()}
-    store = RecordStore(out_dir, TABLE, key=list(KEY), meta=config)
-    done = _done(store)
-    todo = [(s, m) for s in seeds for m in methods if (s, m) not in done]
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    if images.note:   # e.g. the digits fallback: said now, and recorded in the sidecar
+        print(f"warning: {images.note}", file=sys.stderr)
+    old_threads = torch.get_num_threads()
     was_det = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    steps = preset.encoder_epochs * (len(split.fit_x) // preset.batch_size)
-    try:
+    try:   # thread count and determinism are restored however the run ends
+        if threads is not None:
+            torch.set_num_threads(threads)
+        split = make_split(images, preset.n_validation, preset.fit_images,
+                           preset.validation_images, preset.test_images)
+        config = {"preset": asdict(preset), "dataset": images.name, "data_source": images.source,
+                  "device": str(dev), "torch": torch.__version__,
+                  "threads": torch.get_num_threads()}
+        if images.note:
+            config["data_note"] = images.note
+        store = RecordStore(out_dir, TABLE, key=list(KEY), meta=config)
+        done = _done(store)
+        todo = [(s, m) for s in seeds for m in methods if (s, m) not in done]
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        steps = preset.encoder_epochs * (len(split.fit_x) // preset.batch_size)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), disable=not progress) as bar:
             runs = bar.add_task("moco runs", total=len(todo))
@@ -295,6 +343,7 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
 
 def _run_row(preset: MocoPreset, split, seed: int, method: str, dev, out_dir,
              on_step: Callable[[], None]) -> dict[str, Any]:
+    load = loadavg()   # the machine is shared: encoder times are read next to its load
     plan_fields: dict[str, Any] = {"budget_bytes": None, "feasible": None,
                                    "predicted_peak_bytes": None, "predicted_time_s": None}
     try:
@@ -315,10 +364,11 @@ def _run_row(preset: MocoPreset, split, seed: int, method: str, dev, out_dir,
     except Exception as exc:  # recorded, never hidden: the row says what failed
         return {"seed": seed, "method": method, "dataset": split.dataset, "preset": preset.name,
                 "device": str(dev), "outcome": "error", "error_type": type(exc).__name__,
-                "error": str(exc)[:2000], **plan_fields}
+                "error": str(exc)[:2000], "loadavg": load, **plan_fields}
     data = _scores_bytes(row.pop("scores"))
     path = scores_path(out_dir, seed, method)
     atomic_write_bytes(path, data)
     return {**row, **plan_fields, "outcome": "ok", "error_type": None, "error": None,
+            "loadavg": load,
             "scores_file": str(path.relative_to(out_dir)),
             "scores_sha256": hashlib.sha256(data).hexdigest()}
