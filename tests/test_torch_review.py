@@ -232,3 +232,16 @@ def test_unannotated_alias_of_pre_existing_storage_is_not_taken_as_new(dtype):
     with pytest.raises(UndeclaredStateError, match="at recomputation by aten.add_"):
         y.sum().backward()
     assert torch.equal(deep["a"][0]["b"], torch.ones(2, 2, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_region_input_with_its_own_version_counter_is_witnessed(dtype):
+    # Same storage as the declared tensor but a separate version counter (set_): an outside
+    # write through it must still be seen as a journal gap and refused (R8).
+    base = torch.ones(8, dtype=dtype)
+    other = torch.empty(0, dtype=dtype).set_(base.untyped_storage(), 4, (4,), (1,))
+    w = torch.ones(4, dtype=dtype, requires_grad=True)
+    y = checkpoint(lambda w, x: (w * x).exp(), w, other, state=[base[:4]], preserve="region")
+    other.add_(1)
+    with pytest.raises(ReplayError, match="input of segment"):
+        y.sum().backward()

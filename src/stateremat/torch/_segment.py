@@ -157,10 +157,13 @@ class Segment:
         item = items.get(storage_key(x))
         if item is None:
             return False
-        # A region journal covers every byte of the storage (gaps are refused); a whole
-        # snapshot covers [lo, hi), all of the storage today.
-        lo, hi = byte_extent(x)
-        return item.kind == "region" or (item.lo <= lo and hi <= item.hi)
+        if item.kind == "region":
+            # The journal covers every byte of the storage; an unjournaled write through this
+            # input (its version counter may differ from the declared views') is a gap (R8).
+            item.tracker.add_witness(x, f"input of segment {self.name!r}")
+            return True
+        lo, hi = byte_extent(x)  # a whole snapshot covers [lo, hi), all of the storage today
+        return item.lo <= lo and hi <= item.hi
 
     def inputs(self) -> tuple[tuple, dict]:
         leaves = [x.unpack() if isinstance(x, SavedTensor) else x for x in self._saved]
