@@ -151,7 +151,7 @@ def test_deeply_hidden_tensor_write_is_refused_at_recomputation(dtype):
     x = torch.ones(2, dtype=dtype, requires_grad=True)
     deep = {"a": [{"b": torch.zeros(2, dtype=dtype)}]}  # beyond the forward scan's one level
     y = checkpoint(lambda t: (t * deep["a"][0]["b"].add_(1)).exp(), x)
-    with pytest.raises(UndeclaredStateError, match=r"shape \(2,\).*at recomputation by aten\.add_"):
+    with pytest.raises(UndeclaredStateError, match=r"shape \(2,\).*at recomputation by aten\.add_.*cannot help"):
         y.sum().backward()
     assert torch.equal(deep["a"][0]["b"], torch.ones(2, dtype=dtype))  # once
 

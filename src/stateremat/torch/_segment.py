@@ -71,13 +71,16 @@ def _release(txn: Transaction) -> None:
     COUNTERS.touch()
 
 
-def undeclared_message(seg: "Segment", name: str, when: str) -> str:
+def undeclared_message(seg: "Segment", name: str, when: str, reachable: bool = True) -> str:
+    alt = ", or pass on_undeclared='declare'" if reachable else (
+        " (on_undeclared='declare' cannot help: the forward's scan does not reach this tensor; "
+        "pass it as an argument, register it as a buffer, or declare it)")
     return (
         f"stateremat.torch.checkpoint: segment {seg.name!r} wrote in place to {name}, which existed "
         f"before the segment and is not declared state (expected only declared tensors to be "
         f"mutated, got a write {when}); replay would repeat this write ({rule('R7')}). Tip: declare "
         "it, e.g. checkpoint(fn, ..., state=[tensor_or_module]) or StatefulCheckpoint(block, "
-        "state='buffers'), or pass on_undeclared='declare'."
+        f"state='buffers'){alt}."
     )
 
 
@@ -126,13 +129,16 @@ class Segment:
 
     def undeclared_at_replay(self, w: torch.Tensor, func: Any, what: str) -> None:
         """Called by the replay mode before ``func`` writes pre-existing undeclared state (R7)."""
-        args, kwargs = self.inputs()
+        try:
+            args, kwargs = self.inputs()
+        except RuntimeError:  # an input changed since the forward: name from fn alone
+            args, kwargs = (), {}
         key = storage_key(w)
-        names = [n for n, t in reachable(self.fn, args, kwargs) if t.layout == torch.strided and storage_key(t) == key]
+        names = [n for n, t in reachable(self.fn, args, kwargs) if storage_key(t) == key]
         name = describe(names[0]) if names else f"a tensor of shape {tuple(w.shape)} {w.dtype} the scan cannot name"
         raise UndeclaredStateError(undeclared_message(
             self, name, f"at recomputation by {func} to {what} (not applied; the forward already made "
-            "this write once, the replay would make it twice)"))
+            "this write once, the replay would make it twice)", reachable=bool(names)))
 
     # -- inputs (Rule 2 of torch's note: inputs are saved tensors of the enclosing segment) --
     def save_inputs(self, args: tuple, kwargs: dict) -> None:
