@@ -8,7 +8,9 @@
    Both include the backward's replay, which always runs under the dispatch mode that refuses
    writes to undeclared pre-existing storages (R7).
 1b. Informational worst case for that replay-time mode: a segment of 100 tiny ops (64
-   floats), where per-op Python dispatch cost dominates; same A/B median ratio.
+   floats), where per-op Python dispatch cost dominates; same A/B median ratio. Also the
+   median absolute extra time per segment (forward + backward of a tiny block, ours - torch),
+   which bounds the systematic part of the ratio in 1 less noisily than the ratio itself.
 2. Retained preservation bytes: a declared 64 MiB queue (65,536 x 256 float32) of which
    0.1 % of the rows are written per step (MoCo-style enqueue). Bytes retained after the
    forward under ``preserve="region"`` vs ``"whole"``. Target: region/whole < 0.02.
@@ -104,7 +106,20 @@ def small_op_overhead(pairs: int, device: torch.device) -> dict:
     for i in range(4 * pairs):
         ta, tb = (step(a), step(b)) if i % 2 == 0 else reversed((step(b), step(a)))
         ratios.append(tb / ta)
-    return {"median_ratio_small_ops": statistics.median(ratios), "pairs": 4 * pairs}
+    tiny, h0 = nn.Sequential(nn.Linear(8, 8), nn.ReLU()).to(device), torch.randn(4, 8, device=device, requires_grad=True)
+
+    def seg_step(ckpt) -> float:
+        t0 = time.perf_counter()
+        ckpt(tiny, h0).sum().backward()
+        _sync()
+        return time.perf_counter() - t0
+
+    diffs = []
+    for i in range(20 * pairs):
+        ta, tb = (seg_step(a), seg_step(b)) if i % 2 == 0 else reversed((seg_step(b), seg_step(a)))
+        diffs.append(tb - ta)
+    return {"median_ratio_small_ops": statistics.median(ratios), "pairs": 4 * pairs,
+            "median_extra_per_segment_s": statistics.median(diffs)}
 
 
 def queue_bytes(steps: int, device: torch.device, K: int = 65536, D: int = 256) -> dict:
@@ -163,6 +178,9 @@ def main() -> None:
     sm = small_op_overhead(args.pairs, device)
     print(f"small_op_segment_ratio_median={sm['median_ratio_small_ops']:.4f} pairs={sm['pairs']} "
           "(informational worst case: 100 ops on 64 floats, replay under the dispatch mode)")
+    print(f"extra_time_per_segment_median_s={sm['median_extra_per_segment_s']:.2e} "
+          f"(x16 segments = {16 * sm['median_extra_per_segment_s'] / o['median_step_torch_s']:.4f} of the "
+          "torch MLP step: the systematic part of overhead_ratio - 1)")
     q = queue_bytes(args.queue_steps, device)
     print(f"queue {q['queue_bytes']} bytes, {q['written_bytes_per_step']} bytes written per step: "
           f"retained whole={q['whole_retained_bytes']:.0f} region={q['region_retained_bytes']:.0f} bytes; "
