@@ -11,6 +11,16 @@ exactly when its rows are in that table: a killed or crashed child leaves none, 
 as failed in ``cohort_processes`` (exit code, stderr tail) and is re-run on resume; finished
 processes are never redone, and every attempt's status row is kept.
 
+Frozen profile: before launching anything the parent measures (or takes from ``--profile``)
+one profile card per cell, stores it in ``out_dir/profile/<cell>.json`` and its hash in the
+cohort config; each process receives the card's bytes and plans on it, so the profile digest
+is identical across processes (rows carry ``profile_hash``; the report checks it).
+
+Threads: each process runs with ``threads`` CPU threads (default 1) and ``jobs`` processes run
+at once (default cores // threads on CPU, 1 on CUDA). Concurrency changes absolute times;
+the report compares ratios of methods paired within one process (the runtime interleaves
+them on CPU), which see the same neighbours.
+
 Layout under ``out_dir``: ``cohort_timing/`` + ``.json`` (raw step rows, key
 ``process, cell, method, step``) and ``cohort_processes/`` + ``.json`` (one row per attempt).
 """

@@ -238,14 +238,14 @@ def figure_memory_time(s: dict[str, Any], stem: Path) -> list[Path]:
         ax.axvspan(budget / bd, hi + pad, color="#f4cccc", alpha=0.6,
                    label=f"above the logical {budget / bd:.3g} {bu} budget (not an OOM)")
         ax.axvline(budget / bd, color="#cc0000", linewidth=0.8)
-        for r in rows:
+        for i, r in enumerate(sorted(rows, key=lambda r: r["peak_bytes"])):
             x, y = r["peak_bytes"] / bd, r["mean_step_time_s"] * tm
             ax.errorbar(x, y, yerr=[[y - r["min_step_time_s"] * tm],
                                     [r["max_step_time_s"] * tm - y]],
                         fmt="o", color=method_color(r["method"]), ecolor="black", capsize=2,
                         markersize=7 if r["method"] in ("joint", "eager_whole") else 5)
             ax.annotate(method_label(r["method"]), (x, y), textcoords="offset points",
-                        xytext=(5, 4), fontsize=8)
+                        xytext=(5, 4 if i % 2 == 0 else -11), fontsize=8)  # alternate: neighbours
         missing = [method_label(r["method"]) for r in s["methods"]
                    if r["cell"] == cell["cell"] and r["mean_step_time_s"] is None]
         if missing:
