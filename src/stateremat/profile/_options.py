@@ -80,23 +80,15 @@ def journal_scope(enabled: bool = True):
 
     A region journal must also hold the old bytes of *later* writes that destroy state its
     segment needs — including writes by eager (unwrapped) or whole-snapshot segments, which push
-    no journaling mode of their own. ``stateremat.torch`` journals writes made while its forward
-    ``StateMode`` is active; this enters it around a whole forward pass.
-
-    Danger:
-        Uses ``stateremat.torch._checkpoint._journal_mode`` (private); without it mixed plans
-        (region followed by eager/whole writers) are refused by the checkpoint with a
-        ``ReplayError`` (version gap, R8), never silently wrong.
+    no journaling mode of their own. This enters :func:`stateremat.torch.journal_writes` around a
+    whole forward pass; without it mixed plans (region followed by eager/whole writers) are
+    refused by the checkpoint with a ``ReplayError`` (version gap, R8), never silently wrong.
     """
     import contextlib
 
-    if not enabled:
-        return contextlib.nullcontext()
-    try:
-        from stateremat.torch._checkpoint import _journal_mode
-    except ImportError:
-        return contextlib.nullcontext()
-    return _journal_mode(True)
+    from stateremat.torch import journal_writes
+
+    return journal_writes() if enabled else contextlib.nullcontext()
 
 
 def sync(device: torch.device) -> None:
