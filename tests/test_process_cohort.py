@@ -97,6 +97,7 @@ def test_killed_process_is_recorded_and_rerun_on_resume_finished_ones_never_redo
     st = read_records(out, "cohort_processes")
     bad = st[st["process"] == 1].iloc[0]
     assert bad["status"] == "failed" and bad["exit_code"] == -9  # SIGKILL
+    assert bad["stderr_tail"].endswith("killed by signal 9")
     assert sorted(read_records(out, "cohort_timing")["process"].unique()) == [0, 2]
     parts_before = sorted((out / "cohort_timing").glob("part-*.parquet"))
 

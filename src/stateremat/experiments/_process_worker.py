@@ -151,6 +151,8 @@ def run_one_process(args: Sequence[str], worker_cmd: Sequence[str] | None = None
             proc = subprocess.run(cmd + list(args) + extra, env=env,
                                   capture_output=True, text=True, timeout=timeout_s)
             code, err, status = proc.returncode, proc.stderr + proc.stdout, None
+            if code < 0:  # no traceback from a signal: say which one
+                err += f"\nkilled by signal {-code}"
         except subprocess.TimeoutExpired as exc:
             code, status = -9, "timeout"
             err = _text(exc.stderr) + _text(exc.stdout) + f"\nkilled after {timeout_s} s"
