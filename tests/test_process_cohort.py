@@ -186,3 +186,36 @@ def test_dask_local_cluster_executor(tmp_path, fake):
     # each task launched its own fresh interpreter (not the parent, not a shared worker)
     assert rows.groupby("process")["pid"].nunique().eq(1).all() and rows["pid"].nunique() == 2
     assert os.getpid() not in set(rows["pid"])
+
+
+BUDGET_WORKER = textwrap.dedent('''
+    """Fake cohort worker (tests only): echoes the budget each cell was planned under."""
+    import sys
+    from stateremat.experiments._process_cohort import worker_main
+
+    def echo_runner(spec, cell, methods, *, warmups, steps, device="cpu", order=None,
+                    progress=False, card=None):
+        return [{"cell": cell.name, "method": m, "step": 0, "step_time_s": 1.0,
+                 "peak_bytes": cell.budget_bytes, "fits_budget": True, "feasible": True,
+                 "policy": None, "semantic_checks": "pass", "predicted_peak_bytes": 0,
+                 "predicted_time_s": 1.0, "profile_hash": "x", "source_hash": "x",
+                 "memory_method": "fake"} for m in methods]
+
+    if __name__ == "__main__":
+        sys.exit(worker_main(sys.argv[1:], cell_runner=echo_runner))
+''')
+
+
+def test_budget_override_reaches_the_config_and_every_process(tmp_path):
+    script = tmp_path / "budget_worker.py"
+    script.write_text(BUDGET_WORKER)
+    budget = 46 * 2**20
+    out = tmp_path / "c"
+    res = run_process_cohort(out, "fair44", 2, warmups=0, steps=1,
+                             worker_cmd=[sys.executable, str(script)],
+                             profile_fn=fake_profiles, budget_bytes=budget, progress=False)
+    assert res["ok"] == 2
+    config = json.loads((out / "cohort_timing.json").read_text())["config"]
+    assert [c["budget_bytes"] for c in config["cells"]] == [budget]
+    rows = read_records(out, "cohort_timing")
+    assert set(rows["peak_bytes"]) == {budget} and set(rows["process"]) == {0, 1}

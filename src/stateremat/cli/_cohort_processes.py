@@ -29,6 +29,9 @@ def processes(
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     timeout_s: Optional[float] = typer.Option(None, "--timeout-s",
                                               help="Kill a process after this many seconds."),
+    budget: Optional[str] = typer.Option(
+        None, "--budget", help="Override the experiment's scaled logical budget (bytes or "
+        "KiB/MiB/GiB), e.g. 46MiB; recorded in the cohort config."),
     profile: Optional[Path] = typer.Option(
         None, "--profile", help="Folder of <cell>.json profile cards to freeze (default: "
         "measure each cell's card once, before any process starts)."),
@@ -47,11 +50,19 @@ def processes(
         if v is not None and v < lo:
             raise fail(f"stateremat cohort processes: {name} must be >= {lo}, got {v}. "
                        "Tip: see --help.")
+    from ..contract import parse_size
+
+    try:
+        budget_bytes = None if budget is None else parse_size(budget)
+    except ValueError as exc:
+        raise fail(f"stateremat cohort processes: --budget: {exc}. Tip: e.g. --budget 46MiB.")
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise fail("stateremat cohort processes: --budget must be positive. Tip: e.g. --budget 46MiB.")
     try:
         res = run_process_cohort(out, experiment, n_processes, preset=preset, warmups=warmups,
                                  steps=steps, jobs=jobs, threads=threads, dask_address=dask, seed=seed,
                                  device=device, timeout_s=timeout_s, profile_dir=profile,
-                                 progress=True)
+                                 budget_bytes=budget_bytes, progress=True)
     except (RecordsError, ProfileCardError, ValueError) as exc:
         raise fail(str(exc))
     typer.echo(f"cohort {experiment}: {res['already_done']} processes already done, ran "

@@ -135,6 +135,7 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
                        profile_fn: Callable[..., dict[str, str]] | None = None,
                        worker_cmd: Sequence[str] | None = None,
                        spec_fn: Callable[[str, str], Any] | None = None,
+                       budget_bytes: int | None = None,
                        progress: bool = True) -> dict[str, Any]:
     """Run (or resume) an independent-process cohort into ``out_dir``.
 
@@ -164,6 +165,8 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         profile_fn: replaces :func:`freeze_profiles` (tests).
         worker_cmd: child command prefix (tests use a fake worker script).
         spec_fn: replaces :func:`stateremat.experiments.experiment_spec` (tests).
+        budget_bytes: override the experiment's (scaled) logical budget for every cell, bytes;
+            recorded in the cohort config and passed to every process.
         progress: show a rich progress bar.
 
     Returns:
@@ -186,6 +189,10 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
     if spec_fn is None:
         from . import experiment_spec as spec_fn  # type: ignore[no-redef]
     spec = spec_fn(experiment, preset)
+    if budget_bytes is not None:
+        from ._spec import with_budget
+
+        spec = with_budget(spec, budget_bytes)
     cards = (profile_fn or freeze_profiles)(spec, out_dir, device, profile_dir)
     from ..contract import ProfileCard
 
@@ -207,6 +214,8 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
     for p in todo:
         a = ["--experiment", experiment, "--preset", preset, "--process", str(p),
              "--seed", str(seed), "--device", device]
+        if budget_bytes is not None:
+            a += ["--budget", str(int(budget_bytes))]
         if warmups is not None:
             a += ["--warmups", str(warmups)]
         if steps is not None:

@@ -58,6 +58,10 @@ def worker_main(argv: Sequence[str] | None = None, *,
         cell_runner = cell_runner or run_cell_methods
         spec_fn = spec_fn or experiment_spec
     spec = spec_fn(a.experiment, a.preset)
+    if a.budget is not None:
+        from ._spec import with_budget
+
+        spec = with_budget(spec, a.budget)
     threads = None
     if a.threads and "torch" in sys.modules:  # env set by the launcher; make sure of it
         sys.modules["torch"].set_num_threads(a.threads)
@@ -103,6 +107,7 @@ def _worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmups", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--budget", type=int, default=None, help="logical budget override, bytes")
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads")
     p.add_argument("--profile", default=None, help="folder of frozen <cell>.json cards")
     p.add_argument("--rows-out", required=True)
