@@ -133,3 +133,11 @@ def test_parse_size_is_exact_and_bounded():
     for bad in ("1e400", float("inf"), "1e30", 2**60, True, "-1GiB"):
         with pytest.raises(ValueError, match="size"):
             parse_size(bad)
+
+
+def test_main_job_is_bench_fair():
+    from typer.testing import CliRunner
+    from stateremat.cli import app
+
+    res = CliRunner().invoke(app, ["main", "--help"])
+    assert res.exit_code == 0 and "bench fair" in res.output

@@ -5,15 +5,21 @@ from pathlib import Path
 
 import typer
 
-from ._app import app
+from ._app import app, check_out_dir
 
 
 @app.command("main")
-def main_job(out: Path = typer.Option(Path("out"), "--out", help="Folder for all records.")) -> None:
-    """Run the main job on the embedded default (currently: the finite verification suites)."""
-    from . import _verify
+def main_job(
+    out: Path = typer.Option(Path("out"), "--out", help="Folder for all records."),
+    preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu (minutes here) or h100."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+) -> None:
+    """The main job: ``bench fair`` — all seven methods on the large/sparse cell at the scaled
+    44 GiB budget (paper §10, Table 6); writes OUT/bench-fair and prints its table.
 
-    runner = getattr(_verify, "run_default", None)
-    if runner is None:
-        raise typer.Exit(f"stateremat main: no default job is registered yet")
-    runner(out)
+    Rerunning with the same --out resumes.
+    """
+    check_out_dir("stateremat main", out)
+    from ..experiments import run_fair
+
+    run_fair(out / "bench-fair", preset=preset, device=device)
