@@ -145,3 +145,17 @@ def test_bench_cli_prints_the_table_and_budget_override_is_recorded(tmp_path, mo
     assert set(rows["budget_bytes"]) == {2 * MiB}
     bad = CliRunner().invoke(app, ["bench", "fair", "--out", str(out), "--device", "tpu"])
     assert bad.exit_code == 2 and "expected cpu or cuda" in bad.output
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--warmups", "-1"], "--warmups must be >= 0"),
+    (["--budget", "0"], "--budget must be positive"),
+])
+def test_bench_rejects_bad_counts_before_running(tmp_path, args, msg):
+    from typer.testing import CliRunner
+    from stateremat.cli import app
+
+    res = CliRunner().invoke(app, ["bench", "fair", "--out", str(tmp_path / "o"), *args])
+    assert res.exit_code == 2 and msg in res.output
+    assert not (tmp_path / "o").exists()

@@ -6,17 +6,25 @@ from typing import Optional
 
 import typer
 
-from ._app import bench_app, fail
+from ._app import bench_app, check_out_dir, fail
 
 
 def _run(name: str, out: Path, preset: str, device: str, warmups: Optional[int],
          steps: Optional[int], budget: Optional[str]) -> None:
     from ..contract import RecordsError, parse_size
 
+    api = f"stateremat bench {name}"
     try:
         budget_bytes = None if budget is None else parse_size(budget)
     except ValueError as exc:
-        raise fail(f"--budget: {exc}")
+        raise fail(f"{api}: --budget: {exc}. Tip: e.g. --budget 46MiB.")
+    if budget_bytes is not None and budget_bytes <= 0:
+        raise fail(f"{api}: --budget must be positive, got {budget!r}. Tip: e.g. --budget 46MiB.")
+    if steps is not None and steps < 1:
+        raise fail(f"{api}: --steps must be >= 1, got {steps}. Tip: omit it for the preset's count.")
+    if warmups is not None and warmups < 0:
+        raise fail(f"{api}: --warmups must be >= 0, got {warmups}. Tip: omit it for the preset's count.")
+    check_out_dir(api, out)
 
     if preset not in ("cpu", "h100"):
         raise fail(f"--preset {preset!r}: expected cpu or h100. Tip: cpu runs here in minutes.")

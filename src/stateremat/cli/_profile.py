@@ -27,6 +27,9 @@ def profile_cmd(
     from ..contract import format_bytes, save_card
     from ..workloads import preset_config
 
+    if repeats < 1:
+        raise fail(f"stateremat profile: --repeats must be >= 1, got {repeats}. Tip: the default 3 "
+                   "keeps the minimum of three timed runs.")
     try:
         cfg = preset_config(preset, workload=workload, state_mib=state_mib,
                             write_fraction=write_fraction, live_versions=live,
