@@ -219,3 +219,25 @@ def test_budget_override_reaches_the_config_and_every_process(tmp_path):
     assert [c["budget_bytes"] for c in config["cells"]] == [budget]
     rows = read_records(out, "cohort_timing")
     assert set(rows["peak_bytes"]) == {budget} and set(rows["process"]) == {0, 1}
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--timeout-s", "-5"], "--timeout-s must be > 0"),
+    (["--device", "tpu"], "--device must be cpu, cuda or cuda:N"),
+])
+def test_cli_rejects_bad_timeout_and_device_before_running(tmp_path, args, msg):
+    res = CliRunner().invoke(app, ["cohort", "processes", "--experiment", "fair44",
+                                   "--processes", "1", "--out", str(tmp_path / "o"), *args])
+    assert res.exit_code == 2 and msg in res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_report_refuses_a_sidecar_without_config(tmp_path):
+    (tmp_path / "cohort_timing").mkdir()
+    import pandas as pd
+
+    pd.DataFrame({"process": [0], "method": ["eager"]}).to_parquet(
+        tmp_path / "cohort_timing" / "part-x.parquet")
+    (tmp_path / "cohort_timing.json").write_text('{"table": "cohort_timing"}')
+    res = CliRunner().invoke(app, ["report", str(tmp_path)])
+    assert res.exit_code != 0 and "not a cohort sidecar" in (res.output + str(res.exception))

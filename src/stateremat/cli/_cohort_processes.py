@@ -52,6 +52,18 @@ def processes(
                        "Tip: see --help.")
     from ..contract import parse_size
 
+    if timeout_s is not None and not timeout_s > 0:
+        raise fail(f"stateremat cohort processes: --timeout-s must be > 0, got {timeout_s}. "
+                   "Tip: omit it to wait for every process.")
+    if not (device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise fail(f"stateremat cohort processes: --device must be cpu, cuda or cuda:N, got "
+                   f"{device!r}. Tip: use cpu here.")
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise fail("stateremat cohort processes: --device cuda, but torch sees no CUDA "
+                       "device. Tip: use --device cpu.")
     try:
         budget_bytes = None if budget is None else parse_size(budget)
     except ValueError as exc:

@@ -48,7 +48,15 @@ def cohort_summary(out_dir: str | Path, *, n_resamples: int = N_RESAMPLES,
         raise RecordsError(f"stateremat report: {out_dir} has no '{TIMING_TABLE}' rows. Tip: run "
                            "`stateremat cohort processes ... --out DIR` first (a process's rows "
                            "appear when it finishes).")
-    config = json.loads((out_dir / f"{TIMING_TABLE}.json").read_text())["config"]
+    sidecar = out_dir / f"{TIMING_TABLE}.json"
+    try:
+        config = json.loads(sidecar.read_text())["config"]
+        config["cells"], config["comparisons"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RecordsError(f"stateremat report: {sidecar} is not a cohort sidecar with a "
+                           f"'config' holding 'cells' and 'comparisons' ({type(exc).__name__}: "
+                           f"{exc}). Tip: report a folder written by `stateremat cohort "
+                           "processes`.") from None
     budgets = {c["cell"]: c["budget_bytes"] for c in config["cells"]}
     comps = comparisons_from(config["comparisons"])
     table = sorted(method_table(rows, budgets),
