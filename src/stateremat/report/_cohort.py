@@ -243,24 +243,30 @@ def figure_memory_time(s: dict[str, Any], stem: Path) -> list[Path]:
         xs = [r["peak_bytes"] / bd for r in rows] + [budget / bd]
         lo, hi = min(xs), max(xs)
         pad = 0.08 * (hi - lo or hi or 1.0)
-        ax.axvspan(budget / bd, hi + pad, color="#f4cccc", alpha=0.6,
+        ax.axvspan(budget / bd, hi + 2.5 * pad, color="#f4cccc", alpha=0.6,
                    label=f"above the logical {budget / bd:.3g} {bu} budget (not an OOM)")
         ax.axvline(budget / bd, color="#cc0000", linewidth=0.8)
         for i, r in enumerate(sorted(rows, key=lambda r: r["peak_bytes"])):
             x, y = r["peak_bytes"] / bd, r["mean_step_time_s"] * tm
             ax.errorbar(x, y, yerr=[[y - r["min_step_time_s"] * tm],
                                     [r["max_step_time_s"] * tm - y]],
-                        fmt="o", color=method_color(r["method"]), ecolor="black", capsize=2,
+                        fmt="o", color=method_color(r["method"]), ecolor="#b0b0b0", capsize=2,
+                        elinewidth=0.8, zorder=3,
                         markersize=7 if r["method"] in ("joint", "eager_whole") else 5)
             ax.annotate(method_label(r["method"]), (x, y), textcoords="offset points",
-                        xytext=(5, 4 if i % 2 == 0 else -11), fontsize=8)  # alternate: neighbours
+                        xytext=(6, 5 if i % 2 == 0 else -12), fontsize=8, zorder=4,
+                        bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                              "alpha": 0.8})  # alternate above/below: neighbours are close
         missing = [method_label(r["method"]) for r in s["methods"]
                    if r["cell"] == cell["cell"] and r["mean_step_time_s"] is None]
         if missing:
             ax.text(0.01, 0.99, "no feasible policy, no point: " + ", ".join(missing),
                     transform=ax.transAxes, va="top", fontsize=8)
-        ax.set_xlim(max(0.0, lo - pad), hi + pad)
-        ax.set_xlabel(f"Peak memory ({bu}; {', '.join(s['memory_methods']) or 'measured'})")
+        ax.set_xlim(max(0.0, lo - pad), hi + 2.5 * pad)  # room for the rightmost label
+        how = {"cpu_live_storage_tracker": "CPU live-storage tracker",
+               "cuda_max_memory_allocated": "CUDA max allocated"}
+        ax.set_xlabel(f"Peak memory ({bu}; "
+                      f"{', '.join(how.get(m, m) for m in s['memory_methods']) or 'measured'})")
         ax.set_ylabel(f"Mean step time ({tu})")
         ax.set_title(f"{s['experiment']} / {cell['cell']}: means over {s['n_processes']} "
                      "processes (bars: range of process means)", fontsize=9)
