@@ -65,3 +65,59 @@ def test_storage_bytes_dedupes_views():
 def test_memory_method_names_the_device_method():
     assert memory_method("cpu") == CPU_METHOD
     assert memory_method("cuda") == "cuda_max_memory_allocated"
+
+
+def _malloc_in_use():
+    """glibc's own count of bytes in use (mmapped + arena), independent of torch; or None."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        fn = libc.mallinfo2
+    except (OSError, AttributeError):
+        return None
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in (
+            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+            "fordblks", "keepcost")]
+
+    fn.restype = MallInfo2
+    return lambda: (lambda m: m.hblkhd + m.uordblks)(fn())
+
+
+@pytest.mark.parametrize("policy", ["eager", "whole", "region"])
+def test_cpu_tracker_peak_equals_the_c_allocators_in_use_peak(policy):
+    """The tracker's step peak equals glibc's in-use peak (sampled after every op) within
+    64 KiB of Python-object noise, for eager and for replaying (whole/region) policies."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from stateremat.experiments._methods import build_method
+    from stateremat.workloads import preset_config
+
+    in_use = _malloc_in_use()
+    if in_use is None:
+        pytest.skip("glibc mallinfo2 is not available")
+
+    class Probe(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.start, self.peak = in_use(), 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            self.peak = max(self.peak, in_use() - self.start)
+            return out
+
+    run = build_method("check", preset_config("cpu", live_versions=2), [policy] * 2)
+    run.train_step(0)
+    run.train_step(1)
+    with PeakMemory("cpu", roots=run.roots) as pm:
+        run.train_step(2)
+    probe = Probe()
+    with probe:
+        run.train_step(3)
+    tracked = pm.peak_bytes - pm.baseline_bytes
+    assert tracked > 4 * 2**20  # activations of two segments, not a trivially small step
+    assert abs(tracked - probe.peak) <= 64 * 1024, (tracked, probe.peak)
