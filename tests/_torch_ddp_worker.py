@@ -51,6 +51,7 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
             json.dump({"max_abs_diff": diff, "n_tensors": len(ref_t), "recompute_counts": counts,
                        "num_batches_tracked": int(ours[0].block[1].num_batches_tracked)}, f)
+        dist.barrier()  # nobody tears down gloo while a peer still reads from it
     finally:
         dist.destroy_process_group()
 

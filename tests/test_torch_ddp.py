@@ -14,11 +14,18 @@ import pytest
 def test_ddp_two_processes_match_the_unchecked_model(tmp_path):
     script = Path(__file__).with_name("_torch_ddp_worker.py")
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True,
-                          text=True, timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    errors = []
+    for attempt in range(2):  # one retry: gloo's loopback set-up/tear-down aborts rarely, outside our code
+        out = tmp_path / f"attempt{attempt}"
+        out.mkdir()
+        proc = subprocess.run([sys.executable, str(script), str(out)], env=env, capture_output=True,
+                              text=True, timeout=180)
+        if proc.returncode == 0:
+            break
+        errors.append(proc.stderr[-3000:])
+    assert proc.returncode == 0, "\n---\n".join(errors)
     for rank in (0, 1):
-        rec = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        rec = json.loads((out / f"rank{rank}.json").read_text())
         assert rec["n_tensors"] == 16
         assert rec["max_abs_diff"] < 1e-6, rec  # params after 2 SGD steps and BatchNorm buffers
         assert rec["recompute_counts"] == [2, 2]  # one replay per block per backward
