@@ -32,7 +32,11 @@ def test_specs_follow_the_paper_scaled_by_the_preset():
     assert pr.budget_bytes == 32 * MiB
     fair = experiment_spec("fair")
     assert fair.methods == METHODS and fair.budget_bytes == 44 * MiB and fair.steps == 20
-    assert experiment_spec("fair44", "h100").budget_bytes == 44 * 1024**3
+    # cpu: the paper's budget / eager-peak ratio (§10, Table 6), resolved on the card
+    assert fair.cells[0].budget_eager_fraction == pytest.approx(44 / 46.063)
+    h100 = experiment_spec("fair44", "h100")
+    assert h100.budget_bytes == 44 * 1024**3 and h100.cells[0].budget_eager_fraction is None
+    assert pr.cells[0].budget_eager_fraction is None
     p32 = experiment_spec("pressure32")
     assert "eager_whole" not in p32.methods and p32.cells[0].budget_bytes == 32 * MiB
     w3 = experiment_spec("workloads3")
@@ -127,6 +131,44 @@ def test_run_experiment_writes_summary_and_resumes(tmp_path, monkeypatch):
     s2 = _bench.run_experiment("fair", out, progress=False)  # resume: nothing redone
     assert sorted((out / "bench").glob("*.parquet")) == parts
     assert s1["cells"] == s2["cells"]
+
+
+def test_fair_budget_is_the_paper_ratio_of_the_cards_eager_peak():
+    from stateremat.experiments._spec import resolve_budget, resolve_spec, with_budget
+    from stateremat.planner import activation_pressure_card, all_eager, eager_whole, joint
+
+    card = activation_pressure_card()
+    spec = experiment_spec("fair44", "cpu")
+    cell = resolve_budget(spec.cells[0], card)
+    eager_peak = all_eager(card, 1).predicted_peak_bytes
+    assert cell.budget_bytes == round(44 / 46.063 * eager_peak)
+    assert resolve_budget(cell, card) == cell  # idempotent: parent and processes agree
+    # on the paper-shaped H100 card the ratio gives back the paper's setting: both planners fit
+    assert abs(cell.budget_bytes - 44 * 1024**3) < 0.25 * 1024**3  # hand card: eager 46.25, not 46.063
+    assert eager_whole(card, cell.budget_bytes).feasible and joint(card, cell.budget_bytes).feasible
+    assert resolve_spec(spec, {"large_sparse": card}).budget_bytes == cell.budget_bytes
+    with pytest.raises(KeyError, match="no card"):
+        resolve_spec(spec, {})
+    fixed = with_budget(spec, 3 * MiB)  # an explicit budget wins over the rule
+    assert resolve_budget(fixed.cells[0], card).budget_bytes == 3 * MiB
+
+
+def test_run_experiment_resolves_a_ratio_budget_on_its_card(tmp_path, monkeypatch):
+    import dataclasses
+
+    from stateremat.contract import load_card
+    from stateremat.planner import eager_fraction_budget
+
+    spec = tiny_spec(methods=("eager", "whole"), steps=1)
+    spec = dataclasses.replace(spec, cells=(dataclasses.replace(spec.cells[0], budget_eager_fraction=0.9),))
+    monkeypatch.setattr(_bench, "experiment_spec", lambda name, preset: spec)
+    s = _bench.run_experiment("fair", tmp_path, progress=False)
+    card = load_card(tmp_path / "cards" / "tiny.json")
+    want = eager_fraction_budget(card, 0.9)
+    assert s["budget_bytes"] == want and s["cells"][0]["budget_bytes"] == want
+    assert s["cells"][0]["budget_rule"] == "0.9 x predicted all-eager peak"
+    with pytest.raises(ValueError, match="fraction"):
+        eager_fraction_budget(card, float("nan"))
 
 
 def test_bench_cli_prints_the_table_and_budget_override_is_recorded(tmp_path, monkeypatch):

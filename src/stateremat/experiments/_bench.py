@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..contract import RecordStore, atomic_write_json, read_records
-from ._spec import ExperimentSpec, experiment_spec, with_budget
+from ._spec import ExperimentSpec, budget_rule, experiment_spec, resolve_spec, with_budget
 from ._summary import TABLE, summarize
 
 
@@ -25,7 +25,8 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
         device: ``cpu`` or ``cuda``.
         warmups: override the spec's warmup steps per method.
         steps: override the spec's measured steps per method.
-        budget_bytes: override the paper's (scaled) logical budget of every cell.
+        budget_bytes: override the paper's (scaled) logical budget of every cell (else a cell
+            with a budget / eager-peak rule is resolved on its profile card, measured first).
         progress: show a rich progress bar.
 
     Returns:
@@ -38,17 +39,22 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
     import torch
 
     from ..report._bench import report_bench
-    from ._runner import run_cell_methods
+    from ._runner import cell_card, run_cell_methods
 
     spec: ExperimentSpec = experiment_spec(name, preset)
     if budget_bytes is not None:
         spec = with_budget(spec, budget_bytes)
+    out = Path(out)
+    ruled = [c for c in spec.cells if c.budget_eager_fraction is not None]
+    if ruled:  # the budget depends on the card: measure (or reuse) it before the store's meta
+        spec = resolve_spec(spec, {c.name: cell_card(spec, c, device, cache_dir=out / "cards")
+                                   for c in ruled})
     w = spec.warmups if warmups is None else int(warmups)
     k = spec.steps if steps is None else int(steps)
-    out = Path(out)
     store = RecordStore(out, TABLE, key=["cell", "method", "step"], meta={
         "experiment": name, "preset": preset, "device": device, "warmups": w, "steps": k,
         "budget_bytes": spec.budget_bytes, "h100_budget_gib": spec.h100_budget_gib,
+        "budget_rule": {c.name: budget_rule(c) for c in spec.cells},
         "cells": [c.name for c in spec.cells], "methods": list(spec.methods)})
     done = {key[0] for key in store.done_keys()}
     todo = [c for c in spec.cells if c.name not in done]

@@ -209,7 +209,7 @@ def measure_card(preset, split, seed: int, device) -> ProfileCard:
 
 def plan_for(preset, split, seed: int, method: str, device, out_dir) -> Any:
     """Measure (or reuse) the seed's card under ``out_dir/cards`` and plan it for ``method``."""
-    from ..planner import all_eager, plan
+    from ..planner import eager_fraction_budget, plan
 
     path = Path(out_dir) / "cards" / f"seed-{seed}.json"
     if path.is_file():
@@ -219,6 +219,5 @@ def plan_for(preset, split, seed: int, method: str, device, out_dir) -> Any:
         save_card(card, path)
     budget = preset.budget_bytes
     if budget is None:  # the paper's budget/eager ratio applied to this device's measured card
-        eager_peak = all_eager(card, 1).predicted_peak_bytes
-        budget = int(round(preset.budget_eager_fraction * eager_peak))
+        budget = eager_fraction_budget(card, preset.budget_eager_fraction)
     return plan(card, budget_bytes=budget, planner=_PLANNER[method])

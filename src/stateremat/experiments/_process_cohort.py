@@ -79,7 +79,10 @@ def cohort_config(spec: Any, experiment: str, preset: str, *, warmups: int | Non
 
     ``profile`` maps cell -> SHA-256 of its frozen card (``ProfileCard.source_hash``).
     """
+    from ._spec import budget_rule
+
     cells = [{"cell": c.name, "methods": list(c.methods), "budget_bytes": int(c.budget_bytes),
+              "budget_rule": budget_rule(c),
               "warmups": int(c.warmups if warmups is None else warmups),
               "steps": int(c.steps if steps is None else steps)} for c in spec.cells]
     return {"experiment": experiment, "preset": preset, "seed": int(seed), "device": device,
@@ -166,7 +169,9 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         worker_cmd: child command prefix (tests use a fake worker script).
         spec_fn: replaces :func:`stateremat.experiments.experiment_spec` (tests).
         budget_bytes: override the experiment's (scaled) logical budget for every cell, bytes;
-            recorded in the cohort config and passed to every process.
+            recorded in the cohort config and passed to every process. Without it, a cell with
+            a budget / eager-peak rule (``fair44`` at ``cpu`` scale) gets its budget from its
+            frozen card, recorded in the config the same way.
         progress: show a rich progress bar.
 
     Returns:
@@ -195,9 +200,12 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         spec = with_budget(spec, budget_bytes)
     cards = (profile_fn or freeze_profiles)(spec, out_dir, device, profile_dir)
     from ..contract import ProfileCard
+    from ._spec import resolve_spec
 
-    profile = {c: ProfileCard.from_dict(json.loads(t)).source_hash()
-               for c, t in cards.items()} or None
+    parsed = {c: ProfileCard.from_dict(json.loads(t)) for c, t in cards.items()}
+    # A budget / eager-peak rule resolves on the frozen card; every process resolves the same M.
+    spec = resolve_spec(spec, parsed)
+    profile = {c: card.source_hash() for c, card in parsed.items()} or None
     config = cohort_config(spec, experiment, preset, warmups=warmups, steps=steps, seed=seed,
                            device=device, profile=profile)
     config["threads"] = threads

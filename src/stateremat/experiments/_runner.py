@@ -23,7 +23,7 @@ from ..profile._options import sync
 from ..torch._memory import PeakMemory, memory_method
 from ._methods import build_method, method_plan, policy_json
 from ._semantic import check_method
-from ._spec import Cell, ExperimentSpec
+from ._spec import Cell, ExperimentSpec, budget_rule, resolve_budget
 
 #: Environment variable naming a frozen profile card (file) or a folder of ``<cell>.json`` cards.
 FROZEN_PROFILE_ENV = "STATEREMAT_FROZEN_PROFILE"
@@ -79,7 +79,8 @@ def run_cell_methods(spec: ExperimentSpec, cell: Cell, methods: Sequence[str], *
 
     Args:
         spec: the experiment (name and preset are written into rows).
-        cell: the cell; its budget is the planners' ``M``.
+        cell: the cell; its budget, resolved on the card (:func:`resolve_budget`), is the
+            planners' ``M``.
         methods: method names (subset of ``spec.methods``).
         warmups: unmeasured steps per method.
         steps: measured steps per method.
@@ -94,8 +95,8 @@ def run_cell_methods(spec: ExperimentSpec, cell: Cell, methods: Sequence[str], *
         Rows with keys ``experiment, preset, cell, method, step, step_time_s, peak_bytes,
         fits_budget, feasible, policy, semantic_checks, semantic_max_error, semantic_detail,
         predicted_peak_bytes, predicted_time_s, budget_bytes, min_eager_whole_peak_bytes,
-        min_joint_peak_bytes, profile_hash, source_hash, memory_method, device, dtype, error,
-        loadavg`` plus the workload parameters. An infeasible plan gives one row with
+        min_joint_peak_bytes, budget_rule, profile_hash, source_hash, memory_method, device, dtype,
+        error, loadavg`` plus the workload parameters. An infeasible plan gives one row with
         ``step = -1`` and no time or peak; a method that raises gives rows with ``error`` set.
 
     References:
@@ -109,10 +110,12 @@ def run_cell_methods(spec: ExperimentSpec, cell: Cell, methods: Sequence[str], *
     if card is None:
         bar.status("profiling")
         card = cell_card(spec, cell, dev, cache_dir=card_dir)
+    cell = resolve_budget(cell, card)
     from ..planner import plan
 
     base = {"experiment": spec.name, "preset": spec.preset, "cell": cell.name,
-            "budget_bytes": int(cell.budget_bytes), "profile_hash": card.source_hash(),
+            "budget_bytes": int(cell.budget_bytes), "budget_rule": budget_rule(cell),
+            "profile_hash": card.source_hash(),
             "source_hash": workload_source_hash(cell.config), "memory_method": memory_method(dev),
             "device": str(dev), "dtype": cell.config.dtype,
             "min_eager_whole_peak_bytes": plan(card, cell.budget_bytes, "eager_whole").min_feasible_peak_bytes,

@@ -60,6 +60,7 @@ def summarize(rows: pd.DataFrame) -> dict:
                  "write_fraction": float(c0["write_fraction"]),
                  "live_versions": int(c0["live_versions"]), "width": int(c0["width"]),
                  "batch": int(c0["batch"]), "budget_bytes": int(c0["budget_bytes"]),
+                 "budget_rule": str(c0["budget_rule"]) if "budget_rule" in c0.index else "fixed",
                  "min_eager_whole_peak_bytes": _int(c0["min_eager_whole_peak_bytes"]),
                  "min_joint_peak_bytes": _int(c0["min_joint_peak_bytes"]),
                  "profile_hash": str(c0["profile_hash"]), "methods": []}

@@ -3,6 +3,7 @@
 ``plan(card, budget_bytes, planner=...)`` runs a named planner from :data:`PLANNERS`; the
 Pareto-frontier DP, the exhaustive enumerator and the MILP all return one :class:`PlanResult`.
 """
+from ._budget import eager_fraction_budget as eager_fraction_budget
 from ._model import OPTION_CODES as OPTION_CODES
 from ._planners import (
     PLANNERS as PLANNERS,

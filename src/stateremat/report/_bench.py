@@ -38,8 +38,10 @@ def method_table(summary: dict) -> str:
     unit, div = _unit(summary["preset"])
     out = []
     for cell in summary["cells"]:
+        rule = cell.get("budget_rule", "fixed")
         out.append(f"### {summary['experiment']} — cell `{cell['cell']}`, logical budget "
-                   f"{cell['budget_bytes'] / div:g} {unit}\n")
+                   f"{cell['budget_bytes'] / div:g} {unit}"
+                   + ("" if rule == "fixed" else f" ({rule})") + "\n")
         out.append(f"| Method | Peak {unit} | Step ms (mean) | Step ms (median) | Fits? | "
                    f"Predicted {unit} | Predicted ms | Policy | Checks |")
         out.append("|---|---|---|---|---|---|---|---|---|")

@@ -141,7 +141,9 @@ def cohort_markdown(s: dict[str, Any]) -> str:
         rows = [r for r in s["methods"] if r["cell"] == cell["cell"]]
         tu, tm = time_unit(max([r["mean_step_time_s"] or 0 for r in rows] + [0]))
         bu, bd = byte_unit(max([r["peak_bytes"] or 0 for r in rows] + [cell["budget_bytes"]]))
-        lines.append(f"## Cell `{cell['cell']}` — budget {cell['budget_bytes'] / bd:.3f} {bu}, "
+        rule = cell.get("budget_rule", "fixed")
+        lines.append(f"## Cell `{cell['cell']}` — budget {cell['budget_bytes'] / bd:.3f} {bu}"
+                     + ("" if rule == "fixed" else f" ({rule}, frozen card)") + ", "
                      f"{cell['warmups']} warmups + {cell['steps']} measured steps per method\n")
         body = []
         for r in rows:
