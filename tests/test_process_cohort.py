@@ -112,6 +112,8 @@ def test_killed_process_is_recorded_and_rerun_on_resume_finished_ones_never_redo
     st = read_records(out, "cohort_processes")
     assert st.groupby("process").size().to_dict() == {0: 1, 1: 2, 2: 1}  # every attempt kept
     assert _run(out, fake, 3)["ran"] == 0
+    assert _run(out, fake, 4)["ran"] == 1  # extended after results: the records say so
+    assert sorted(read_records(out, "cohort_processes")["requested_processes"].unique()) == [3, 4]
     # each process ran every method in its own recorded, seeded order
     for p, g in rows.groupby("process"):
         order = g.sort_values("order_index").drop_duplicates("method")["method"].tolist()

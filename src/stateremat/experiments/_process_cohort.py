@@ -22,7 +22,8 @@ the report compares ratios of methods paired within one process (the runtime int
 them on CPU), which see the same neighbours.
 
 Layout under ``out_dir``: ``cohort_timing/`` + ``.json`` (raw step rows, key
-``process, cell, method, step``) and ``cohort_processes/`` + ``.json`` (one row per attempt).
+``process, cell, method, step``) and ``cohort_processes/`` + ``.json`` (one row per attempt,
+with the ``requested_processes`` N of the launch that made it).
 """
 from __future__ import annotations
 
@@ -252,7 +253,9 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
             status.append([{"process": p, "attempt": attempt, "status": res["status"],
                             "exit_code": res["exit_code"], "stderr_tail": res["stderr_tail"],
                             "wall_s": res["wall_s"], "hostname": res["hostname"],
-                            "n_rows": n_rows, "executor": "dask" if dask_address else "local"}])
+                            "n_rows": n_rows, "executor": "dask" if dask_address else "local",
+                            # N asked for at this launch: a cohort extended after results shows it
+                            "requested_processes": int(processes)}])
             advance()
     return {"out_dir": str(out_dir), "processes": int(processes), "already_done": len(done),
             "ran": len(tasks), "ok": ok, "failed": sorted(failed)}

@@ -83,6 +83,9 @@ def cohort_summary(out_dir: str | Path, *, n_resamples: int = N_RESAMPLES,
         "memory_methods": _unique(rows, "memory_method"),
         "semantic_checks": _unique(rows, "semantic_checks"),
         "attempts": attempts,
+        # every N a launch asked for; more than one value means the cohort was extended
+        "requested_processes": (sorted({int(v) for v in status["requested_processes"].dropna()})
+                                if "requested_processes" in status else None),
         "profile": config.get("profile"),
         "profile_frozen": _profile_frozen(rows, config.get("profile")),
     }
@@ -131,7 +134,9 @@ def cohort_markdown(s: dict[str, Any]) -> str:
     n = s["n_processes"]
     lines = [f"# Independent-process cohort `{s['experiment']}` (preset `{s['preset']}`, "
              f"device `{s['device']}`)\n",
-             f"{n} completed independent processes. Time is the arithmetic mean of the {n} "
+             f"{n} completed independent processes"
+             + (f" (launches asked for N = {', '.join(map(str, s['requested_processes']))})"
+                if s.get("requested_processes") else "") + ". Time is the arithmetic mean of the {n} "
              "process means; peak is the mean of per-process peaks (range when they differ); "
              "Fits counts processes whose observed peak stays within the logical budget. The "
              "budget is not enforced: exceeding it is *over budget*, not an out-of-memory "
