@@ -30,8 +30,9 @@ def processes(
     timeout_s: Optional[float] = typer.Option(None, "--timeout-s",
                                               help="Kill a process after this many seconds."),
     budget: Optional[str] = typer.Option(
-        None, "--budget", help="Override the experiment's scaled logical budget (bytes or "
-        "KiB/MiB/GiB), e.g. 46MiB; recorded in the cohort config."),
+        None, "--budget", help="Override the experiment's logical budget (bytes or KiB/MiB/GiB), "
+        "e.g. 46MiB; recorded in the cohort config. Default: the paper's budget scaled by the "
+        "preset; fair44 at cpu scale uses 44/46.063 of the frozen card's all-eager peak."),
     profile: Optional[Path] = typer.Option(
         None, "--profile", help="Folder of <cell>.json profile cards to freeze (default: "
         "measure each cell's card once, before any process starts)."),

@@ -14,8 +14,9 @@ def main_job(
     preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu (minutes here) or h100."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
 ) -> None:
-    """The main job: ``bench fair`` — all seven methods on the large/sparse cell at the scaled
-    44 GiB budget (paper §10, Table 6); writes OUT/bench-fair and prints its table.
+    """The main job: ``bench fair`` — all seven methods on the large/sparse cell at the paper's
+    44 GiB budget (§10, Table 6; at cpu scale 44/46.063 of the card's predicted all-eager peak);
+    writes OUT/bench-fair and prints its table.
 
     Rerunning with the same --out resumes.
     """

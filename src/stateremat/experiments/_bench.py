@@ -86,7 +86,7 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
 
 
 def run_fair(out: str | Path, preset: str = "cpu", device: str = "cpu") -> dict:
-    """Run ``bench fair`` (all seven methods, scaled 44 GiB budget) and print its table.
+    """Run ``bench fair`` (all seven methods, 44 GiB budget or its cpu-scale ratio) and print its table.
 
     This is the README's main-job command.
 
