@@ -136,7 +136,7 @@ def cohort_markdown(s: dict[str, Any]) -> str:
              f"device `{s['device']}`)\n",
              f"{n} completed independent processes"
              + (f" (launches asked for N = {', '.join(map(str, s['requested_processes']))})"
-                if s.get("requested_processes") else "") + ". Time is the arithmetic mean of the {n} "
+                if s.get("requested_processes") else "") + f". Time is the arithmetic mean of the {n} "
              "process means; peak is the mean of per-process peaks (range when they differ); "
              "Fits counts processes whose observed peak stays within the logical budget. The "
              "budget is not enforced: exceeding it is *over budget*, not an out-of-memory "
