@@ -156,7 +156,7 @@ def test_report_recomputes_summary_and_figures_from_raw_rows(tmp_path, fake):
               "processes.md"):
         assert (out / f).stat().st_size > 0, f
     md = (out / "cohort.md").read_text()
-    assert "OOM" not in md and "over budget" in md and "{" not in md
+    assert "OOM" not in md and "over budget" in md and "{n}" not in md
     assert "3 completed independent processes (launches asked for N = 3)" in md
     assert "arithmetic mean of the 3 process means" in md
     assert "| Eager | 500.25 | 0.293 | 0/3 | 3/3 |" in md
