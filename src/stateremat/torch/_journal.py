@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ._storage import StorageKey, flat_bytes, round_runs
+from ._storage import StorageKey, flat_bytes, merge_runs, round_runs
 
 _SEQ = itertools.count(1)
 
@@ -43,7 +43,12 @@ def gather(flat: torch.Tensor, runs: np.ndarray) -> torch.Tensor:
         return flat[int(runs[0, 0]) : int(runs[0, 1])].clone()
     if runs.shape[0] <= 32:
         return torch.cat([flat[int(a) : int(b)] for a, b in runs])
-    return flat.index_select(0, _byte_index(runs, flat.device))
+    ch = _chunks(runs, flat.numel())
+    if ch is None:
+        return flat.index_select(0, _byte_index(runs, flat.device))
+    ids, c, full, tail = ch
+    rows = flat[:full].view(-1, c).index_select(0, ids.to(flat.device)).reshape(-1)
+    return torch.cat([rows, flat[full:]]) if tail else rows
 
 
 def scatter(flat: torch.Tensor, runs: np.ndarray, data: torch.Tensor) -> None:
@@ -54,14 +59,46 @@ def scatter(flat: torch.Tensor, runs: np.ndarray, data: torch.Tensor) -> None:
             n = int(b - a)
             flat[int(a) : int(b)].copy_(data[off : off + n])
             off += n
-    else:
+        return
+    ch = _chunks(runs, flat.numel())
+    if ch is None:
         flat.index_copy_(0, _byte_index(runs, flat.device), data)
+        return
+    ids, c, full, tail = ch
+    k = ids.numel() * c
+    flat[:full].view(-1, c).index_copy_(0, ids.to(flat.device), data[:k].view(-1, c))
+    if tail:
+        flat[full:].copy_(data[k:])
 
 
-def _byte_index(runs: np.ndarray, device: torch.device) -> torch.Tensor:
-    lengths = runs[:, 1] - runs[:, 0]
-    offsets = np.repeat(runs[:, 0] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
-    return torch.from_numpy(np.arange(int(lengths.sum()), dtype=np.int64) + offsets).to(device)
+#: Smallest common chunk worth a row-wise copy (below it, per-byte indexing is as good).
+_MIN_CHUNK = 256
+
+
+def _chunks(runs: np.ndarray, n: int):
+    """Runs whose boundaries share a chunk size ``c`` as row ids of ``flat[:full].view(-1, c)``.
+
+    Region-journal runs are granularity-aligned (:func:`round_runs`), so one row copy replaces
+    ``c`` byte-index entries. Returns ``(ids, c, full, tail)`` — ``full = n // c * c`` and
+    ``tail``: the last run also covers the partial chunk ``[full, n)`` — or None when the runs
+    share no chunk of at least :data:`_MIN_CHUNK` bytes.
+    """
+    b = runs.reshape(-1)
+    inner = b[b != n]
+    c = int(np.gcd.reduce(inner)) if inner.size else 0
+    if c < _MIN_CHUNK:
+        return None
+    full = n // c * c
+    ids = _run_ids(np.minimum(runs, full), c)
+    return torch.from_numpy(ids), c, full, bool(full < n and runs[-1, 1] == n)
+
+
+def _run_ids(runs: np.ndarray, c: int) -> np.ndarray:
+    """Ids of the ``c``-byte chunks covered by ``c``-aligned runs, in run order (int64)."""
+    lo = runs[:, 0] // c
+    lengths = -(-runs[:, 1] // c) - lo
+    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(
+        lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
 
 
 @dataclass
@@ -69,6 +106,7 @@ class _Entry:
     seq: int
     runs: np.ndarray  # (n, 2) byte runs
     old: torch.Tensor  # uint8, old bytes of runs, concatenated
+    ids: np.ndarray | None = None  # granularity-chunk ids of runs (storages of whole chunks)
 
 
 class StorageTracker:
@@ -123,13 +161,56 @@ class StorageTracker:
             return 0
         with torch.no_grad():
             old = gather(self.flat, runs)
-        self.entries.append(_Entry(next_seq(), runs, old))
+        g = self.granularity_bytes
+        ids = None if self.nbytes % g else _run_ids(runs, g)
+        self.entries.append(_Entry(next_seq(), runs, old, ids))
         self._bytes += old.numel()
         TOTAL.bytes += old.numel()
         return old.numel()
 
     def entries_since(self, start_seq: int) -> list[_Entry]:
         return [e for e in self.entries if e.seq >= start_seq]
+
+    def restore(self, start_seq: int) -> tuple[np.ndarray, torch.Tensor] | None:
+        """Put back the bytes the storage had at ``start_seq``; return ``(runs, visible bytes)``.
+
+        ``runs`` (shape ``(n, 2)``) are the bytes written since ``start_seq`` and the returned
+        ``uint8`` tensor holds what they read before the restore (to reinstate later, R5). None:
+        nothing was written since. Each chunk takes the old bytes of the *first* entry covering
+        it since ``start_seq``, so a replay copies each written chunk once, not once per later
+        write (with 64 live segments, per-entry undo copied the same chunks ~30 times over).
+        """
+        entries = self.entries_since(start_seq)
+        if not entries:
+            return None
+        union = merge_runs(np.concatenate([e.runs[:, 0] for e in entries]),
+                           np.concatenate([e.runs[:, 1] for e in entries]))
+        with torch.no_grad():
+            visible = gather(self.flat, union)
+            g = self.granularity_bytes
+            if len(entries) == 1 or self.nbytes % g:  # a partial last chunk: undo newest first
+                for e in reversed(entries):
+                    scatter(self.flat, e.runs, e.old)
+                return union, visible
+            seen = np.zeros(self.nbytes // g, dtype=bool)
+            ids, rows = [], []
+            for e in entries:  # oldest first: the first entry covering a chunk holds its B0 bytes
+                eids = e.ids
+                new = ~seen[eids]
+                if not new.any():
+                    continue
+                seen[eids] = True
+                old = e.old.view(-1, g)
+                if new.all():
+                    ids.append(eids)
+                    rows.append(old)
+                else:
+                    pos = np.flatnonzero(new)
+                    ids.append(eids[pos])
+                    rows.append(old.index_select(0, torch.from_numpy(pos).to(old.device)))
+            self.flat.view(-1, g).index_copy_(
+                0, torch.from_numpy(np.concatenate(ids)).to(self.flat.device), torch.cat(rows))
+        return union, visible
 
     def prune(self) -> None:
         """Drop entries no live consumer can need (older than every consumer's start)."""

@@ -21,7 +21,7 @@ from . import _journal
 from ._context import LOCAL
 from ._journal import StorageTracker, gather, scatter
 from ._stats import COUNTERS
-from ._storage import StorageKey, merge_runs, storage_key
+from ._storage import StorageKey, storage_key
 
 PRESERVE_OPTIONS = ("whole", "region")
 
@@ -198,14 +198,9 @@ class Transaction:
                     visible.append((it, runs, gather(it.tracker.flat, runs)))
                     scatter(it.tracker.flat, runs, it.snapshot)
                 else:
-                    entries = it.tracker.entries_since(it.start_seq)
-                    if not entries:
-                        continue
-                    union = merge_runs(np.concatenate([e.runs[:, 0] for e in entries]),
-                                       np.concatenate([e.runs[:, 1] for e in entries]))
-                    visible.append((it, union, gather(it.tracker.flat, union)))
-                    for e in reversed(entries):
-                        scatter(it.tracker.flat, e.runs, e.old)
+                    restored = it.tracker.restore(it.start_seq)
+                    if restored is not None:
+                        visible.append((it, *restored))
         log = _ReplayLog({k: it for k, it in self.items.items() if it.kind == "region"}, dict(self.items))
         temp = sum(v[2].numel() for v in visible)
         LOCAL.replay.append(log)
