@@ -200,7 +200,8 @@ BUDGET_WORKER = textwrap.dedent('''
     def echo_runner(spec, cell, methods, *, warmups, steps, device="cpu", order=None,
                     progress=False, card=None):
         return [{"cell": cell.name, "method": m, "step": 0, "step_time_s": 1.0,
-                 "peak_bytes": cell.budget_bytes, "fits_budget": True, "feasible": True,
+                 "peak_bytes": cell.budget_bytes, "budget_bytes": cell.budget_bytes,
+                 "fits_budget": True, "feasible": True,
                  "policy": None, "semantic_checks": "pass", "predicted_peak_bytes": 0,
                  "predicted_time_s": 1.0, "profile_hash": "x", "source_hash": "x",
                  "memory_method": "fake"} for m in methods]
@@ -223,6 +224,32 @@ def test_budget_override_reaches_the_config_and_every_process(tmp_path):
     assert [c["budget_bytes"] for c in config["cells"]] == [budget]
     rows = read_records(out, "cohort_timing")
     assert set(rows["peak_bytes"]) == {budget} and set(rows["process"]) == {0, 1}
+    # resuming with another budget is refused, naming what differs
+    with pytest.raises(RecordsError, match=r"cells: .*budget_bytes.*48234496"):
+        run_process_cohort(out, "fair44", 2, warmups=0, steps=1,
+                           worker_cmd=[sys.executable, str(script)], profile_fn=fake_profiles,
+                           budget_bytes=budget + 2**21, progress=False)
+    # a process whose rows were planned under another budget makes the report refuse
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stateremat.report._cohort import cohort_summary
+
+    cohort_summary(out)  # consistent rows: fine
+    part = sorted((out / "cohort_timing").glob("part-*.parquet"))[-1]
+    t = pq.read_table(part).to_pandas()
+    t["budget_bytes"] += 1
+    pq.write_table(pa.Table.from_pandas(t, preserve_index=False), part)
+    with pytest.raises(RecordsError, match="planned under budget"):
+        cohort_summary(out)
+
+
+def test_cli_rejects_an_out_path_that_is_a_file(tmp_path):
+    f = tmp_path / "afile"
+    f.write_text("x")
+    res = CliRunner().invoke(app, ["cohort", "processes", "--experiment", "fair44",
+                                   "--processes", "1", "--out", str(f)])
+    assert res.exit_code == 2 and "is a file, not a folder" in res.output
 
 
 @pytest.mark.parametrize("args,msg", [

@@ -48,7 +48,8 @@ def _run(name: str, out: Path, preset: str, device: str, warmups: Optional[int],
 
 
 _OUT = typer.Option(..., "--out", help="run folder (rerun with the same folder to resume)")
-_PRESET = typer.Option("cpu", help="cpu (paper shapes and budgets / 1024) or h100")
+_PRESET = typer.Option("cpu", help="cpu (paper shapes and budgets / 1024; fair: the paper's "
+                       "budget/eager-peak ratio) or h100")
 _DEVICE = typer.Option("cpu", help="cpu, or cuda for the GPU path")
 _WARM = typer.Option(None, help="override warmup steps per method")
 _STEPS = typer.Option(None, help="override measured steps per method")

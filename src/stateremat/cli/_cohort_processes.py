@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ._app import cohort_app, fail
+from ._app import check_out_dir, cohort_app, fail
 
 
 @cohort_app.command("processes")
@@ -65,6 +65,7 @@ def processes(
         if not torch.cuda.is_available():
             raise fail("stateremat cohort processes: --device cuda, but torch sees no CUDA "
                        "device. Tip: use --device cpu.")
+    check_out_dir("stateremat cohort processes", out)
     try:
         budget_bytes = None if budget is None else parse_size(budget)
     except ValueError as exc:

@@ -78,10 +78,11 @@ class RecordStore:
         config = dict(meta or {})
         if self.sidecar.exists():
             old = json.loads(self.sidecar.read_text())
-            if old.get("config") != json.loads(json.dumps(config, default=_json_default)):
+            new = json.loads(json.dumps(config, default=_json_default))
+            if old.get("config") != new:
                 raise RecordsError(
-                    f"stateremat records: {self.sidecar} was written by a run with config "
-                    f"{old.get('config')!r}, but this run has {config!r}. Tip: use a new --out "
+                    f"stateremat records: {self.sidecar} was written by a run with another "
+                    f"config ({_config_diff(old.get('config') or {}, new)}). Tip: use a new --out "
                     "folder, or the same options as the interrupted run to resume it."
                 )
             old.setdefault("resumed_utc", []).append(provenance()["created_utc"])
@@ -137,3 +138,15 @@ def read_records(out_dir: str | os.PathLike, table: str) -> pd.DataFrame:
                                "written atomically, so this file was changed by something "
                                "else; move it away and rerun to redo its rows.") from exc
     return pd.concat(frames, ignore_index=True)
+
+
+def _config_diff(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 6) -> str:
+    """``key: old -> new`` for the top-level keys that differ (the first ``limit``)."""
+    keys = [k for k in dict.fromkeys([*old, *new]) if old.get(k) != new.get(k)]
+    parts = [f"{k}: {_short(old.get(k))} -> {_short(new.get(k))}" for k in keys[:limit]]
+    return "; ".join(parts) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _short(v: Any, n: int = 160) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + "..."

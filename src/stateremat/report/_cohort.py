@@ -58,6 +58,15 @@ def cohort_summary(out_dir: str | Path, *, n_resamples: int = N_RESAMPLES,
                            f"{exc}). Tip: report a folder written by `stateremat cohort "
                            "processes`.") from None
     budgets = {c["cell"]: c["budget_bytes"] for c in config["cells"]}
+    if "budget_bytes" in rows:  # every process must have planned under the frozen budget
+        bad = rows[rows["budget_bytes"] != rows["cell"].map(budgets)]
+        if not bad.empty:
+            r = bad.iloc[0]
+            raise RecordsError(
+                f"stateremat report: {len(bad)} rows of {out_dir} (first: process {r['process']}, "
+                f"cell {r['cell']!r}) were planned under budget {r['budget_bytes']} bytes, but the "
+                f"cohort froze {budgets.get(r['cell'])} bytes. Tip: a worker ran other code or "
+                "options; rerun those processes into a new --out folder.")
     comps = comparisons_from(config["comparisons"])
     table = sorted(method_table(rows, budgets),
                    key=lambda r: ([c["cell"] for c in config["cells"]].index(r["cell"])
@@ -83,8 +92,8 @@ def cohort_summary(out_dir: str | Path, *, n_resamples: int = N_RESAMPLES,
         "memory_methods": _unique(rows, "memory_method"),
         "semantic_checks": _unique(rows, "semantic_checks"),
         "attempts": attempts,
-        # every N a launch asked for; more than one value means the cohort was extended
-        "requested_processes": (sorted({int(v) for v in status["requested_processes"].dropna()})
+        # in launch order (parts are read in write order): a retry with a smaller N shows too
+        "requested_processes": (list(dict.fromkeys(int(v) for v in status["requested_processes"].dropna()))
                                 if "requested_processes" in status else None),
         "profile": config.get("profile"),
         "profile_frozen": _profile_frozen(rows, config.get("profile")),
