@@ -53,7 +53,7 @@ def test_bad_program_count_and_mismatched_resume_are_clear_errors(tmp_path):
     assert res.exit_code == 2 and "--programs must be >= 1" in res.output
     CliRunner().invoke(app, ["verify", "finite", "--programs", "2", "--out", str(tmp_path / "r")])
     res = CliRunner().invoke(app, ["verify", "finite", "--programs", "3", "--out", str(tmp_path / "r")])
-    assert res.exit_code == 2 and "written by a run with config" in res.output
+    assert res.exit_code == 2 and "written by a run with another config (programs: 2 -> 3)" in res.output
 
 
 @pytest.mark.parametrize("argv, expected", [
