@@ -19,6 +19,7 @@ from ._io import (
     sha256_bytes as sha256_bytes,
     source_hash as source_hash,
 )
+from ._options import OPTIONS as OPTIONS, Option as Option, OptionRegistry as OptionRegistry, RECOMPUTE_ONLY as RECOMPUTE_ONLY
 from ._outcome import Outcome as Outcome
 from ._records import RecordStore as RecordStore, read_records as read_records
 from ._rules import RULES as RULES, rule as rule
