@@ -30,6 +30,7 @@ from ._card import (
     OptionCost as OptionCost,
     ProfileCard as ProfileCard,
     SegmentCard as SegmentCard,
+    card_options as card_options,
     load_card as load_card,
     save_card as save_card,
 )

@@ -7,7 +7,6 @@ one option (including the card-only ``recompute_only`` view).
 from ._options import (
     RecomputeOnly as RecomputeOnly,
     journal_scope as journal_scope,
-    profile_options as profile_options,
     preserved_now as preserved_now,
     sync as sync,
     wrap_segment as wrap_segment,
@@ -18,5 +17,5 @@ from ._profiler import (
     workload_source_hash as workload_source_hash,
 )
 
-__all__ = ["RecomputeOnly", "journal_scope", "preserved_now", "profile_options", "profile_workload",
+__all__ = ["RecomputeOnly", "journal_scope", "preserved_now", "profile_workload",
            "sync", "warm_chain", "workload_source_hash", "wrap_segment"]

@@ -11,15 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ...contract import OPTIONS, RECOMPUTE_ONLY
-
-
-def profile_options() -> tuple[str, ...]:
-    """Options a profile card measures: every registered option, then ``recompute_only``.
-
-    Read from :data:`stateremat.contract.OPTIONS` at call time.
-    """
-    return (*OPTIONS.names, RECOMPUTE_ONLY)
+from ...contract import OPTIONS, RECOMPUTE_ONLY, card_options
 
 
 class RecomputeOnly(nn.Module):
@@ -59,7 +51,7 @@ def wrap_segment(module: nn.Module, option: str, *, granularity_bytes: int = 409
     if option == RECOMPUTE_ONLY:
         return RecomputeOnly(module)
     if option not in OPTIONS:
-        raise ValueError(f"wrap_segment: option {option!r} is not one of {list(profile_options())}. "
+        raise ValueError(f"wrap_segment: option {option!r} is not one of {list(card_options())}. "
                          "Tip: plans use the options registered in stateremat.contract.OPTIONS.")
     if not OPTIONS[option].replays:  # eager: activations kept, nothing to wrap
         return module

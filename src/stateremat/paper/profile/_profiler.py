@@ -32,10 +32,10 @@ from typing import Callable, Iterable
 
 import torch
 
-from ...contract import OptionCost, ProfileCard, SegmentCard, source_hash
+from ...contract import OptionCost, ProfileCard, SegmentCard, card_options, source_hash
 from ...torch import PeakMemory, memory_method, storage_bytes
 from ..workloads import StatefulChain, WorkloadConfig, loss_fn, make_batch
-from ._options import journal_scope, preserved_now, profile_options, sync, wrap_segment
+from ._options import journal_scope, preserved_now, sync, wrap_segment
 
 
 def _code_digest() -> str:
@@ -142,7 +142,7 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
     Args:
         cfg: workload shape (its ``dtype`` is the dtype profiled).
         device: ``"cpu"`` or a CUDA device.
-        options: options to measure (default :func:`profile_options`: every registered option
+        options: options to measure (default ``card_options()``: every registered option
             and ``recompute_only``); ``region`` is skipped for segments without state.
         repeats: least timed runs per segment and option (minimum kept), after one warm-up.
         step: training step whose write indices are used.
@@ -168,7 +168,7 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
     from ...contract import loadavg
 
     device = torch.device(device)
-    known = profile_options()
+    known = card_options()
     options = list(known if options is None else options)
     for o in options:
         if o not in known:

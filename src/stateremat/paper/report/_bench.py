@@ -10,13 +10,10 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ...contract import atomic_write_bytes
+from ...contract import OPTIONS, atomic_write_bytes
 from ..records import read_records
 from ._registry import register_reporter
-
-_LABEL = {"eager": "Eager", "whole": "Whole snapshots", "regions": "Fixed regions",
-          "functional": "Functional", "state_agnostic": "State-agnostic planner",
-          "eager_whole": "State-aware eager/whole", "joint": "Joint planner"}
+from ._tables import method_label
 
 
 def _unit(preset: str) -> tuple[str, int]:
@@ -27,7 +24,7 @@ def _policy(p) -> str:
     if not p:
         return "—"
     c = Counter(p)
-    return ", ".join(f"{c[o]} {o}" for o in ("eager", "whole", "region") if c[o])
+    return ", ".join(f"{c[o]} {o}" for o in OPTIONS.names if c[o])
 
 
 def _fmt(v, div, nd=3) -> str:
@@ -48,11 +45,11 @@ def method_table(summary: dict) -> str:
         out.append("|---|---|---|---|---|---|---|---|---|")
         for m in cell["methods"]:
             if not m["feasible"]:
-                out.append(f"| {_LABEL[m['method']]} | infeasible | — | — | — | — | — | — | not run |")
+                out.append(f"| {method_label(m['method'])} | infeasible | — | — | — | — | — | — | not run |")
                 continue
             pt = m["predicted_time_s"]
             out.append(
-                f"| {_LABEL[m['method']]} | {_fmt(m['peak_bytes'], div)} | "
+                f"| {method_label(m['method'])} | {_fmt(m['peak_bytes'], div)} | "
                 f"{_fmt(m['step_time_s'], 1e-3, 2)} | {_fmt(m['step_time_median_s'], 1e-3, 2)} | "
                 f"{'Yes' if m['fits_budget'] else 'No'} | {_fmt(m['predicted_peak_bytes'], div)} | "
                 f"{_fmt(pt, 1e-3, 2)} | {_policy(m['policy'])} | {m['semantic_checks']} |")
@@ -65,7 +62,7 @@ def pressure_tables(summary: dict) -> str:
     unit, div = _unit(summary["preset"])
     methods = ["eager", "whole", "regions", "functional", "state_agnostic", "joint"]
     lines = [f"### Table 4 — peak {unit} / mean step ms (budget {summary['budget_bytes'] / div:g} {unit})\n",
-             "| Cell | " + " | ".join(_LABEL[m] for m in methods) + " |",
+             "| Cell | " + " | ".join(method_label(m) for m in methods) + " |",
              "|---|" + "---|" * len(methods)]
     for cell in summary["cells"]:
         by = {m["method"]: m for m in cell["methods"]}
