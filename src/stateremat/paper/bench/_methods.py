@@ -21,8 +21,18 @@ PLANNER_OF = {"eager": "eager", "whole": "whole", "regions": "region", "function
 LEARNING_RATE = 1e-3
 
 
-def method_plan(method: str, card: ProfileCard, budget_bytes: int):
+def method_plan(method: str, card: ProfileCard, budget_bytes: int, plans: dict | None = None):
     """The :class:`~stateremat.planner.PlanResult` ``method`` chooses on ``card`` (None: functional).
+
+    Args:
+        method: a key of :data:`PLANNER_OF`.
+        card: the cell's profile card.
+        budget_bytes: logical budget ``M``, bytes.
+        plans: planner name -> result already computed for this card and budget; filled in, so
+            each planner runs once however many methods and columns ask for it.
+
+    Returns:
+        The plan, or None for ``functional`` (no checkpoint policy).
 
     Raises:
         ValueError: unknown method name.
@@ -33,9 +43,14 @@ def method_plan(method: str, card: ProfileCard, budget_bytes: int):
     planner = PLANNER_OF[method]
     if planner is None:
         return None
+    if plans is not None and planner in plans:
+        return plans[planner]
     from ...planner import plan
 
-    return plan(card, budget_bytes, planner)
+    res = plan(card, budget_bytes, planner)
+    if plans is not None:
+        plans[planner] = res
+    return res
 
 
 def policy_json(res) -> str | None:

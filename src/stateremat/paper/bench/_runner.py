@@ -58,8 +58,8 @@ def cell_card(spec: ExperimentSpec, cell: Cell, device: str | torch.device = "cp
     return card
 
 
-def _plan_fields(method: str, card: ProfileCard, budget: int):
-    res = method_plan(method, card, budget)
+def _plan_fields(method: str, card: ProfileCard, budget: int, plans: dict):
+    res = method_plan(method, card, budget, plans)
     if res is None:  # functional: no checkpoint policy, no static prediction
         return None, {"feasible": True, "policy": None, "predicted_peak_bytes": None,
                       "predicted_time_s": None}
@@ -71,24 +71,26 @@ def _plan_fields(method: str, card: ProfileCard, budget: int):
 
 def run_cell_methods(spec: ExperimentSpec, cell: Cell, methods: Sequence[str], *, warmups: int,
                      steps: int, device: str = "cpu", order: Sequence[str] | None = None,
-                     progress: bool = False, card: ProfileCard | None = None,
+                     card: ProfileCard | None = None,
                      card_dir: str | os.PathLike | None = None,
                      on_step: Callable[[], None] | None = None) -> list[dict]:
     """Execute ``methods`` on ``cell`` and return raw timing rows (one per method and step).
 
+    The card is taken as given (or measured once), the cell's budget resolved once on it, and
+    each planner runs once (the min-peak columns reuse the methods' own plans).
+
     Args:
         spec: the experiment (name and preset are written into rows).
-        cell: the cell; its budget, resolved on the card (:func:`resolve_budget`), is the
-            planners' ``M``.
+        cell: the cell; its budget, resolved on the card (:func:`resolve_budget`; a no-op when
+            already resolved on this card), is the planners' ``M``.
         methods: method names (subset of ``spec.methods``).
         warmups: unmeasured steps per method.
         steps: measured steps per method.
         device: ``"cpu"`` or ``"cuda[:i]"``.
         order: run order of the methods within each round (default: ``methods``).
-        progress: show a rich progress bar.
         card: a profile card to plan on (else :func:`cell_card`).
         card_dir: cache folder for cards.
-        on_step: callback after every measured or warmup step (progress of a caller).
+        on_step: called after every warmup, memory and measured step (a caller's progress).
 
     Returns:
         Rows with keys ``experiment, preset, cell, method, step, step_time_s, peak_bytes,
@@ -105,58 +107,54 @@ def run_cell_methods(spec: ExperimentSpec, cell: Cell, methods: Sequence[str], *
     order = list(order) if order is not None else list(methods)
     if sorted(order) != sorted(methods):
         raise ValueError(f"run_cell_methods: order {order} is not a permutation of {list(methods)}.")
-    bar = _Bar(progress, f"{spec.name}/{cell.name}")
     if card is None:
-        bar.status("profiling")
         card = cell_card(spec, cell, dev, cache_dir=card_dir)
     cell = resolve_budget(cell, card)
-    from ...planner import plan
-
+    plans: dict = {}  # planner name -> PlanResult: each planner runs once for this cell
     base = {"experiment": spec.name, "preset": spec.preset, "cell": cell.name,
             "budget_bytes": int(cell.budget_bytes), "budget_rule": budget_rule(cell),
             "profile_hash": card.source_hash(),
             "source_hash": workload_source_hash(cell.config), "memory_method": memory_method(dev),
             "device": str(dev), "dtype": cell.config.dtype,
-            "min_eager_whole_peak_bytes": plan(card, cell.budget_bytes, "eager_whole").min_feasible_peak_bytes,
-            "min_joint_peak_bytes": plan(card, cell.budget_bytes, "joint").min_feasible_peak_bytes,
+            "min_eager_whole_peak_bytes": method_plan("eager_whole", card, cell.budget_bytes,
+                                                      plans).min_feasible_peak_bytes,
+            "min_joint_peak_bytes": method_plan("joint", card, cell.budget_bytes,
+                                                plans).min_feasible_peak_bytes,
             **{k: v for k, v in cell.config.to_dict().items() if k not in ("dtype",)}}
     rows: list[dict] = []
     runs: dict[str, object] = {}
     info: dict[str, dict] = {}
-    bar.total(len(order) * (warmups + steps + 1))
+    step_done = on_step or (lambda: None)
     for m in order:
-        res, fields = _plan_fields(m, card, cell.budget_bytes)
+        res, fields = _plan_fields(m, card, cell.budget_bytes, plans)
         info[m] = {**base, "method": m, **fields, "semantic_checks": "not_run",
                    "semantic_max_error": None, "semantic_detail": "", "error": ""}
         if not fields["feasible"]:
             rows.append({**info[m], "step": -1, "step_time_s": math.nan, "peak_bytes": None,
                          "fits_budget": False, "loadavg": loadavg()})
-            bar.advance(warmups + steps + 1)
+            for _ in range(warmups + steps + 1):
+                step_done()
             continue
         options = None if res is None else list(res.options)
-        bar.status(f"checking {m}")
         info[m].update(check_method(m, cell.config, options, dev))
         runs[m] = options
     interleave = dev.type != "cuda"
     active = [m for m in order if m in runs]
     built = {}
-    try:
-        if interleave:
+    if interleave:
+        for m in active:
+            built[m] = _prepare(m, cell, runs[m], dev, warmups, info, step_done)
+        for k in range(steps):
             for m in active:
-                built[m] = _prepare(m, cell, runs[m], dev, warmups, info, bar, on_step)
+                rows.append(_timed_row(built.get(m), m, k, warmups, dev, info, step_done))
+    else:
+        for m in active:
+            built[m] = _prepare(m, cell, runs[m], dev, warmups, info, step_done)
             for k in range(steps):
-                for m in active:
-                    rows.append(_timed_row(built.get(m), m, k, warmups, dev, info, bar, on_step))
-        else:
-            for m in active:
-                built[m] = _prepare(m, cell, runs[m], dev, warmups, info, bar, on_step)
-                for k in range(steps):
-                    rows.append(_timed_row(built.get(m), m, k, warmups, dev, info, bar, on_step))
-                built.pop(m, None)
-                gc.collect()
-                torch.cuda.empty_cache()
-    finally:
-        bar.close()
+                rows.append(_timed_row(built.get(m), m, k, warmups, dev, info, step_done))
+            built.pop(m, None)
+            gc.collect()
+            torch.cuda.empty_cache()
     for r in rows:
         pk = r.get("peak_bytes")
         r["fits_budget"] = bool(pk is not None and not _isnan(pk) and pk <= cell.budget_bytes)
@@ -167,26 +165,25 @@ def _isnan(v) -> bool:
     return isinstance(v, float) and math.isnan(v)
 
 
-def _prepare(m, cell, options, dev, warmups, info, bar, on_step):
+def _prepare(m, cell, options, dev, warmups, info, step_done):
     """Build the method, run its warmups and (CPU) its tracked memory step; None if it raised."""
     try:
         run = build_method(m, cell.config, options, dev)
         for t in range(warmups):
             run.train_step(t)
-            bar.advance(1)
-            on_step and on_step()
+            step_done()
         if dev.type != "cuda":
             with PeakMemory(dev, roots=run.roots) as pm:
                 run.train_step(warmups)
             info[m]["_cpu_peak"] = pm.peak_bytes
-        bar.advance(1)
+        step_done()
         return run
     except Exception as exc:  # recorded, never hidden: rows carry the error
         info[m]["error"] = f"{type(exc).__name__}: {exc}"
         return None
 
 
-def _timed_row(run, m, k, warmups, dev, info, bar, on_step) -> dict:
+def _timed_row(run, m, k, warmups, dev, info, step_done) -> dict:
     row = {k2: v for k2, v in info[m].items() if not k2.startswith("_")}
     row.update({"step": k, "loadavg": loadavg()})
     if run is None:
@@ -210,38 +207,6 @@ def _timed_row(run, m, k, warmups, dev, info, bar, on_step) -> dict:
         except Exception as exc:
             row.update({"step_time_s": math.nan, "peak_bytes": None,
                         "error": f"{type(exc).__name__}: {exc}"})
-    bar.advance(1)
-    on_step and on_step()
+    step_done()
     return row
 
-
-class _Bar:
-    """A rich progress bar (or nothing when ``enabled`` is False)."""
-
-    def __init__(self, enabled: bool, label: str):
-        self.p = None
-        if enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-            self.p = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                              TimeElapsedColumn(), transient=False)
-            self.p.start()
-            self.label = label
-            self.task = self.p.add_task(label, total=None)
-
-    def status(self, text: str) -> None:
-        if self.p:
-            self.p.update(self.task, description=f"{self.label}: {text}")
-
-    def total(self, n: int) -> None:
-        if self.p:
-            self.p.update(self.task, total=n, description=f"{self.label}: steps")
-
-    def advance(self, n: int) -> None:
-        if self.p:
-            self.p.advance(self.task, n)
-
-    def close(self) -> None:
-        if self.p:
-            self.p.stop()
-            self.p = None

@@ -41,6 +41,8 @@ class Cell:
         budget_eager_fraction: when set, ``M`` is this fraction of the cell's predicted
             all-eager peak on its profile card (:func:`resolve_budget`); ``None``: ``M`` is
             ``budget_bytes`` as given.
+        budget_card_hash: ``source_hash`` of the card ``budget_bytes`` was resolved on (set by
+            :func:`resolve_budget`, so resolving again on that card does nothing).
     """
 
     name: str
@@ -51,6 +53,7 @@ class Cell:
     steps: int
     labels: dict = field(default_factory=dict, compare=False)
     budget_eager_fraction: float | None = None
+    budget_card_hash: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -112,14 +115,18 @@ def resolve_budget(cell: Cell, card) -> Cell:
 
     A cell with ``budget_eager_fraction`` gets ``M = round(fraction × card's predicted all-eager
     peak)`` bytes (:func:`stateremat.planner.eager_fraction_budget`); any other cell is returned
-    unchanged. Idempotent for one card, so the cohort parent and every process resolve the same
-    ``M`` from the same frozen card.
+    unchanged. Resolved once per card: a cell already resolved on ``card`` is returned as it is,
+    so the cohort parent and every process resolve the same ``M`` from the same frozen card.
     """
     if cell.budget_eager_fraction is None:
         return cell
+    digest = card.source_hash()
+    if cell.budget_card_hash == digest:
+        return cell
     from ...planner import eager_fraction_budget
 
-    return dataclasses.replace(cell, budget_bytes=eager_fraction_budget(card, cell.budget_eager_fraction))
+    return dataclasses.replace(cell, budget_bytes=eager_fraction_budget(card, cell.budget_eager_fraction),
+                               budget_card_hash=digest)
 
 
 def resolve_spec(spec: ExperimentSpec, cards) -> ExperimentSpec:

@@ -1,4 +1,4 @@
-"""CLI commands: bench (registered on import)."""
+"""CLI commands: ``stateremat bench calibrate|pressure|fair`` (registered on import)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,13 +7,31 @@ from typing import Optional
 import typer
 
 from ._app import bench_app, check_out_dir, fail
+from ._progress import progress_bar
 
 
-def _run(name: str, out: Path, preset: str, device: str, warmups: Optional[int],
-         steps: Optional[int], budget: Optional[str]) -> None:
+def run_bench(name: str, out: Path, preset: str = "cpu", device: str = "cpu",
+              warmups: Optional[int] = None, steps: Optional[int] = None,
+              budget: Optional[str] = None, *, api: Optional[str] = None,
+              show_paths: bool = True) -> None:
+    """Check the options, run experiment ``name`` under a progress bar and print its table.
+
+    Args:
+        name: ``calibrate``, ``pressure`` or ``fair``.
+        out: run folder (rerun to resume).
+        preset: ``cpu`` or ``h100``.
+        device: ``cpu`` or ``cuda[:i]``.
+        warmups, steps: per-method overrides (None: the spec's).
+        budget: logical budget override, bytes or KiB/MiB/GiB (None: the paper's rule).
+        api: command name for error messages (default ``stateremat bench NAME``).
+        show_paths: also print where rows, summary and tables went.
+
+    Raises:
+        typer.Exit: bad input (code 2), before anything is written.
+    """
     from ...contract import RecordsError, parse_size
 
-    api = f"stateremat bench {name}"
+    api = api or f"stateremat bench {name}"
     try:
         budget_bytes = None if budget is None else parse_size(budget)
     except ValueError as exc:
@@ -35,16 +53,17 @@ def _run(name: str, out: Path, preset: str, device: str, warmups: Optional[int],
             raise fail("--device cuda: no CUDA device is visible. Tip: use --device cpu here.")
     elif device != "cpu":
         raise fail(f"--device {device!r}: expected cpu or cuda[:i].")
-    from ..bench import run_experiment
-    from ..report import render_bench as render
+    from ..bench import _bench  # the module, so a test's patched experiment_spec is used
 
     try:
-        summary = run_experiment(name, out, preset=preset, device=device, warmups=warmups, steps=steps,
-                                 budget_bytes=budget_bytes)
+        with progress_bar() as bar:
+            _bench.run_experiment(name, out, preset=preset, device=device, warmups=warmups,
+                                  steps=steps, budget_bytes=budget_bytes, progress=bar)
     except RecordsError as exc:
         raise fail(str(exc))
-    typer.echo(render(summary))
-    typer.echo(f"rows: {out / 'bench'}  summary: {out / 'summary.json'}  tables: {out / 'tables.md'}")
+    typer.echo((out / "tables.md").read_text())  # the table, rendered once, as written
+    if show_paths:
+        typer.echo(f"rows: {out / 'bench'}  summary: {out / 'summary.json'}  tables: {out / 'tables.md'}")
 
 
 _OUT = typer.Option(..., "--out", help="run folder (rerun with the same folder to resume)")
@@ -61,7 +80,7 @@ def calibrate(out: Path = _OUT, preset: str = _PRESET, device: str = _DEVICE,
         warmups: Optional[int] = _WARM, steps: Optional[int] = _STEPS,
         budget: Optional[str] = _BUDGET) -> None:
     """24-shape calibration grid, six methods, scaled 20 GiB budget (§8, Table 10)."""
-    _run("calibrate", out, preset, device, warmups, steps, budget)
+    run_bench("calibrate", out, preset, device, warmups, steps, budget)
 
 
 @bench_app.command("pressure")
@@ -69,7 +88,7 @@ def pressure(out: Path = _OUT, preset: str = _PRESET, device: str = _DEVICE,
         warmups: Optional[int] = _WARM, steps: Optional[int] = _STEPS,
         budget: Optional[str] = _BUDGET) -> None:
     """Four activation-pressure cells, six methods, scaled 32 GiB (§9, Tables 4 and 5)."""
-    _run("pressure", out, preset, device, warmups, steps, budget)
+    run_bench("pressure", out, preset, device, warmups, steps, budget)
 
 
 @bench_app.command("fair")
@@ -78,4 +97,4 @@ def fair(out: Path = _OUT, preset: str = _PRESET, device: str = _DEVICE,
         budget: Optional[str] = _BUDGET) -> None:
     """Large/sparse cell, all seven methods, 44 GiB budget (§10, Table 6); at cpu scale 44/46.063
     of the card's predicted all-eager peak, the paper's budget/eager ratio."""
-    _run("fair", out, preset, device, warmups, steps, budget)
+    run_bench("fair", out, preset, device, warmups, steps, budget)

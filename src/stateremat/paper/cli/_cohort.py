@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from ._app import check_json_target, check_out_dir, cohort_app, fail
+from ._progress import progress_bar
 
 
 @cohort_app.command("semantics")
@@ -41,7 +42,8 @@ def semantics(
     except ValueError as exc:
         raise fail(str(exc))
     try:
-        rep = run_semantics(seed_list, out, progress=progress, device=device)
+        with progress_bar(progress) as bar:
+            rep = run_semantics(seed_list, out, progress=bar, device=device)
         summary = summarize_semantics(out)
         paths = report_semantics(out) + report_semantics_extension(out)
     except RecordsError as exc:

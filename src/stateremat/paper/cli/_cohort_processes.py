@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from ._app import check_out_dir, cohort_app, fail
+from ._progress import progress_bar
 
 
 @cohort_app.command("processes")
@@ -73,10 +74,11 @@ def processes(
     if budget_bytes is not None and budget_bytes <= 0:
         raise fail("stateremat cohort processes: --budget must be positive. Tip: e.g. --budget 46MiB.")
     try:
-        res = run_process_cohort(out, experiment, n_processes, preset=preset, warmups=warmups,
-                                 steps=steps, jobs=jobs, threads=threads, dask_address=dask, seed=seed,
-                                 device=device, timeout_s=timeout_s, profile_dir=profile,
-                                 budget_bytes=budget_bytes, progress=True)
+        with progress_bar() as bar:
+            res = run_process_cohort(out, experiment, n_processes, preset=preset, warmups=warmups,
+                                     steps=steps, jobs=jobs, threads=threads, dask_address=dask,
+                                     seed=seed, device=device, timeout_s=timeout_s,
+                                     profile_dir=profile, budget_bytes=budget_bytes, progress=bar)
     except (RecordsError, ProfileCardError, ValueError) as exc:
         raise fail(str(exc))
     typer.echo(f"cohort {experiment}: {res['already_done']} processes already done, ran "

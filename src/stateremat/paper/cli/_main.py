@@ -6,6 +6,7 @@ from pathlib import Path
 import typer
 
 from ._app import check_out_dir, paper_app
+from ._bench import run_bench
 
 
 @paper_app.command("main")
@@ -21,6 +22,4 @@ def main_job(
     Rerunning with the same --out resumes.
     """
     check_out_dir("stateremat main", out)
-    from ..bench import run_fair
-
-    run_fair(out / "bench-fair", preset=preset, device=device)
+    run_bench("fair", out / "bench-fair", preset, device, api="stateremat main", show_paths=False)

@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from ._app import app_app, check_out_dir, fail
+from ._progress import progress_bar
 
 
 @app_app.command("moco")
@@ -65,8 +66,9 @@ def moco(
                        err=True)
             cfg = replace(cfg, dataset=found)
     try:
-        summary = run_moco(cfg, seed_list, out, data=data, device=device, methods=chosen,
-                           threads=threads)
+        with progress_bar() as bar:
+            summary = run_moco(cfg, seed_list, out, data=data, device=device, methods=chosen,
+                               threads=threads, progress=bar)
     except (FileNotFoundError, RecordsError, ValueError) as exc:
         raise fail(str(exc))
     entries = summary["methods"]

@@ -7,7 +7,6 @@ recomputed from the stored rows and exits 1 when a contract target fails.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ...contract import source_hash
+from .._progress import Progress, as_progress
 from ..records import RecordStore
 from ._process_worker import (EXPERIMENTS, _dask_results, _local_results,
                               method_order as method_order, run_one_process as run_one_process,
@@ -141,7 +142,7 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
                        worker_cmd: Sequence[str] | None = None,
                        spec_fn: Callable[[str, str], Any] | None = None,
                        budget_bytes: int | None = None,
-                       progress: bool = True) -> dict[str, Any]:
+                       progress: Progress | None = None) -> dict[str, Any]:
     """Run (or resume) an independent-process cohort into ``out_dir``.
 
     Args:
@@ -174,7 +175,8 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
             recorded in the cohort config and passed to every process. Without it, a cell with
             a budget / eager-peak rule (``fair44`` at ``cpu`` scale) gets its budget from its
             frozen card, recorded in the config the same way.
-        progress: show a rich progress bar.
+        progress: where to report finished processes (``stateremat.paper.cli.progress_bar``);
+            None: nowhere.
 
     Returns:
         ``{"out_dir", "processes", "already_done", "ran", "ok", "failed": [process ids]}``.
@@ -237,49 +239,28 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
                if dask_address else
                _local_results(tasks, jobs, worker_cmd, timeout_s, cards, threads))
     ok, failed = 0, []
-    with _progress(progress, len(tasks), experiment) as advance:
-        for p, res in results:
-            attempt = int(attempts.get(p, 0)) + 1
-            n_rows = 0
-            if res["status"] == "ok":
-                import pyarrow.parquet as pq
+    task = as_progress(progress, "run_process_cohort").task(f"cohort {experiment}: processes",
+                                                            total=len(tasks))
+    for p, res in results:
+        attempt = int(attempts.get(p, 0)) + 1
+        n_rows = 0
+        if res["status"] == "ok":
+            import pyarrow.parquet as pq
 
-                rows = pq.read_table(io.BytesIO(res["rows_parquet"])).to_pylist()
-                for r in rows:
-                    r["attempt"] = attempt
-                n_rows = timing.append(rows)  # one atomic part: the process is now done
-                ok += 1
-            else:
-                failed.append(p)
-            status.append([{"process": p, "attempt": attempt, "status": res["status"],
-                            "exit_code": res["exit_code"], "stderr_tail": res["stderr_tail"],
-                            "wall_s": res["wall_s"], "hostname": res["hostname"],
-                            "n_rows": n_rows, "executor": "dask" if dask_address else "local",
-                            # N asked for at this launch: a cohort extended after results shows it
-                            "requested_processes": int(processes)}])
-            advance()
+            rows = pq.read_table(io.BytesIO(res["rows_parquet"])).to_pylist()
+            for r in rows:
+                r["attempt"] = attempt
+            n_rows = timing.append(rows)  # one atomic part: the process is now done
+            ok += 1
+        else:
+            failed.append(p)
+        status.append([{"process": p, "attempt": attempt, "status": res["status"],
+                        "exit_code": res["exit_code"], "stderr_tail": res["stderr_tail"],
+                        "wall_s": res["wall_s"], "hostname": res["hostname"],
+                        "n_rows": n_rows, "executor": "dask" if dask_address else "local",
+                        # N asked for at this launch: a cohort extended after results shows it
+                        "requested_processes": int(processes)}])
+        task.advance()
     return {"out_dir": str(out_dir), "processes": int(processes), "already_done": len(done),
             "ran": len(tasks), "ok": ok, "failed": sorted(failed)}
 
-
-class _progress:
-    """Context manager yielding ``advance()``; a rich bar when enabled."""
-
-    def __init__(self, enabled: bool, total: int, label: str):
-        self.enabled, self.total, self.label, self.bar = enabled and total > 0, total, label, None
-
-    def __enter__(self) -> Callable[[], None]:
-        if not self.enabled:
-            return lambda: None
-        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                                   TimeElapsedColumn)
-
-        self.bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), transient=False)
-        self.bar.__enter__()
-        task = self.bar.add_task(f"cohort {self.label}: processes", total=self.total)
-        return lambda: self.bar.advance(task)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)

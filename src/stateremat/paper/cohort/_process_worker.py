@@ -77,7 +77,7 @@ def worker_main(argv: Sequence[str] | None = None, *,
 
             kw["card"] = load_card(Path(a.profile) / f"{cell.name}.json")
         got = cell_runner(spec, cell, order, warmups=warm, steps=steps, device=a.device,
-                          order=order, progress=False, **kw)
+                          order=order, **kw)
         for r in got:
             r = dict(r)
             r.update({"process": a.process, "seed": a.seed, "order_index": order.index(r["method"]),

@@ -12,7 +12,6 @@ import hashlib
 import io
 import json
 import os
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...contract import atomic_write_bytes, loadavg
+from .._progress import Progress, as_progress
 from ..records import RecordStore
 from ._summary import KEY, METHODS, TABLE, summarize, write_summary
 
@@ -265,7 +265,7 @@ def _done(store: RecordStore) -> set[tuple]:
 
 def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
              data: str | os.PathLike | None = None, device: str | None = None,
-             methods: tuple[str, ...] = METHODS, progress: bool = True,
+             methods: tuple[str, ...] = METHODS, progress: Progress | None = None,
              threads: int | None = None) -> dict[str, Any]:
     """Run every ``(seed, method)`` not yet recorded under ``out_dir``, then write the summary.
 
@@ -276,7 +276,8 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
         data: dataset path (CIFAR-100 folder, or a Fashion-MNIST folder); None = package default.
         device: ``"cpu"``/``"cuda"``; None picks CUDA when present.
         methods: subset of :data:`METHODS` (all seven by default).
-        progress: show a rich progress bar.
+        progress: where to report runs and encoder steps and the dataset note
+            (``stateremat.paper.cli.progress_bar``); None: nowhere (the note is in the sidecar).
         threads: torch intra-op threads for the run (None: the preset's, else torch's setting);
             recorded, because reductions split differently across thread counts.
 
@@ -293,7 +294,6 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
         count; ``torch.use_deterministic_algorithms(True)`` is enabled for the run and restored.
     """
     import torch
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..workloads import load_dataset
     from ._probe import make_split
@@ -305,9 +305,10 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
     dev = resolve_device(device)
     threads = threads if threads is not None else preset.threads
     check_threads(threads)
+    progress = as_progress(progress, "run_moco")
     images = load_dataset(preset.dataset, data)
     if images.note:   # e.g. the digits fallback: said now, and recorded in the sidecar
-        print(f"warning: {images.note}", file=sys.stderr)
+        progress.note(images.note)
     old_threads = torch.get_num_threads()
     was_det = torch.are_deterministic_algorithms_enabled()
     try:   # thread count and determinism are restored however the run ends
@@ -326,16 +327,13 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
         steps = preset.encoder_epochs * (len(split.fit_x) // preset.batch_size)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), disable=not progress) as bar:
-            runs = bar.add_task("moco runs", total=len(todo))
-            stepbar = bar.add_task("encoder steps", total=steps)
-            for seed, method in todo:
-                bar.update(stepbar, completed=0, description=f"seed {seed} {method}")
-                row = _run_row(preset, split, seed, method, dev, out_dir,
-                               lambda: bar.advance(stepbar))
-                store.append([row])
-                bar.advance(runs)
+        runs = progress.task("moco runs", total=len(todo))
+        stepbar = progress.task("encoder steps", total=steps)
+        for seed, method in todo:
+            stepbar.update(completed=0, description=f"seed {seed} {method}")
+            row = _run_row(preset, split, seed, method, dev, out_dir, stepbar.advance)
+            store.append([row])
+            runs.advance()
     finally:
         torch.use_deterministic_algorithms(was_det)
         torch.set_num_threads(old_threads)

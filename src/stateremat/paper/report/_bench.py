@@ -124,11 +124,14 @@ def render(summary: dict) -> str:
     return head + method_table(summary)
 
 
+def write_tables(out_dir: Path, summary: dict) -> Path:
+    """Render ``summary`` once into ``out_dir/tables.md`` (atomically); returns the path."""
+    return atomic_write_bytes(Path(out_dir) / "tables.md", render(summary).encode())
+
+
 @register_reporter("bench")
 def report_bench(out_dir: Path) -> list[Path]:
     """Write ``tables.md`` for a bench run folder from its raw rows; returns the paths written."""
     from ..bench import summarize
 
-    rows = read_records(out_dir, "bench")
-    text = render(summarize(rows))
-    return [atomic_write_bytes(Path(out_dir) / "tables.md", text.encode())]
+    return [write_tables(out_dir, summarize(read_records(out_dir, "bench")))]

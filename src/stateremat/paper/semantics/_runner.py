@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from ...contract import Outcome, source_hash, utc_now
+from .._progress import Progress, as_progress
 from ..records import RecordStore
 from ._compare import StageError, compare
 from ._families import (DTYPES, FAMILIES, JAX_METHODS, STATEREMAT_JAX_METHOD, TORCH_METHOD_NAMES,
@@ -188,14 +189,15 @@ def resolve_device(device: str) -> str:
                      "cuda, cuda:N. Tip: use auto.")
 
 
-def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: bool = True,
+def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: Progress | None = None,
                   device: str = "auto") -> RunReport:
     """Run (or resume) the replay-semantics cohort for ``seeds`` into ``out_dir``.
 
     Args:
         seeds: seed keys, e.g. ``range(420000, 420050)`` (the paper's 50).
         out_dir: run folder; tables :data:`SEMANTICS_TABLE` and :data:`EXTENSION_TABLE`.
-        progress: show a rich progress bar.
+        progress: where to report units done (``stateremat.paper.cli.progress_bar``); None:
+            nowhere.
         device: torch device (``auto``: CUDA when available); recorded in the run config,
             so a resumed run must use the same one. JAX always runs on CPU.
 
@@ -209,9 +211,6 @@ def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: bool =
     References:
         Paper §5 and Table 2.
     """
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
-                               TimeElapsedColumn, TimeRemainingColumn)
-
     seeds = [int(s) for s in seeds]
     device = resolve_device(device)
     versions, missing = _versions()
@@ -238,27 +237,24 @@ def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: bool =
             written[t] += stores[t].append(rows)
             rows.clear()
 
-    columns = [TextColumn("semantics {task.description}"), BarColumn(), MofNCompleteColumn(),
-               TimeElapsedColumn(), TimeRemainingColumn()]
-    with Progress(*columns, disable=not progress) as bar:
-        task = bar.add_task("", total=len(pending))
-        try:
-            for (backend, family, seed, dtype), group in _conditions(pending):
-                bar.update(task, description=f"{backend} {family} {seed} {dtype}")
-                ctx = _x64() if backend == "jax" else _null()
-                with ctx:
-                    ref_unit = Unit("", backend, "functional_reference", family, seed, dtype)
-                    try:
-                        reference = _execute(ref_unit, device)[0]
-                    except Exception:  # noqa: BLE001 — recorded as 'unsupported' below
-                        reference = None
-                    for u in group:
-                        buffers[u.table].append(execute_unit(u, reference, versions, device))
-                        bar.advance(task)
-                if sum(map(len, buffers.values())) >= _FLUSH_EVERY:
-                    flush()
-        finally:
-            flush()  # finished rows are never lost on interruption
+    task = as_progress(progress, "run_semantics").task("semantics", total=len(pending))
+    try:
+        for (backend, family, seed, dtype), group in _conditions(pending):
+            task.update(description=f"semantics {backend} {family} {seed} {dtype}")
+            ctx = _x64() if backend == "jax" else _null()
+            with ctx:
+                ref_unit = Unit("", backend, "functional_reference", family, seed, dtype)
+                try:
+                    reference = _execute(ref_unit, device)[0]
+                except Exception:  # noqa: BLE001 — recorded as 'unsupported' below
+                    reference = None
+                for u in group:
+                    buffers[u.table].append(execute_unit(u, reference, versions, device))
+                    task.advance()
+            if sum(map(len, buffers.values())) >= _FLUSH_EVERY:
+                flush()
+    finally:
+        flush()  # finished rows are never lost on interruption
     return RunReport(written=written, skipped_done=len(units) - len(pending),
                      unavailable=unavailable)
 
