@@ -34,3 +34,13 @@ from ._card import (
     load_card as load_card,
     save_card as save_card,
 )
+
+__all__ = [
+    "OPTIONS", "Option", "OptionCost", "OptionRegistry", "Outcome", "ProfileCard",
+    "ProfileCardError", "RECOMPUTE_ONLY", "RULES", "RecordsError", "ReplayDivergenceError",
+    "ReplayError", "SegmentCard", "UndeclaredStateError", "UnsupportedError",
+    "atomic_write_bytes", "atomic_write_json", "card_options", "format_bytes",
+    "internal_assert", "json_default", "load_card", "loadavg", "package_version",
+    "parse_seed_range", "parse_size", "provenance", "rule", "save_card", "sha256_bytes",
+    "source_hash", "utc_now",
+]

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...contract import atomic_write_json
-from .._progress import Progress, as_progress
+from .. import Progress, as_progress
 from ..records import RecordStore, read_records
 from ._spec import ExperimentSpec, budget_rule, experiment_spec, resolve_spec, with_budget
 from ._summary import TABLE, summarize

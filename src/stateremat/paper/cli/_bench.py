@@ -53,12 +53,12 @@ def run_bench(name: str, out: Path, preset: str = "cpu", device: str = "cpu",
             raise fail("--device cuda: no CUDA device is visible. Tip: use --device cpu here.")
     elif device != "cpu":
         raise fail(f"--device {device!r}: expected cpu or cuda[:i].")
-    from ..bench import _bench  # the module, so a test's patched experiment_spec is used
+    from ..bench import run_experiment
 
     try:
         with progress_bar() as bar:
-            _bench.run_experiment(name, out, preset=preset, device=device, warmups=warmups,
-                                  steps=steps, budget_bytes=budget_bytes, progress=bar)
+            run_experiment(name, out, preset=preset, device=device, warmups=warmups, steps=steps,
+                           budget_bytes=budget_bytes, progress=bar)
     except RecordsError as exc:
         raise fail(str(exc))
     typer.echo((out / "tables.md").read_text())  # the table, rendered once, as written

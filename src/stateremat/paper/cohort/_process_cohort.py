@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ...contract import source_hash
-from .._progress import Progress, as_progress
+from .. import Progress, as_progress
 from ..records import RecordStore
 from ._process_worker import (EXPERIMENTS, _dask_results, _local_results,
                               method_order as method_order, run_one_process as run_one_process,

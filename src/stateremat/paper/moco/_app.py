@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ...contract import atomic_write_bytes, loadavg
-from .._progress import Progress, as_progress
+from .. import Progress, as_progress
 from ..records import RecordStore
 from ._summary import KEY, METHODS, TABLE, summarize, write_summary
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
 from ...contract import Outcome, source_hash, utc_now
-from .._progress import Progress, as_progress
+from .. import Progress, as_progress
 from ..records import RecordStore
 from ._compare import StageError, compare
 from ._families import (DTYPES, FAMILIES, JAX_METHODS, STATEREMAT_JAX_METHOD, TORCH_METHOD_NAMES,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
-from .._progress import Progress, as_progress
+from .. import Progress, as_progress
 from ..records import RecordStore, read_records
 from ._study import ALIAS_DIMS, ALIAS_PATTERNS, alias_rows, engine_rows
 from ._suite import finite_rows

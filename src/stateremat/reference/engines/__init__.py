@@ -1,4 +1,4 @@
-"""The five preservation engines of the finite reference (paper §3.1, Table 1).
+"""The five preservation engines of the NumPy reference (paper §3.1, Table 1).
 
 One module each, one interface (:class:`Engine`): ``eager``, ``whole``, ``readset``,
 ``region``, ``guarded``. Each reports ``retained_bytes`` and ``workspace_bytes``.
@@ -9,6 +9,9 @@ from ._guarded import GuardedEngine as GuardedEngine
 from ._readset import ReadSetEngine as ReadSetEngine
 from ._region import RegionEngine as RegionEngine
 from ._whole import WholeEngine as WholeEngine
+
+__all__ = ["ENGINES", "EagerEngine", "Engine", "GuardedEngine", "ReadSetEngine", "Recovery",
+           "RegionEngine", "WholeEngine", "backward", "forward", "make_engine"]
 
 #: engine name -> class, in the order of Table 1
 ENGINES = {c.name: c for c in (EagerEngine, WholeEngine, ReadSetEngine, RegionEngine, GuardedEngine)}
