@@ -5,6 +5,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from ..contract import OPTIONS, RECOMPUTE_ONLY, format_bytes
+from ._planners import SPECS
 
 if TYPE_CHECKING:
     from ._result import PlanResult
@@ -12,8 +13,6 @@ if TYPE_CHECKING:
 
 def _spec_options(planner: str, chosen: str) -> tuple[str, ...]:
     """Options ``planner`` chooses among (its own option for a fixed method)."""
-    from ._planners import SPECS  # lazy: _planners imports this module through _result
-
     return SPECS[planner].option_names() if planner in SPECS else (chosen,)
 
 
