@@ -333,8 +333,8 @@ def _stat_like(t: torch.Tensor) -> bool:
 
 
 def _mark_reachable_aliases(seg: Segment) -> None:
-    """Reachable tensors on a journaled storage (the base of a declared view) are marked too."""
-    journaled = {k: p.storage for k, p in seg.txn.items.items() if p.storage.journal is not None}
+    """Reachable tensors on a declared storage (the base of a declared view) are marked too."""
+    journaled = {k: p.storage for k, p in seg.txn.items.items()}
     if not journaled:
         return
     with DisableTorchFunctionSubclass():

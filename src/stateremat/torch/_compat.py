@@ -11,6 +11,7 @@ backward pass. Other modules import these names from here, never from ``torch._C
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from typing import Any, Callable, Iterator
 
@@ -107,17 +108,28 @@ def has_storage(t: torch.Tensor) -> bool:
             and t.device.type != "meta")
 
 
+_REENTRANT_BACKWARD = _tuc.CheckpointFunction.backward.__code__
+
+
 def in_foreign_recompute() -> bool:
     """True while ``torch.utils.checkpoint`` (not stateremat) recomputes a segment on this thread.
 
-    Detected by the saved-tensor hook on top of the stack: torch's recomputation hook.
+    Non-reentrant: the saved-tensor hook on top of the stack is torch's recomputation hook.
+    Reentrant: inside a backward, ``CheckpointFunction.backward`` is on the Python stack.
     """
     hooks = _top_saved_tensors_default_hooks(True)
-    if not hooks:
+    if hooks:
+        pack = getattr(hooks[0], "__wrapped__", hooks[0])
+        if "_recomputation_hook" in getattr(pack, "__qualname__", ""):
+            return True
+    if _current_graph_task_id() == -1:
         return False
-    pack = hooks[0]
-    pack = getattr(pack, "__wrapped__", pack)
-    return "_recomputation_hook" in getattr(pack, "__qualname__", "")
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code is _REENTRANT_BACKWARD:
+            return True
+        f = f.f_back
+    return False
 
 
 class _Hidden(threading.local):

@@ -129,6 +129,9 @@ class Runtime:
         st.users -= 1
         if st.users <= 0 and self.storages.get(st.key) is st:
             del self.storages[st.key]
+            from ._mark import unmark_storage  # _mark's handler imports this module's users
+
+            unmark_storage(st)
 
 
 class _Local(threading.local):

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import _mark
 from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops, reset_versions
 from ._errors import UnsupportedError
 from ._preserve import PRESERVERS, Preserver, Restored, WholePreserver
@@ -158,6 +159,7 @@ class Transaction:
             st = self.runtime.acquire(key, members[0][1])
             for name, t in members:  # every declared tensor on the storage watches its version (R8)
                 st.add_witness(t, name)
+            _mark.mark_storage(st)  # writes to it reach on_write from now on
             self._add(key, st, [n for n, _ in members], cls)
 
     def _add(self, key: StorageKey, st: DeclaredStorage, names: list[str], cls: type[Preserver]) -> Preserver:
@@ -172,6 +174,7 @@ class Transaction:
         key = storage_key(t)
         st = self.runtime.acquire(key, t)
         st.add_witness(t, name)
+        _mark.mark_storage(st)
         self._add(key, st, [name], WholePreserver)
 
     def adopt(self, inner: "Transaction") -> None:
