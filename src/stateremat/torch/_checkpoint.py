@@ -14,6 +14,7 @@ from . import _mark, _rng
 from ._compat import (
     DisableTorchFunctionSubclass,
     debug_override,
+    eager_only,
     entered_hiding,
     early_stop_override,
     has_storage,
@@ -110,6 +111,7 @@ class Checkpointer:
         return (f"Checkpointer(state={self.state!r}, preserve={self.preserve!r}, granularity_bytes="
                 f"{self.granularity_bytes}, on_undeclared={self.on_undeclared!r}, verify={self.verify})")
 
+    @eager_only
     def __call__(self, function: Callable, *args: Any, use_reentrant: bool | None = None,
                  context_fn: Callable[[], tuple[Any, Any]] | None = None, determinism_check: str = "default",
                  debug: bool = False, early_stop: bool = True, **kwargs: Any) -> Any:
@@ -121,6 +123,7 @@ class Checkpointer:
                     early_stop=early_stop)
 
 
+@eager_only
 def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "region",
                granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False,
                use_reentrant: bool | None = None, context_fn: Callable[[], tuple[Any, Any]] | None = None,
@@ -243,6 +246,7 @@ def _segment_name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
+@eager_only
 def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, granularity_bytes: int,
                 on_undeclared: str, verify: bool, preserve_rng_state: bool, name: str | None = None,
                 module_prefix: str = "", sink: RecomputeSink | None = None,

@@ -56,10 +56,21 @@ except (ImportError, AttributeError) as _exc:  # pragma: no cover - depends on t
 
 __all__ = [
     "CheckpointError", "DisableTorchFunction", "DisableTorchFunctionSubclass", "GraphExecGroup", "SavedTensor", "TorchDispatchMode",
-    "autocast_kwargs", "current_graph_id", "early_stop_override", "debug_override", "has_storage",
+    "autocast_kwargs", "eager_only", "current_graph_id", "early_stop_override", "debug_override", "has_storage",
     "in_foreign_recompute", "infer_device_type", "library_ops", "make_saved_tensor", "reset_versions",
     "tree_flatten", "tree_unflatten", "is_traceable_wrapper_subclass",
 ]
+
+
+def eager_only(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` (and what it calls) eagerly under ``torch.compile``.
+
+    The transaction's bookkeeping (saved-tensor hooks, snapshots, journal, version counters)
+    is Python that graphs cannot hold; compiling a model that contains a checkpointed segment
+    breaks the graph once at the segment and runs the segment eagerly, instead of tracing into
+    the library and recompiling it.
+    """
+    return torch.compiler.disable(fn, recursive=True)
 
 
 def make_saved_tensor(x: torch.Tensor) -> SavedTensor:

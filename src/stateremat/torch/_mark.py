@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._compat import DisableTorchFunctionSubclass, has_storage
+from ._compat import DisableTorchFunctionSubclass, eager_only, has_storage
 from ._errors import UnsupportedError
 from ._storage import storage_key
 
@@ -43,6 +43,7 @@ _QUIET = {
 _AS_BASE = {torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__}
 
 
+@eager_only
 def _handler(cls: type, func: Any, types: tuple, args: tuple = (), kwargs: dict | None = None) -> Any:
     if kwargs is None:
         kwargs = {}
