@@ -62,14 +62,23 @@ DETERMINISM_CHECKS = ("default", "none")
 OPTION_KEYWORDS = ("state", "preserve", "granularity_bytes", "on_undeclared", "verify")
 
 
-def _declared_keywords(fn: Any) -> set[str]:
+_KEYWORDS_OF: dict[Any, frozenset[str]] = {}  # code object / type -> declared parameter names
+
+
+def _declared_keywords(fn: Any) -> frozenset[str]:
     """Parameter names ``fn`` declares explicitly (empty when its signature is unknown)."""
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    if code is not None and not isinstance(fn, functools.partial) and code in _KEYWORDS_OF:
+        return _KEYWORDS_OF[code]
     try:
         params = inspect.signature(target).parameters.values()
     except (TypeError, ValueError):
-        return set()
-    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        return frozenset()
+    names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    if code is not None and not isinstance(fn, functools.partial):
+        _KEYWORDS_OF[code] = names
+    return names
 
 
 class Checkpointer:
@@ -246,7 +255,6 @@ def _segment_name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-@eager_only
 def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, granularity_bytes: int,
                 on_undeclared: str, verify: bool, preserve_rng_state: bool, name: str | None = None,
                 module_prefix: str = "", sink: RecomputeSink | None = None,
@@ -288,8 +296,9 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
         seg.expected = {id(t): v for _, t, v in seg.scan}
         probes = {i: v for i, v in r.norm_stats.items() if i not in declared_ids}
         probes.update({i: (n, t) for i, (n, t) in r.tensors.items() if i not in declared_ids and _stat_like(t)})
-        with library_ops():
-            seg.norm_probes = [(n, t, t.clone()) for n, t in probes.values()]
+        if probes:
+            with library_ops():
+                seg.norm_probes = [(n, t, t.clone()) for n, t in probes.values()]
     _mark_reachable_aliases(seg)
     for enclosing in rt.forward:
         enclosing.check_inner_declaration(seg)
