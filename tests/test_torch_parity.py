@@ -708,3 +708,274 @@ def test_mixed_nesting_with_torch_checkpoint(ckpt):
     for outer, inner in ((torch_ckpt, ckpt), (ckpt, torch_ckpt)):
         out = outer(lambda t: inner(_f_plain, _f_plain(t)), x)
         assert torch.allclose(torch.autograd.grad(out.sum(), x)[0], want, rtol=1e-12, atol=0)
+
+
+# =============================================================================================
+# 3. Determinism check, debug mode, error types (test_checkpoint_detects_non_determinism)
+# =============================================================================================
+def _save_3(x):
+    return x.sin().exp().sin()
+
+
+def _save_2(x):
+    return x.sin().exp()
+
+
+def _save_2_other_shape(x):
+    return x.sin() * torch.tensor([1.0, 2.0])
+
+
+def _first_then(orig_fn, recompute_fn):
+    calls = [0]
+
+    def fn(x):
+        calls[0] += 1
+        return orig_fn(x) if calls[0] == 1 else recompute_fn(x)
+    return fn
+
+
+@impls()
+def test_fewer_saved_tensors_at_recomputation_is_an_error(ckpt):
+    a = torch.randn(1, requires_grad=True)
+    out = ckpt(_first_then(_save_3, _save_2), a)
+    with pytest.raises(CheckpointError):
+        out.backward()
+
+
+@impls()
+def test_more_saved_tensors_at_recomputation(ckpt):
+    a = torch.randn(1, requires_grad=True)
+    with tuc.set_checkpoint_early_stop(False):
+        out = ckpt(_first_then(_save_2, _save_3), a)
+    with pytest.raises(CheckpointError):
+        out.backward()
+    # with early stop the surplus is never reached: no error, and the gradient is right
+    a.grad = None
+    ckpt(_first_then(_save_2, _save_3), a).backward()
+    assert torch.equal(a.grad, (a.detach().sin().exp() * a.detach().cos()))
+
+
+@impls()
+def test_saved_tensor_of_another_shape_is_an_error(ckpt):
+    a = torch.randn(1, requires_grad=True)
+    out = ckpt(_first_then(_save_2, _save_2_other_shape), a)
+    with pytest.raises(CheckpointError):
+        out.backward()
+
+
+@impls()
+def test_determinism_check_none_skips_the_metadata_comparison(ckpt):
+    # the recomputed saved tensors are used as they are: exp's backward multiplies by the constant
+    # (1, 2) instead of exp(sin x), and autograd sums the (2,) gradient back to the input's shape,
+    # so (1 + 2) * cos x comes out, silently, as in torch
+    a = torch.randn(1, dtype=F64, requires_grad=True)
+    ckpt(_first_then(_save_2, lambda x: x.sin() * torch.tensor([1.0, 2.0], dtype=F64)), a,
+         determinism_check="none").backward()
+    x = a.detach()
+    assert torch.allclose(a.grad, 3 * x.cos(), rtol=1e-12, atol=0)
+
+
+@impls()
+def test_unknown_determinism_check_is_a_value_error(ckpt):
+    with pytest.raises(ValueError):
+        ckpt(torch.sin, torch.randn(1, requires_grad=True), determinism_check="strict")
+
+
+@pytest.fixture
+def quiet_logging_tensor(monkeypatch):
+    # torch's debug mode logs every operator through the "LoggingTensor" logger with arguments only
+    # its own handler formats; pytest attaches its capture handlers there too (the logger stops
+    # propagating), and they would fail the test on the unformattable record.
+    import logging
+
+    monkeypatch.setattr(logging, "raiseExceptions", False)
+
+
+@impls()
+@pytest.mark.parametrize("how", ["argument", "global", "global_off_wins", "off"])
+def test_debug_mode_lists_the_operators(ckpt, how, quiet_logging_tensor):
+    # the debug half of test_checkpoint_detects_non_determinism
+    a = torch.randn(1, requires_grad=True)
+    debug = {"argument": True, "global": False, "global_off_wins": True, "off": False}[how]
+    setting = {"global": True, "global_off_wins": False}.get(how)
+    ctx = tuc.set_checkpoint_debug_enabled(setting) if setting is not None else contextlib.nullcontext()
+    with ctx, pytest.raises(CheckpointError) as info:
+        ckpt(_first_then(_save_2, _save_2_other_shape), a, debug=debug).backward()
+    listed = "aten.exp" in str(info.value)  # an operator of the original forward
+    assert listed == (how in ("argument", "global"))
+
+
+@impls()
+def test_debug_with_a_context_fn_is_a_value_error(ckpt):
+    ctx = lambda: (contextlib.nullcontext(), contextlib.nullcontext())  # noqa: E731
+    with pytest.raises(ValueError):
+        ckpt(torch.sin, torch.randn(1, requires_grad=True), debug=True, context_fn=ctx)
+
+
+@impls()
+def test_debug_mode_gradients_match_eager(ckpt, quiet_logging_tensor):
+    a = torch.randn(4, dtype=F64, requires_grad=True)
+    with tuc.set_checkpoint_debug_enabled(True):
+        (g,) = torch.autograd.grad(ckpt(_save_3, a).sum(), a)
+    assert torch.equal(g, torch.autograd.grad(_save_3(a).sum(), a)[0])
+
+
+@impls()
+def test_custom_function_reading_saved_tensors_twice(ckpt):
+    # test_checkpointing_without_reentrant_custom_function_works
+    errors = []
+
+    class MyFunc(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, y, z):
+            w = x * y * z
+            out = w + w
+            ctx.save_for_backward(x, y, z, w, out)
+            return out
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            x, y, z, w, out = ctx.saved_tensors
+            try:
+                ctx.saved_tensors  # recomputed tensors are cleared once unpacked
+            except CheckpointError as e:
+                errors.append(e)
+            return x, y, z
+
+    x, y, z = (torch.tensor(v, dtype=F64, requires_grad=True) for v in (1.0, 2.0, 3.0))
+
+    def foo(x, y, z):
+        return MyFunc.apply(x * y * z, y * y * z, z * z)
+
+    ckpt(foo, x, y, z).sum().backward()
+    assert len(errors) == 1
+    got = (x.grad, y.grad, z.grad)
+    x.grad = y.grad = z.grad = None
+    foo(x, y, z).sum().backward()  # eagerly the second read succeeds: same gradients
+    assert all(torch.equal(g, w) for g, w in zip(got, (x.grad, y.grad, z.grad)))
+
+
+@impls()
+def test_saved_tensor_accessed_outside_backward_recomputes_each_time(ckpt):
+    # test_access_saved_tensor_twice_without_recomputation_works
+    count = [0]
+
+    def foo(a):
+        count[0] += 1
+        b = a * a
+        c = a * b
+        return torch.exp(a)
+
+    a = torch.randn(5, dtype=F64, requires_grad=True)
+    d = ckpt(foo, a)
+    assert count[0] == 1
+    assert torch.equal(d.grad_fn._saved_result, a.detach().exp())
+    assert count[0] == 2
+    d.grad_fn._saved_result
+    assert count[0] == 3
+    d.sum().backward()
+    assert count[0] == 4
+    with pytest.raises(RuntimeError, match="already been freed"):
+        d.grad_fn._saved_result
+
+
+@impls()
+def test_graph_execution_group_recomputes_once(ckpt):
+    # test_checkpoint_graph_execution_group
+    def run(grouped):
+        counter = [0]
+
+        def fn(x):
+            counter[0] += 1
+            y = x.sin().cos()
+            return y, y.sin().cos()
+
+        x = torch.randn(3, 3, dtype=F64, requires_grad=True)
+        y, z = ckpt(fn, x)
+        with tuc.GraphExecGroup() if grouped else contextlib.nullcontext():
+            (gy,) = torch.autograd.grad(z, inputs=(y,), grad_outputs=(torch.ones(3, 3, dtype=F64),))
+            (gx,) = torch.autograd.grad(y, inputs=(x,), grad_outputs=(gy,))
+        ref = x.detach().requires_grad_()
+        ry = ref.sin().cos()
+        assert torch.equal(gx, torch.autograd.grad(ry.sin().cos().sum(), ref)[0])
+        return counter[0]
+
+    assert run(grouped=True) == 2
+    assert run(grouped=False) == 3
+
+    x = torch.randn(3, 3, requires_grad=True)
+    out = ckpt(lambda t: t.sin().cos(), x)
+    with tuc.GraphExecGroup():
+        out.sum().backward(retain_graph=True)
+        with pytest.raises(CheckpointError):  # two overlapping backwards in one group
+            out.sum().backward()
+
+
+@impls()
+def test_retained_graph_backward_twice_recomputes_each_time(ckpt):
+    # retain_graph: each backward is a new graph task and recomputes again
+    calls = [0]
+
+    def fn(x):
+        calls[0] += 1
+        return x.sin().exp()
+
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    out = ckpt(fn, x)
+    out.sum().backward(retain_graph=True)
+    g1 = x.grad.clone()
+    out.sum().backward(retain_graph=True)
+    assert calls[0] == 3 and torch.equal(x.grad, 2 * g1)
+    assert torch.equal(g1, torch.autograd.grad(fn(x).sum(), x)[0])
+
+
+@impls()
+def test_autograd_grad_with_input_subsets(ckpt):
+    def fn(a, b, c):
+        return (a * b).sin() + (b * c).exp(), a.cos() * c
+
+    a, b, c = (torch.randn(3, dtype=F64, requires_grad=True) for _ in range(3))
+    u, v = ckpt(fn, a, b, c)
+    eu, ev = fn(a, b, c)
+    loss, ref = (u * v).sum(), (eu * ev).sum()
+    for inputs in ((a,), (b,), (c, a), (a, b, c)):
+        got = torch.autograd.grad(loss, inputs, retain_graph=True)
+        want = torch.autograd.grad(ref, inputs, retain_graph=True)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    loss.backward(inputs=[b])
+    assert a.grad is None and c.grad is None
+    assert torch.equal(b.grad, torch.autograd.grad(ref, b)[0])
+    (gv,) = torch.autograd.grad(v.sum(), c)  # only the second output's branch
+    assert torch.equal(gv, a.detach().cos())
+
+
+@impls()
+def test_custom_function_saved_output_freed_after_backward(ckpt):
+    # test_custom_autograd_ac_early_stop
+    refs = []
+
+    class Test(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            y = x.clone()
+            ctx.save_for_backward(y)
+            refs.append(weakref.ref(y))
+            return y
+
+        @staticmethod
+        def backward(ctx, *args):
+            _ = ctx.saved_tensors
+            return None
+
+    inp = torch.randn(5, 5, requires_grad=True)
+
+    def scope():
+        out = ckpt(Test.apply, inp)
+        out.sum().backward()
+
+    gc.disable()
+    try:
+        scope()
+        assert [r() for r in refs] == [None] * len(refs) and len(refs) == 2
+    finally:
+        gc.enable()
