@@ -333,6 +333,17 @@ def test_parameter_used_inside_and_outside_hook_fires_once(ckpt):
 
 
 @impls()
+def test_data_parallel_module(ckpt):
+    # test_checkpointing_without_reentrant_dataparallel (on CPU DataParallel calls the module)
+    model = nn.Linear(2, 2, bias=False).to(F64)
+    a = torch.randn(2, 2, dtype=F64, requires_grad=True)
+    deepcopy(model)(a).sum().backward()
+    want, a.grad = a.grad, None
+    ckpt(nn.DataParallel(deepcopy(model)), a).sum().backward()
+    assert torch.equal(a.grad, want)
+
+
+@impls()
 def test_explicit_use_reentrant_false_does_not_warn(ckpt):
     # test_checkpoint_warns_if_use_reentrant_not_passed_explcitly (the explicit half)
     a = torch.randn(1, requires_grad=True)
@@ -1446,3 +1457,153 @@ def test_module_forward_hook_fires_again_at_recomputation(ckpt):
     assert len(fired) == 1
     out.sum().backward()
     assert len(fired) == 2
+
+
+# =============================================================================================
+# 5. Other autograd features torch's checkpoint composes with (compared with eager, bitwise)
+# =============================================================================================
+def _fw_ad(ck):
+    import torch.autograd.forward_ad as fwAD
+
+    p = torch.randn(3, dtype=F64, requires_grad=True)
+    t = torch.randn(3, dtype=F64)
+    with fwAD.dual_level():
+        y = ck(lambda a: a.sin().exp(), fwAD.make_dual(p, t))
+        tangent = fwAD.unpack_dual(y).tangent
+        (g,) = torch.autograd.grad(fwAD.unpack_dual(y).primal.sum(), p)
+    return tangent, g
+
+
+def _complex(ck):
+    x = torch.randn(4, dtype=torch.complex128, requires_grad=True)
+    return torch.autograd.grad(ck(lambda a: (a * a.conj()).real.sum() + a.abs().sum(), x), x)
+
+
+def _sparse(ck):
+    s = torch.sparse_coo_tensor(torch.tensor([[0, 1, 1], [2, 0, 2]]), torch.tensor([3.0, 4.0, 5.0], dtype=F64),
+                                (2, 3)).requires_grad_()
+    d = torch.randn(3, 2, dtype=F64, requires_grad=True)
+    gs, gd = torch.autograd.grad(ck(lambda a, b: torch.sparse.mm(a, b).sin(), s, d).sum(), (s, d))
+    return gs.to_dense(), gd
+
+
+def _jagged(ck):
+    nt = torch.nested.nested_tensor([torch.randn(2, 3, dtype=F64), torch.randn(4, 3, dtype=F64)],
+                                    layout=torch.jagged, requires_grad=True)
+    return torch.autograd.grad(ck(lambda t: t.sin().exp(), nt).values().sum(), nt)[0].values()
+
+
+def _index_input(ck):
+    x = torch.randn(3, 4, dtype=F64, requires_grad=True)
+    return torch.autograd.grad(ck(lambda a, i: a[i].exp(), x, torch.tensor([2, 0, 1])).sum(), x)
+
+
+def _batched_grads(ck):
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    return torch.autograd.grad(ck(lambda a: a.sin() * a, x), x, torch.eye(3, dtype=F64), is_grads_batched=True)
+
+
+def _jacobian(ck):
+    x = torch.randn(3, dtype=F64)
+    f = lambda a: ck(lambda t: t.sin().exp(), a)  # noqa: E731
+    return (torch.autograd.functional.jacobian(f, x), torch.autograd.functional.jacobian(f, x, vectorize=True),
+            torch.autograd.functional.hessian(lambda a: ck(lambda t: t.sin().exp().sum(), a), x))
+
+
+def _anomaly(ck):
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    with torch.autograd.detect_anomaly(check_nan=True):
+        return torch.autograd.grad(ck(lambda t: t.sin().exp(), x).sum(), x)
+
+
+def _same_tensor_twice(ck):
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    a, b = ck(lambda t: (lambda u: (u, u))(t.exp()), x)
+    return torch.autograd.grad((a * 2 + b).sum(), x)
+
+
+def _backward_on_another_thread(ck):
+    import threading
+
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    y = ck(lambda t: t.sin().exp(), x)
+    out = {}
+    worker = threading.Thread(target=lambda: out.setdefault("g", torch.autograd.grad(y.sum(), x)))
+    worker.start()
+    worker.join()
+    return out["g"]
+
+
+def _view_of_leaf_input(ck):
+    base = torch.randn(4, 4, dtype=F64, requires_grad=True)
+    return torch.autograd.grad(ck(lambda t: t.exp().sum(), base[1:3]), base)
+
+
+def _lstm(ck):
+    m = nn.LSTM(3, 4, batch_first=True).to(F64)
+    x = torch.randn(2, 5, 3, dtype=F64, requires_grad=True)
+    out, (h, _) = ck(m, x)
+    return torch.autograd.grad(out.sum() + h.sum(), (x, *m.parameters()))
+
+
+def _attention(ck):
+    q, k, v = (torch.randn(2, 4, 8, dtype=F64, requires_grad=True) for _ in range(3))
+    out = ck(torch.nn.functional.scaled_dot_product_attention, q, k, v, is_causal=True)
+    return torch.autograd.grad(out.sum(), (q, k, v))
+
+
+def _embedding_and_frozen(ck):
+    e = nn.Embedding(10, 4).to(F64)
+    frozen = nn.Linear(4, 4).to(F64).requires_grad_(False)
+    ck(lambda i: frozen(e(i)), torch.tensor([[1, 2, 3], [3, 2, 9]])).sum().backward()
+    return e.weight.grad, ck(frozen, torch.randn(2, 4, dtype=F64)).requires_grad
+
+
+def _dropout_training_steps(ck):
+    m = nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Dropout(0.3), nn.Linear(4, 1)).to(F64)
+    for _ in range(2):
+        ck(m, torch.randn(5, 4, dtype=F64)).sum().backward()
+    return [p.grad for p in m.parameters()]
+
+
+FEATURES = [_fw_ad, _complex, _sparse, _jagged, _index_input, _batched_grads, _jacobian, _anomaly,
+            _same_tensor_twice, _backward_on_another_thread, _view_of_leaf_input, _lstm, _attention,
+            _embedding_and_frozen, _dropout_training_steps]
+
+
+@impls()
+@pytest.mark.parametrize("case", FEATURES, ids=[f.__name__.strip("_") for f in FEATURES])
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # forward_ad import
+@pytest.mark.filterwarnings("ignore:Sparse invariant checks are implicitly disabled:UserWarning")
+@pytest.mark.filterwarnings("ignore:Anomaly Detection has been enabled:UserWarning")
+def test_feature_matches_eager(ckpt, case):
+    torch.manual_seed(1)
+    got = torch.utils._pytree.tree_leaves(case(ckpt))
+    torch.manual_seed(1)
+    want = torch.utils._pytree.tree_leaves(case(lambda fn, *args, **kwargs: fn(*args, **kwargs)))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert torch.equal(g, w) if isinstance(g, torch.Tensor) else g == w
+
+
+@impls()
+def test_saved_tensor_hooks_disabled_is_refused_alike(ckpt):
+    x = torch.randn(3, requires_grad=True)
+    with torch.autograd.graph.disable_saved_tensors_hooks("no saved-tensor hooks here"):
+        with pytest.raises(RuntimeError, match="no saved-tensor hooks here"):
+            ckpt(torch.sin, x)
+
+
+BUG_META = (
+    "bug: inputs on a device type without autocast support (meta) fail in the forward with "
+    "'unknown device type for autocast': Segment.save_inputs (and Segment.recompute) call "
+    "torch.is_autocast_enabled(device_type) without torch.amp.is_autocast_available(device_type), "
+    "which torch's _get_autocast_kwargs checks first (_segment.py)")
+
+
+@impls(xfail=ours_xfail(BUG_META))
+def test_meta_device_inputs(ckpt):
+    x = torch.randn(3, device="meta", requires_grad=True)
+    out = ckpt(lambda a: a.sin().exp(), x)
+    out.sum().backward()
+    assert x.grad.shape == (3,) and x.grad.device.type == "meta"
