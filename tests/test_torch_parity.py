@@ -3,14 +3,17 @@
 Every case runs against three checkpoint functions with exactly torch's signature:
 ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`` (``torch``), and ours,
 ``stateremat.torch.Checkpointer()`` (``region``, the default preserver) and
-``Checkpointer(preserve="whole")`` (``whole``). None of these programs mutates pre-existing
-state, so ours must behave exactly as torch does: same values, same gradients (bitwise in
-float64 where torch's test is exact), same recomputation counts, errors of the same type
-(``torch.utils.checkpoint.CheckpointError`` for replay errors; the wording is ours).
+``Checkpointer(preserve="whole")`` (``whole``). Sections 1-5 mutate no pre-existing state, so
+ours must behave exactly as torch does: same values, same gradients (bitwise in float64 where
+torch's test is exact), same recomputation counts, errors of the same type
+(``torch.utils.checkpoint.CheckpointError`` for replay errors; the wording is ours). Section 6
+holds the intentional differences, which all concern state the segment writes.
 
 Scenarios come from PyTorch's ``test/test_autograd.py`` (``TestAutograd`` checkpoint tests,
 ``TestNestedCheckpoint``, ``TestSelectiveActivationCheckpoint``) and ``test/test_utils.py``
-(``TestCheckpoint``); CUDA-only cases (memory, device RNG, device context) are left out.
+(``TestCheckpoint``); CUDA-only cases (memory, device RNG, device context) are left out, and
+where upstream's test targets a later torch than the installed 2.13, the assertion follows the
+installed torch (noted in place). Section 5 adds autograd features a drop-in must compose with.
 An ``xfail(strict=True)`` on ours marks either an intentional difference (the reason starts
 with "intentional:") or a known bug (the reason starts with "bug:").
 """
@@ -66,10 +69,6 @@ def ckpt(request):
 def _seed():
     torch.manual_seed(0)
     yield
-
-
-def equal(a, b) -> bool:
-    return a is None and b is None or (a is not None and b is not None and torch.equal(a, b))
 
 
 def grads(module: nn.Module) -> list:
@@ -353,7 +352,7 @@ def test_explicit_use_reentrant_false_does_not_warn(ckpt):
 
 
 @impls(xfail=ours_xfail("intentional: ours supports only the non-reentrant implementation and refuses "
-                        "use_reentrant=True with a ValueError (README 'Using it')"))
+                        "use_reentrant=True with a ValueError"))
 def test_use_reentrant_true_runs(ckpt):
     a = torch.randn(3, dtype=F64, requires_grad=True)
     ckpt(torch.exp, a, use_reentrant=True).sum().backward()
@@ -612,8 +611,7 @@ def test_hook_on_original_graph_fires_once(ckpt, early_stop):
     out.grad_fn.next_functions[0][0].register_hook(lambda *_: counter.__setitem__(0, counter[0] + 1))
     out.backward()
     assert counter[0] == 1
-    assert torch.equal(a.grad, torch.cos(torch.cos(a.detach().sin())) * -torch.sin(a.detach().sin())
-                       * torch.cos(a.detach()))
+    assert torch.equal(a.grad, torch.autograd.grad(a.sin().cos().sin(), a)[0])
 
 
 @impls()
@@ -873,8 +871,7 @@ def test_saved_tensor_accessed_outside_backward_recomputes_each_time(ckpt):
 
     def foo(a):
         count[0] += 1
-        b = a * a
-        c = a * b
+        a * (a * a)  # saves tensors the returned value does not need
         return torch.exp(a)
 
     a = torch.randn(5, dtype=F64, requires_grad=True)
@@ -1301,8 +1298,10 @@ def test_sac_wrapper_subclass_dispatching_sizes(ckpt):
             out = func(*args_inner, **(kwargs or {}))
             return torch.utils._pytree.tree_map_only(torch.Tensor, cls, out)
 
-    def policy(ctx, op, *args, **kwargs):
-        return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.sym_size.default else CheckpointPolicy.PREFER_RECOMPUTE
+    def policy(ctx, op, *args, **kwargs):  # saving a size is silently ignored
+        if op is torch.ops.aten.sym_size.default:
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
 
     def fn(x):
         view = (x * x.sum()).view(-1).view(4, 3)
