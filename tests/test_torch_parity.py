@@ -484,17 +484,6 @@ def _g_inner_backward(x):
     return x.sin()
 
 
-BUG_RULE6 = (
-    "bug: backward inside a segment's own forward with early stop off (torch's Rule 6): the replay "
-    "it triggers runs the whole function and saves more tensors than the unfinished forward has "
-    "packed; ours raises ReplayError 'saved more tensors during recomputation' where torch ignores "
-    "the surplus while the forward is not completed (forward_completed/ignore_saved_mismatch; "
-    "_segment.py Segment._recompute_hooks pack and Segment._check)")
-BUG_LEAK = (
-    "bug: a checkpoint met during a replay (_checkpoint._run_eagerly) saves tensors through identity "
-    "saved-tensor hooks without detaching them, so a saved output holds its own grad_fn (C++ cycle "
-    "node -> SavedVariable -> tensor -> node, invisible to gc): the replayed graph and the inputs it "
-    "references, leaf parameters included, are never freed")
 
 
 def _nested_params(bugs):
@@ -509,7 +498,7 @@ def _nested_params(bugs):
     return pytest.mark.parametrize("fn,early_stop,ckpt", params, indirect=["ckpt"])
 
 
-@_nested_params(lambda fn_id, early_stop: None if early_stop else BUG_RULE6)
+@_nested_params(lambda fn_id, early_stop: None)
 def test_nested_at_depth_and_grad_of_grad(ckpt, early_stop, fn):
     # TestNestedCheckpoint.test_nested_checkpoint: values of every nesting pattern
     c = _wrap(ckpt)
@@ -521,14 +510,7 @@ def test_nested_at_depth_and_grad_of_grad(ckpt, early_stop, fn):
                 assert torch.allclose(actual_fn(x), expected, rtol=1e-12, atol=0)
 
 
-def _graph_bugs(fn_id, early_stop):
-    reasons = [BUG_LEAK] if fn_id == "plain" else []
-    if not early_stop:
-        reasons.append(BUG_RULE6)
-    return "; and ".join(reasons) or None
-
-
-@_nested_params(_graph_bugs)
+@_nested_params(lambda fn_id, early_stop: None)
 def test_nested_graphs_are_freed(ckpt, early_stop, fn):
     # TestNestedCheckpoint.test_nested_checkpoint: check_graph_dies for every nesting pattern
     c = _wrap(ckpt)
@@ -538,7 +520,7 @@ def test_nested_graphs_are_freed(ckpt, early_stop, fn):
                 assert _graph_dies(actual_fn) == []
 
 
-@impls(xfail=ours_xfail(BUG_LEAK))
+@impls()
 @pytest.mark.parametrize("early_stop", [True, False])
 def test_nested_backward_frees_inputs(ckpt, early_stop):
     # check_graph_dies after a backward through a nested checkpoint (a training step)
@@ -584,13 +566,13 @@ def test_nested_two_children(ckpt):
     _two_children_values(ckpt, True)
 
 
-@impls(xfail=ours_xfail(BUG_RULE6))
+@impls()
 def test_nested_two_children_no_early_stop(ckpt):
     # TestNestedCheckpoint.test_nested_checkpoint_two_children[early_stop=False]: values
     _two_children_values(ckpt, False)
 
 
-@impls(xfail=ours_xfail(BUG_LEAK))
+@impls()
 def test_nested_two_children_graphs_are_freed(ckpt):
     # TestNestedCheckpoint.test_nested_checkpoint_two_children: check_graph_dies (early stop on)
     c, g, s = _wrap(ckpt), _grad, _sum
@@ -1602,14 +1584,9 @@ def test_saved_tensor_hooks_disabled_is_refused_alike(ckpt):
             ckpt(torch.sin, x)
 
 
-BUG_META = (
-    "bug: inputs on a device type without autocast support (meta) fail in the forward with "
-    "'unknown device type for autocast': Segment.save_inputs (and Segment.recompute) call "
-    "torch.is_autocast_enabled(device_type) without torch.amp.is_autocast_available(device_type), "
-    "which torch's _get_autocast_kwargs checks first (_segment.py)")
 
 
-@impls(xfail=ours_xfail(BUG_META))
+@impls()
 def test_meta_device_inputs(ckpt):
     x = torch.randn(3, device="meta", requires_grad=True)
     out = ckpt(lambda a: a.sin().exp(), x)

@@ -316,6 +316,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
         try:
             with strict or contextlib.nullcontext(), seg.forward_hooks(), seg.oplog():
                 out = fn(*args, **kwargs)
+            seg.forward_completed = True
         finally:
             if strict is not None:
                 rt.strict_depth -= 1
@@ -366,6 +367,11 @@ def _identity(x: Any) -> Any:
     return x
 
 
+def _detached(x: torch.Tensor) -> torch.Tensor:
+    # as torch's recomputation hook: a saved output must not hold its own grad_fn (a C++ cycle)
+    return x.detach() if x.requires_grad else x
+
+
 def _run_eagerly(fn: Callable, args: tuple, kwargs: dict, declared: Declared) -> Any:
     """Run a segment met inside a replay: its saved tensors are kept, nothing is deferred.
 
@@ -377,7 +383,7 @@ def _run_eagerly(fn: Callable, args: tuple, kwargs: dict, declared: Declared) ->
         for x in tree_flatten((args, kwargs))[0]:
             if isinstance(x, torch.Tensor) and not (has_storage(x) and storage_key(x) in keys):
                 make_saved_tensor(x)
-    with torch.autograd.graph.saved_tensors_hooks(_identity, _identity):
+    with torch.autograd.graph.saved_tensors_hooks(_detached, _identity):
         return fn(*args, **kwargs)
 
 

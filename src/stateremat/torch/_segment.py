@@ -67,6 +67,12 @@ def _copier(store: weakref.WeakKeyDictionary, handle: _Handle) -> Callable[[], i
     return copy
 
 
+def _autocast_on(device_type: str) -> bool:
+    """Is autocast enabled for ``device_type`` (where autocast exists) or the CPU?"""
+    return (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)) \
+        or torch.is_autocast_enabled("cpu")
+
+
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN == NaN, -0.0 != 0.0)."""
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
@@ -161,6 +167,8 @@ class Segment:
         self._saved: list[Any] = []
         self._spec: Any = None
         self._autocast: tuple = ()
+        self.forward_completed = False  # backward inside the forward (torch's Rule 6) recomputes early
+        self.ignore_saved_mismatch = False
 
     def attach(self, txn: Transaction) -> None:
         """Own ``txn``; it is released when this segment is garbage (no graph needs it)."""
@@ -276,7 +284,7 @@ class Segment:
             for x in leaves
         ]
         device_type = infer_device_type(*[x for x in leaves if isinstance(x, torch.Tensor)])
-        on = torch.is_autocast_enabled(device_type) or torch.is_autocast_enabled("cpu")
+        on = _autocast_on(device_type)
         # None: the forward ran without autocast (the replay then makes sure it does too)
         self._autocast = (device_type, *autocast_kwargs(device_type)) if on else (device_type, None, None)
 
@@ -342,6 +350,11 @@ class Segment:
             x = x.detach() if x.requires_grad else x
             idx = seg.recomp_counter[gid]
             seg.recomp_counter[gid] += 1
+            if idx >= len(seg.weak_holders) and not seg.forward_completed:
+                # a backward inside the forward (early stop off) recomputes the whole function
+                # while the forward is still saving tensors (torch's Rule 6)
+                seg.ignore_saved_mismatch = True
+                return x
             if idx >= len(seg.weak_holders):
                 raise ReplayError(seg._debug_text(
                     f"stateremat.torch.checkpoint: segment {seg.name!r} saved more tensors during "
@@ -384,7 +397,7 @@ class Segment:
         """Re-run the segment once for backward ``gid`` inside the replay transaction."""
         args, kwargs = self.inputs()
         device_type, device_kw, cpu_kw = self._autocast
-        if device_kw is None and not (torch.is_autocast_enabled(device_type) or torch.is_autocast_enabled("cpu")):
+        if device_kw is None and not _autocast_on(device_type):
             device_ac = cpu_ac = contextlib.nullcontext()  # autocast off then and now
         else:
             if device_kw is None:
@@ -438,7 +451,7 @@ class Segment:
 
     def _check(self, gid: Any) -> None:
         n, got = len(self.weak_holders), self.recomp_counter[gid]
-        if got != n:
+        if got != n and not self.ignore_saved_mismatch:
             raise ReplayError(self._debug_text(
                 f"stateremat.torch.checkpoint: segment {self.name!r} saved a different number of "
                 f"tensors during recomputation (expected {n}, got {got}). Tip: make the segment's "

@@ -54,7 +54,7 @@ def scatter(flat: torch.Tensor, runs: np.ndarray, data: torch.Tensor) -> None:
 
 
 #: Up to this many runs, one slice copy per run; beyond, one indexed copy of common-size chunks.
-_FEW_RUNS = 32
+_FEW_RUNS = 4
 
 
 def _chunks(runs: np.ndarray, n: int):
@@ -101,33 +101,40 @@ def merge_close(runs: np.ndarray, gap_bytes: int) -> np.ndarray:
     return np.stack([runs[idx, 0], ends], axis=1)
 
 
-def _inside(runs: np.ndarray, points: np.ndarray) -> np.ndarray:
-    """For each point, is it inside one of the sorted disjoint ``runs``?"""
-    if runs.shape[0] == 0:
-        return np.zeros(points.shape, dtype=bool)
-    i = np.searchsorted(runs[:, 0], points, side="right") - 1
-    return (i >= 0) & (points < runs[np.maximum(i, 0), 1])
-
-
-def subtract_runs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Runs of ``a`` not covered by ``b`` (both sorted and disjoint), sorted and disjoint."""
-    if a.shape[0] == 0 or b.shape[0] == 0:
+def _uniq(a: np.ndarray) -> np.ndarray:
+    """Sorted unique values (faster than ``np.unique`` on the small arrays of a journal)."""
+    a = np.sort(a.reshape(-1))
+    if a.size < 2:
         return a
-    pts = np.unique(np.concatenate([a.reshape(-1), b.reshape(-1)]))
-    lo, hi = pts[:-1], pts[1:]
-    keep = _inside(a, lo) & ~_inside(b, lo)
-    if not keep.any():
-        return np.zeros((0, 2), dtype=np.int64)
-    return merge_runs(lo[keep], hi[keep])
+    keep = np.empty(a.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
 
 
-def offsets_in(runs: np.ndarray, pieces: np.ndarray) -> np.ndarray:
-    """Where ``pieces`` (each inside one run of ``runs``) sit in ``gather(flat, runs)``'s output."""
-    lengths = runs[:, 1] - runs[:, 0]
-    base = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    i = np.searchsorted(runs[:, 0], pieces[:, 0], side="right") - 1
-    start = base[i] + (pieces[:, 0] - runs[i, 0])
-    return np.stack([start, start + (pieces[:, 1] - pieces[:, 0])], axis=1)
+def first_cover(runs: np.ndarray, owner_order: np.ndarray):
+    """Split the union of ``runs`` into pieces, each taken from the earliest run covering it.
+
+    Args:
+        runs: ``(n, 2)`` byte runs, possibly overlapping (the runs of several journal entries).
+        owner_order: ``(n,)`` int rank of each run (lower wins: the entry's age).
+
+    Returns:
+        ``(pieces, owner)``: sorted disjoint ``(m, 2)`` pieces covering the union, and for each
+        the index of the run its bytes come from.
+    """
+    pts = _uniq(runs)
+    a = np.searchsorted(pts, runs[:, 0])
+    span = np.searchsorted(pts, runs[:, 1]) - a
+    order = np.lexsort((np.arange(len(runs)), owner_order))[::-1]  # latest rank first: earliest assigned last
+    span_o = span[order]
+    total = int(span_o.sum())
+    owner = np.full(max(len(pts) - 1, 0), -1, dtype=np.int64)
+    if total:
+        shift = np.repeat(a[order] - (np.cumsum(span_o) - span_o), span_o)
+        owner[np.arange(total, dtype=np.int64) + shift] = np.repeat(order, span_o)
+    valid = owner >= 0
+    return np.stack([pts[:-1][valid], pts[1:][valid]], axis=1), owner[valid]
 
 
 def storage_key(t: torch.Tensor) -> StorageKey:

@@ -24,7 +24,7 @@ import torch
 from .._compat import library_ops
 from .._errors import ReplayError
 from .._runtime import DeclaredStorage
-from .._storage import gather, merge_close, merge_runs, offsets_in, round_runs, scatter, subtract_runs, write_runs
+from .._storage import first_cover, gather, merge_close, merge_runs, round_runs, scatter, write_runs
 from stateremat.contract import rule
 from ._base import Preserver, Restored
 
@@ -85,29 +85,38 @@ class Journal:
         """Put back the bytes the storage had at ``start_seq``; return what was visible.
 
         Each byte takes its old value from the *first* entry covering it since ``start_seq``
-        (its ``B0``): entries are walked oldest first, each scattering only the pieces no older
-        entry covered, so a replay copies each written byte once, whatever the number of later
-        writes, with no temporary beyond the visible bytes and one entry's pieces.
+        (its ``B0``), found for all entries at once (:func:`first_cover`): a replay copies each
+        written byte once, whatever the number of later writes, in a handful of tensor ops.
         """
         entries = [e for e in self.entries if e.seq >= start_seq]
         if not entries:
             return None
         flat = self.storage.flat
-        union = entries[0].runs if len(entries) == 1 else merge_runs(
-            np.concatenate([e.runs[:, 0] for e in entries]), np.concatenate([e.runs[:, 1] for e in entries]))
+        if len(entries) == 1:
+            e = entries[0]
+            with library_ops():
+                visible = gather(flat, e.runs)
+                scatter(flat, e.runs, e.old)
+            return Restored(e.runs, visible)
+        counts = np.array([e.runs.shape[0] for e in entries])
+        runs = np.concatenate([e.runs for e in entries])
+        entry = np.repeat(np.arange(len(entries)), counts)
+        lengths = runs[:, 1] - runs[:, 0]
+        in_entry = np.cumsum(lengths) - lengths  # offset of each run in the concatenated old bytes
+        pieces, owner = first_cover(runs, entry)
+        src = in_entry[owner] + (pieces[:, 0] - runs[owner, 0])
+        src_runs = np.stack([src, src + (pieces[:, 1] - pieces[:, 0])], axis=1)
+        union = merge_runs(pieces[:, 0], pieces[:, 1])
         with library_ops():
             visible = gather(flat, union)
-            covered = np.zeros((0, 2), dtype=np.int64)
-            for e in entries:  # oldest first: the first entry covering a byte holds its B0
-                new = subtract_runs(e.runs, covered)
-                if new.shape[0] == 0:
-                    continue
-                if new is e.runs or (new.shape == e.runs.shape and np.array_equal(new, e.runs)):
-                    scatter(flat, e.runs, e.old)
-                else:
-                    scatter(flat, new, gather(e.old, offsets_in(e.runs, new)))
-                covered = e.runs if covered.shape[0] == 0 else merge_runs(
-                    np.concatenate([covered[:, 0], e.runs[:, 0]]), np.concatenate([covered[:, 1], e.runs[:, 1]]))
+            if sum(e.old.numel() for e in entries) <= 2 * visible.numel():
+                scatter(flat, pieces, gather(torch.cat([e.old for e in entries]), src_runs))
+            else:  # much overlap: no temporary of every entry's bytes, one copy per owning entry
+                base = np.concatenate([[0], np.cumsum([e.old.numel() for e in entries])[:-1]])
+                who = entry[owner]
+                for k in np.unique(who):
+                    sel = who == k
+                    scatter(flat, pieces[sel], gather(entries[k].old, src_runs[sel] - base[k]))
         return Restored(union, visible)
 
     def prune(self, oldest: int | None) -> None:
