@@ -91,7 +91,7 @@ def test_region_replay_equals_eager_for_any_write_pattern_and_granularity(plan, 
 
 
 @pytest.mark.parametrize("pattern", ["contiguous", "strided", "scattered"])
-def test_journal_keeps_the_written_bytes_plus_run_metadata(pattern):
+def test_journal_keeps_the_written_bytes_plus_run_metadata(pattern, fresh_runtime):
     n = 1 << 14  # float32 elements
     buf = torch.zeros(n)
     g = torch.Generator().manual_seed(0)

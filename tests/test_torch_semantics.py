@@ -318,7 +318,7 @@ def test_wrapper_keeps_state_dict_keys_and_attribute_access():
     assert model[0][1] is inner[1] and model.get_submodule("0.1") is inner[1]
 
 
-def test_stats_track_peak_and_reset():
+def test_stats_track_peak_and_reset(fresh_runtime):
     queue = torch.zeros(1024)  # 4 KiB
     x = torch.randn(3, requires_grad=True)
     reset_preservation_stats()

@@ -124,7 +124,7 @@ def test_moco_queue_gradients_and_final_queue(dtype, preserve):
     assert not all(torch.allclose(p.grad, gr) for p, gr in zip(theirs.encoder.parameters(), grads_ref))
 
 
-def test_region_journal_retains_only_written_chunks():
+def test_region_journal_retains_only_written_chunks(fresh_runtime):
     head = MoCoHead(dim=256, K=1024)  # 1 MiB queue, 4 rows of 1 KiB written per step
     x, k = torch.randn(4, 256), F.normalize(torch.randn(4, 256), dim=1)
     for preserve, expect in [("whole", 1024 * 256 * 4 + 8), ("region", 4 * 1024 + 8)]:

@@ -1,0 +1,22 @@
+"""Shared fixtures."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture
+def fresh_runtime():
+    """A new ``stateremat.torch`` runtime for this test's thread (zeroed preservation statistics).
+
+    Other tests' graphs may still be alive (a test's exception keeps its frames), so tests that
+    assert absolute statistics run in a runtime of their own; the runtime is thread-local state,
+    swapped back afterwards.
+    """
+    from stateremat.torch import _runtime
+
+    old = _runtime._LOCAL.rt
+    _runtime._LOCAL.rt = rt = _runtime.Runtime()
+    try:
+        yield rt
+    finally:
+        _runtime._LOCAL.rt = old
