@@ -15,6 +15,7 @@ from ._memory import PeakMemory as PeakMemory, memory_method as memory_method, s
 from ._mode import UndeclaredStateWarning as UndeclaredStateWarning
 from ._module import StatefulCheckpoint as StatefulCheckpoint
 from ._plan import apply_plan as apply_plan
+from ._sequential import checkpoint_sequential as checkpoint_sequential
 from ._stats import (
     PreservationStats as PreservationStats,
     preservation_stats as preservation_stats,
