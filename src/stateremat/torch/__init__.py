@@ -14,7 +14,9 @@ from ._checkpoint import checkpoint as checkpoint, journal_writes as journal_wri
 from ._memory import PeakMemory as PeakMemory, memory_method as memory_method, storage_bytes as storage_bytes  # issue 5
 from ._mode import UndeclaredStateWarning as UndeclaredStateWarning
 from ._module import StatefulCheckpoint as StatefulCheckpoint
+from ._auto import auto_checkpoint as auto_checkpoint, expected_peak_bytes as expected_peak_bytes
 from ._plan import apply_plan as apply_plan
+from ._profiler import profile as profile
 from ._sequential import checkpoint_sequential as checkpoint_sequential
 from ._stats import (
     PreservationStats as PreservationStats,
