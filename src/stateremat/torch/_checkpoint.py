@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -23,6 +24,10 @@ def _validate(fn: Any, preserve: str, granularity_bytes: int, on_undeclared: str
     if not callable(fn):
         raise TypeError(f"stateremat.torch.checkpoint: fn must be callable, got {type(fn).__name__}. "
                         "Tip: pass the function or module to run, then its arguments.")
+    _validate_options(preserve, granularity_bytes, on_undeclared)
+
+
+def _validate_options(preserve: str, granularity_bytes: int, on_undeclared: str) -> None:
     if preserve not in PRESERVE_OPTIONS:
         raise ValueError(f"stateremat.torch.checkpoint: preserve must be one of {PRESERVE_OPTIONS}, "
                          f"got {preserve!r}. Tip: 'region' journals only written bytes.")
@@ -37,17 +42,91 @@ def _validate(fn: Any, preserve: str, granularity_bytes: int, on_undeclared: str
 DETERMINISM_CHECKS = ("default", "none")
 
 
+#: Keyword options of the stateremat form (:func:`checkpoint`); torch reserves the others below.
+OPTION_KEYWORDS = ("state", "preserve", "granularity_bytes", "on_undeclared", "verify")
+
+
+def _declared_keywords(fn: Any) -> set[str]:
+    """Parameter names ``fn`` declares explicitly (empty when its signature is unknown)."""
+    target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    try:
+        params = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):
+        return set()
+    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+class Checkpointer:
+    """A checkpoint function configured once, called with exactly torch's signature.
+
+    ``ckpt = Checkpointer(state="buffers", preserve="whole")`` returns a callable used like
+    ``torch.utils.checkpoint.checkpoint``: ``ckpt(fn, *args, use_reentrant=None,
+    context_fn=..., determinism_check="default", debug=False, early_stop=True,
+    preserve_rng_state=True, **kwargs)``; every other keyword reaches ``fn``. This is the form
+    framework hooks expect (a model's ``gradient_checkpointing_func``, ``checkpoint_seq``).
+
+    Args:
+        state: declared state, as in :func:`checkpoint`; ``"buffers"`` means every buffer of the
+            module ``fn`` belongs to (``fn`` a module, a bound method such as ``layer.__call__``,
+            or a ``functools.partial`` of one).
+        preserve: ``"region"`` (journal written bytes) or ``"whole"`` (snapshot every byte).
+        granularity_bytes: region journal chunk size in bytes.
+        on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"`` (see :func:`checkpoint`).
+        verify: compare recomputed saved tensors with the forward's bit for bit.
+
+    Raises:
+        ValueError / TypeError: an unknown option value, at construction.
+
+    References:
+        Paper §3.1, §5.
+    """
+
+    def __init__(self, *, state: Any = None, preserve: str = "region", granularity_bytes: int = 4096,
+                 on_undeclared: str = "raise", verify: bool = False) -> None:
+        _validate_options(preserve, granularity_bytes, on_undeclared)
+        _validate_state(state)
+        self.state = state
+        self.preserve = preserve
+        self.granularity_bytes = granularity_bytes
+        self.on_undeclared = on_undeclared
+        self.verify = bool(verify)
+
+    def __repr__(self) -> str:
+        return (f"Checkpointer(state={self.state!r}, preserve={self.preserve!r}, granularity_bytes="
+                f"{self.granularity_bytes}, on_undeclared={self.on_undeclared!r}, verify={self.verify})")
+
+    def __call__(self, function: Callable, *args: Any, use_reentrant: bool | None = None,
+                 context_fn: Callable[[], tuple[Any, Any]] | None = None, determinism_check: str = "default",
+                 debug: bool = False, early_stop: bool = True, **kwargs: Any) -> Any:
+        preserve_rng_state = kwargs.pop("preserve_rng_state", True)
+        return _run(function, args, kwargs, state=self.state, preserve=self.preserve,
+                    granularity_bytes=self.granularity_bytes, on_undeclared=self.on_undeclared,
+                    verify=self.verify, preserve_rng_state=preserve_rng_state, use_reentrant=use_reentrant,
+                    context_fn=context_fn, determinism_check=determinism_check, debug=debug,
+                    early_stop=early_stop)
+
+
+def _validate_state(state: Any) -> None:
+    if isinstance(state, str) and state != "buffers":
+        raise ValueError(f"stateremat.torch: state must be 'buffers', None, or tensors/modules, got {state!r}. "
+                         "Tip: state='buffers' declares every buffer of the checkpointed module.")
+
+
 def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "region",
                granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False,
-               preserve_rng_state: bool = True, use_reentrant: bool | None = None,
-               context_fn: Callable[[], tuple[Any, Any]] | None = None, determinism_check: str = "default",
-               debug: bool = False, **kwargs: Any) -> Any:
+               use_reentrant: bool | None = None, context_fn: Callable[[], tuple[Any, Any]] | None = None,
+               determinism_check: str = "default", debug: bool = False, early_stop: bool = True,
+               **kwargs: Any) -> Any:
     """Run ``fn(*args, **kwargs)`` without keeping its activations; replay it transactionally in backward.
 
     Like ``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)``, but declared
     state is restored to the bytes it had when the segment's forward began before the replay
     and reinstated afterwards, together with the RNG state; a buffer update (BatchNorm running
     statistics, a queue enqueue) therefore happens exactly once per forward.
+
+    The stateremat keywords (``state``, ``preserve``, ``granularity_bytes``, ``on_undeclared``,
+    ``verify``) are taken by this function; if ``fn`` declares a parameter of one of those names,
+    the call is refused (use :class:`Checkpointer`, whose call has exactly torch's signature).
 
     Args:
         fn: the segment; a function or ``nn.Module``.
@@ -64,48 +143,58 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
             the write) or ``"declare"`` (snapshot it whole before the first write).
         verify: at recomputation compare every recomputed saved tensor with the forward's bit for
             bit (keeps a copy of each: debugging only, doubles activation memory).
-        preserve_rng_state: replay with the forward's generator state (CPU and all initialized
-            CUDA devices). ``False`` is a negative control: dropout then draws new masks.
         use_reentrant: accepted for drop-in compatibility with ``torch.utils.checkpoint``;
             only ``False``/``None`` (non-reentrant) is supported.
         context_fn: as in ``torch.utils.checkpoint``: returns two context managers, entered
             around the forward and around the recomputation respectively.
         determinism_check: ``"default"`` compares shape, dtype and device of every recomputed
             saved tensor with the forward's; ``"none"`` skips that comparison (as in torch).
-        debug: accepted for drop-in compatibility; no effect (errors already name the segment).
-        **kwargs: keyword arguments of ``fn`` (the names above are taken, as in torch).
+        debug: as in torch: errors about the recomputation include the operators run.
+        early_stop: as in torch: stop the recomputation once every saved tensor is recomputed
+            (``torch.utils.checkpoint.set_checkpoint_early_stop`` overrides it).
+        **kwargs: keyword arguments of ``fn``; ``preserve_rng_state`` (default True) is taken
+            as in torch: replay with the forward's generator states (CPU, initialized CUDA
+            devices, and generators the segment reaches). ``False`` is a negative control.
 
     Returns:
         Whatever ``fn`` returns.
 
     Raises:
-        TypeError: ``fn`` is not callable, or ``state`` holds something other than tensors and
-            modules.
+        TypeError: ``fn`` is not callable, declares a parameter named like a stateremat
+            keyword, or ``state`` holds something other than tensors and modules.
         ValueError: an unknown ``preserve``/``on_undeclared``/``determinism_check``/``state``
             string, a bad ``granularity_bytes``, or ``use_reentrant=True``.
         UnsupportedError: a declared tensor is not a dense strided tensor with storage.
-        UndeclaredStateError: an undeclared pre-existing tensor was written in place (R7): in
-            the forward when the scan reaches it, otherwise at recomputation, before the write
-            would happen a second time (also a write to a declared storage outside the bytes a
-            ``"whole"`` snapshot covers).
+        UndeclaredStateError: an undeclared pre-existing tensor was written in place (R7).
         ReplayError: CUDA was first initialized inside the segment (its RNG state is unknown);
             at recomputation, state cannot be reconstructed exactly (R8), or the replay saved
-            different tensors; an input that is not declared state was modified in place
-            between the forward and the backward (torch's saved-tensor check, a ``RuntimeError``).
+            different tensors. It subclasses ``torch.utils.checkpoint.CheckpointError``.
         ReplayDivergenceError: ``verify=True`` and a recomputed saved tensor differs (R4).
 
     Danger:
-        Writes that bypass the dispatcher and version counters are invisible. The replay runs
-        under a Python dispatch mode (about 5 us per op, backward only) that refuses writes to
-        pre-existing undeclared storages; ``on_undeclared="warn"`` lets them repeat. An undeclared
-        write that the forward's scan cannot see (a tensor reached through deeper object
-        graphs) is refused only at recomputation, so the forward's single write stands; the
-        first write is also already done when a version-counter check raises
-        ``UndeclaredStateError``.
+        Writes that bypass the dispatcher and version counters are invisible.
 
     References:
         Paper §3 (eq. 2), §3.1 (selective preservation, the transaction), §5.
     """
+    clash = sorted(_declared_keywords(fn) & set(OPTION_KEYWORDS)) if callable(fn) else []
+    if clash:
+        raise TypeError(
+            f"stateremat.torch.checkpoint: {_segment_name(fn)!r} declares parameter(s) {clash}, which this "
+            "function takes as its own options (expected a function without those parameter names, got "
+            f"{clash}). Tip: use stateremat.torch.Checkpointer(state=..., preserve=...)(fn, *args, "
+            "**kwargs): it passes every keyword torch does not reserve on to fn.")
+    _validate_state(state)
+    preserve_rng_state = kwargs.pop("preserve_rng_state", True)
+    return _run(fn, args, kwargs, state=state, preserve=preserve, granularity_bytes=granularity_bytes,
+                on_undeclared=on_undeclared, verify=verify, preserve_rng_state=preserve_rng_state,
+                use_reentrant=use_reentrant, context_fn=context_fn, determinism_check=determinism_check,
+                debug=debug, early_stop=early_stop)
+
+
+def _run(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, granularity_bytes: int,
+         on_undeclared: str, verify: bool, preserve_rng_state: bool, use_reentrant: bool | None,
+         context_fn: Any, determinism_check: str, debug: bool, early_stop: bool) -> Any:
     _validate(fn, preserve, granularity_bytes, on_undeclared)
     if use_reentrant:
         raise ValueError("stateremat.torch.checkpoint: use_reentrant must be False or None (expected the "
@@ -114,11 +203,13 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
         raise ValueError(f"stateremat.torch.checkpoint: determinism_check must be one of {DETERMINISM_CHECKS}, "
                          f"got {determinism_check!r}. Tip: verify=True compares recomputed values bit for bit.")
     if isinstance(state, str):
-        if state != "buffers" or not isinstance(fn, torch.nn.Module):
-            raise ValueError(f"stateremat.torch.checkpoint: state='buffers' needs fn to be an nn.Module (got "
-                             f"state={state!r}, fn of type {type(fn).__name__}). Tip: pass the tensors or "
-                             "modules to declare, e.g. state=[model.bn].")
-        state = fn
+        owner = root_module(fn)
+        if state != "buffers" or owner is None:
+            raise ValueError(f"stateremat.torch.checkpoint: state='buffers' needs fn to be an nn.Module, a bound "
+                             f"method of one or a functools.partial of those (got state={state!r}, fn of type "
+                             f"{type(fn).__name__}). Tip: pass the tensors or modules to declare, e.g. "
+                             "state=[model.bn].")
+        state = owner
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)  # no graph, nothing will be replayed
     forward_ctx, recompute_ctx = (contextlib.nullcontext(), contextlib.nullcontext()) \

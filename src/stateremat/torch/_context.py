@@ -20,5 +20,17 @@ LOCAL = _Local()
 
 
 def replaying() -> bool:
-    """True while a replay (recomputation) runs on this thread."""
+    """True while a checkpointed segment is being replayed (recomputed) on this thread.
+
+    Public as ``stateremat.torch.is_replaying()``: code with Python side effects (a forward
+    hook that logs, counts or appends to a list) can skip them during the replay, so they
+    happen once per step as in eager execution::
+
+        def hook(module, inputs, output):
+            if not stateremat.torch.is_replaying():
+                seen.append(output.detach())
+
+    Returns:
+        bool.
+    """
     return bool(LOCAL.replay)

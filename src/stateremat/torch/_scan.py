@@ -25,7 +25,10 @@ from torch.utils._pytree import tree_flatten
 
 
 def root_module(fn: Callable) -> nn.Module | None:
-    """The module ``fn`` runs: ``fn`` itself or a bound method's ``self``, else ``None``."""
+    """The module ``fn`` runs: ``fn`` itself, a bound method's ``self`` or either inside a
+    ``functools.partial``; else ``None``."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     if isinstance(fn, nn.Module):
         return fn
     owner = getattr(fn, "__self__", None)
