@@ -24,21 +24,16 @@ SEGMENT_OPTIONS = ("state", "granularity_bytes", "on_undeclared", "verify", "pre
 
 def _checkpoint_call(option: str, state: Any, opts: dict[str, Any]) -> Callable[..., Any]:
     """A function with ``torch.utils.checkpoint.checkpoint``'s signature running ``option``."""
+    rng = {"preserve_rng_state": opts["preserve_rng_state"]} if "preserve_rng_state" in opts else {}
     if option == RECOMPUTE_ONLY:  # profiling only: replay with nothing preserved
         from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-        return lambda fn, *a, **kw: torch_checkpoint(fn, *a, use_reentrant=False, **kw)
-    import stateremat.torch as public
+        return lambda fn, *a, **kw: torch_checkpoint(fn, *a, use_reentrant=False, **rng, **kw)
+    from ._checkpoint import Checkpointer
 
-    checkpointer = getattr(public, "Checkpointer", None)
-    if checkpointer is not None:
-        return checkpointer(state=state, preserve=option, **opts)
-
-    def call(fn: Callable, *args: Any, **kwargs: Any) -> Any:  # until Checkpointer exists
-        return public.checkpoint(lambda *a: fn(*a, **kwargs), *args, state=state,
-                                 preserve=option, **opts)
-
-    return call
+    ckpt = Checkpointer(state=state, preserve=option,
+                        **{k: v for k, v in opts.items() if k != "preserve_rng_state"})
+    return (lambda fn, *a, **kw: ckpt(fn, *a, **rng, **kw)) if rng else ckpt
 
 
 class SegmentForward:
