@@ -90,3 +90,32 @@ def import_timm():
 def import_transformers():
     """``import transformers`` (skips the test when it is not installed)."""
     return pytest.importorskip("transformers")
+
+
+def train_steps(model: nn.Module, loss_of, steps: int = 2) -> list[dict]:
+    """``steps`` SGD-with-momentum steps; after each: loss, every gradient, every parameter and
+    buffer (``state_dict``) and the CPU generator state, cloned."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    out = []
+    for step in range(steps):
+        torch.manual_seed(1000 + step)
+        opt.zero_grad(set_to_none=True)
+        loss = loss_of(model)
+        loss.backward()
+        rec = {"loss": loss.detach().clone()}
+        rec.update({f"grad:{n}": p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        opt.step()
+        rec.update({f"state:{k}": v.clone() for k, v in model.state_dict().items()})
+        rec["rng"] = torch.get_rng_state()
+        out.append(rec)
+    return out
+
+
+def assert_bitwise(ours: list[dict], ref: list[dict]) -> None:
+    """Every recorded tensor equal bit for bit (same keys, dtype, shape, values)."""
+    assert len(ours) == len(ref)
+    for step, (a, b) in enumerate(zip(ours, ref)):
+        assert a.keys() == b.keys(), (step, sorted(set(a) ^ set(b))[:5])
+        for k in a:
+            assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, (step, k)
+            assert torch.equal(a[k], b[k]), (step, k, (a[k].double() - b[k].double()).abs().max().item())

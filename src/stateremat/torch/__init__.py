@@ -18,6 +18,8 @@ from ._module import StatefulCheckpoint as StatefulCheckpoint
 from ._auto import auto_checkpoint as auto_checkpoint, expected_peak_bytes as expected_peak_bytes
 from ._plan import apply_plan as apply_plan
 from ._profiler import profile as profile
+from ._pystate import refuse_python_state as refuse_python_state
+from ._segments import resolve_segments as resolve_segments
 from ._sequential import checkpoint_sequential as checkpoint_sequential
 from ._stats import (
     PreservationStats as PreservationStats,
