@@ -19,7 +19,9 @@ def _match(pattern: str, model: nn.Module) -> list[str]:
 
 def repeated_blocks(model: nn.Module) -> list[str]:
     """Paths of the model's repeated block: the most frequent class among the children of its
-    ``nn.ModuleList`` / ``nn.Sequential`` containers (ties: more parameters), in module order.
+    ``nn.ModuleList`` / ``nn.Sequential`` containers that have parameters and submodules of their
+    own (single layers such as ``nn.Linear`` only if there is no such block; ties: more
+    parameters), in module order.
 
     Examples: ``model.layers.{i}`` of a Llama, ``layer{1..4}.{j}`` of a ResNet, ``blocks.{i}`` of a
     ViT, ``bert.encoder.layer.{i}`` of a BERT.
@@ -32,6 +34,8 @@ def repeated_blocks(model: nn.Module) -> list[str]:
                     by_class[type(child)].append(f"{name}.{child_name}" if name else child_name)
     if not by_class:
         return []
+    blocks = {c: p for c, p in by_class.items() if any(True for _ in model.get_submodule(p[0]).children())}
+    by_class = blocks or by_class
 
     def weight(cls: type) -> tuple[int, int]:
         paths = by_class[cls]
