@@ -74,7 +74,7 @@ class _Runner:
     def step(self, option: str, memory: bool) -> StepCosts | list[Any]:
         for name in self.names:
             wrap_module(self.model.get_submodule(name), option, name, self.state, **self.opts)
-        pm = PeakMemory(self.device, roots=() if self.device.type == "cuda" else self.roots()) if memory else None
+        pm = PeakMemory(self.device, roots=self.roots()) if memory else None
         probe = Probe(self.names, self.device, pm)
         for name in self.names:
             self.model.get_submodule(name).forward.probe = probe
