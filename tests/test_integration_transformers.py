@@ -1,4 +1,6 @@
 """stateremat through transformers' own checkpointing hook, on tiny random-weight models (float64)."""
+import gc
+
 import pytest
 import torch
 
@@ -87,9 +89,12 @@ def test_a_layer_that_updates_its_kv_cache_is_refused_at_the_first_forward():
     model = enable(build("llama"))
     model.model.layers[1]._can_checkpoint_with_cache = True  # claims to only read the cache: it appends
     # (with use_cache=True transformers creates no cache under checkpointing; a user's cache still arrives)
+    cache = transformers.DynamicCache()
     with pytest.raises(UnsupportedError, match=r"segment 'model.layers.1' updated a transformers DynamicCache as "
                                                r"its keyword argument 'past_key_values'.*use_cache=False"):
-        model(**batch(), past_key_values=transformers.DynamicCache())
+        model(**batch(), past_key_values=cache)
+    cache.layers.clear()  # its keys hold the refused step's graph, which holds them: free both
+    gc.collect()
     model(**batch(use_cache=False)).loss.backward()  # and without a cache it trains
 
 

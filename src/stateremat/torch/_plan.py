@@ -8,6 +8,7 @@ from torch import nn
 from stateremat.contract import OPTIONS
 
 from ._module import StatefulCheckpoint
+from ._segments import check_submodules
 from ._wrap import unwrap_module, wrap_module
 
 
@@ -78,12 +79,7 @@ def apply_plan(model: nn.Module, plan: Any, *, state: Any = "buffers", **segment
     if "" in names:
         raise ValueError("apply_plan: segment '' is the whole model; expected submodule paths. "
                          "Tip: checkpoint a whole model with stateremat.torch.checkpoint(model, x).")
-    for name in names:
-        try:
-            model.get_submodule(name)
-        except AttributeError as e:
-            raise ValueError(f"apply_plan: segment {name!r} is not a submodule of {type(model).__name__} "
-                             f"({e}). Tip: segment names are module paths as in model.named_modules().") from e
+    check_submodules(model, names, "apply_plan")
     for option, name in zip(options, names):
         sub = model.get_submodule(name)
         if isinstance(sub, StatefulCheckpoint):  # the older wrapper module: put the block back

@@ -46,6 +46,16 @@ def repeated_blocks(model: nn.Module) -> list[str]:
     return [p for p in paths if not any(p != q and p.startswith(q + ".") for q in paths)]
 
 
+def check_submodules(model: nn.Module, names: list[str], api: str) -> None:
+    """Raise ``ValueError`` (naming ``api``) for the first name that is not a submodule path."""
+    for n in names:
+        try:
+            model.get_submodule(n)
+        except AttributeError as e:
+            raise ValueError(f"{api}: segment {n!r} is not a submodule of {type(model).__name__} ({e}). "
+                             "Tip: segment names are module paths as in model.named_modules().") from None
+
+
 def resolve_segments(model: nn.Module, segments: Any) -> list[str]:
     """Segment module paths of ``model`` in forward (module) order.
 
@@ -97,12 +107,7 @@ def resolve_segments(model: nn.Module, segments: Any) -> list[str]:
     if dup:
         raise ValueError(f"{_API}: segment names must be unique, got {dup} more than once. "
                          "Tip: list each module once.")
-    for n in names:
-        try:
-            model.get_submodule(n)
-        except AttributeError as e:
-            raise ValueError(f"{_API}: segment {n!r} is not a submodule of {type(model).__name__} ({e}). "
-                             "Tip: segment names are module paths as in model.named_modules().") from None
+    check_submodules(model, names, _API)
     nested = [(a, b) for a in names for b in names if a != b and a.startswith(b + ".")]
     if nested:
         raise ValueError(f"{_API}: segment {nested[0][0]!r} lies inside segment {nested[0][1]!r}; "
