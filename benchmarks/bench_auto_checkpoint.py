@@ -79,10 +79,9 @@ def trainer(model, loss_of):
 
 def measured_peak(model, step, opt, inputs, device) -> int:
     step(model)
-    state = [t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
-    roots = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None), *model.buffers(),
-             *inputs, *state]
-    with PeakMemory(device, roots=roots) as pm:
+    state = (t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor))
+    grads = (p.grad for p in model.parameters() if p.grad is not None)  # no list holds them: set_to_none frees
+    with PeakMemory(device, roots=[*model.parameters(), *grads, *model.buffers(), *inputs, *state]) as pm:
         step(model)
     return pm.peak_bytes
 

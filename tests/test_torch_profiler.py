@@ -67,11 +67,10 @@ def _sgd_step(opt):
 def _measured_peak(model, step, opt=None, inputs=()):
     """Peak bytes of one step, measured independently of the profiler (its own roots)."""
     step(model)  # warm: gradients and optimizer state exist, as in training
-    state = [t for s in (opt.state.values() if opt else []) for t in s.values() if isinstance(t, torch.Tensor)]
-    roots = [*model.parameters(), *(p.grad for p in model.parameters() if p.grad is not None), *model.buffers(),
-             *inputs, *state]
-    with PeakMemory("cpu", roots=roots) as pm:
-        step(model)
+    state = (t for s in (opt.state.values() if opt else []) for t in s.values() if isinstance(t, torch.Tensor))
+    grads = (p.grad for p in model.parameters() if p.grad is not None)  # a generator: no list holds them,
+    with PeakMemory("cpu", roots=[*model.parameters(), *grads, *model.buffers(), *inputs, *state]) as pm:
+        step(model)  # so zero_grad(set_to_none=True) frees the old gradients as in training
     return pm.peak_bytes
 
 
@@ -241,3 +240,70 @@ class _Skip(nn.Module):
 
     def forward(self, x):
         return self.layers[0](x)
+
+
+def test_peak_memory_roots_freed_inside_the_block_stop_counting_and_new_storages_are_listed():
+    holder = [torch.zeros(1024)]  # a 4 KiB root, freed inside the block (like zero_grad(set_to_none=True))
+    with PeakMemory("cpu", roots=holder) as pm:
+        holder.clear()
+        assert pm.current_bytes == 0
+        b = torch.ones(512)  # 2 KiB, created inside
+        assert pm.current_bytes == 2048
+        new = pm.new_storages()
+    assert pm.peak_bytes == 4096  # the root's bytes at entry
+    assert [st.nbytes() for st in new] == [2048] and new[0].data_ptr() == b.untyped_storage().data_ptr()
+    with PeakMemory("cpu", roots=new) as pm2:  # storages are roots too
+        pass
+    assert pm2.baseline_bytes == 2048
+
+
+def test_profile_step_argument_errors():
+    model = _resnet()
+    with pytest.raises(TypeError, match="sample must be a tensor, a tuple"):
+        profile(model, SEGMENTS, 3)
+    with pytest.raises(TypeError, match="expected a step function"):
+        profile(model, SEGMENTS)
+    with pytest.raises(ValueError, match="repeats must be a positive int"):
+        profile(model, SEGMENTS, _batch(), repeats=0)
+
+
+class _Writer(nn.Module):
+    """Reads the shared buffer, then writes rows of it in place (a MoCo-style queue shared by blocks)."""
+
+    def __init__(self, shared, rows):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.register_buffer("shared", shared)
+        self.rows = rows
+
+    def forward(self, x):
+        y = torch.tanh(self.lin(x)) * (1 + self.shared[: len(x)])
+        self.shared[self.rows] = y.detach()[: len(self.rows)]
+        return y
+
+
+def _shared_chain():
+    torch.manual_seed(0)
+    shared = torch.zeros(4096, 16, dtype=torch.float64)
+    return nn.Sequential(*[_Writer(shared, torch.arange(64 * i, 64 * i + 8)) for i in range(3)]).double()
+
+
+def test_region_retained_bytes_include_later_writes_to_shared_state_r6():
+    x = torch.randn(8, 16, dtype=torch.float64)
+    model = _shared_chain()
+    card = profile(model, ["0", "1", "2"], x, repeats=1, granularity_bytes=64)
+    journals = [s.meta["region_chain_journal_bytes"] for s in card.segments]
+    assert journals[0] > journals[1] > journals[2] > 0  # earlier segments hold later writes too
+    # the plan then runs under journal_writes() and matches eager bit for bit
+    from stateremat.torch import journal_writes
+
+    ref, ours = _shared_chain(), _shared_chain()
+    apply_plan(ours, {"options": ["region", "eager", "whole"], "segment_names": ["0", "1", "2"]},
+               granularity_bytes=64)
+    ref(x).pow(2).sum().backward()
+    with journal_writes():
+        y = ours(x)
+    y.pow(2).sum().backward()
+    for (n, a), b in zip(ref.named_parameters(), ours.parameters()):
+        assert torch.equal(a.grad, b.grad), n
+    assert torch.equal(ref[0].shared, ours[0].shared)

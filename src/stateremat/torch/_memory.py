@@ -67,6 +67,7 @@ class _StorageTracker(TorchDispatchMode):
     def _free(self, key: int) -> None:
         with self._lock:
             self.current_bytes -= self._size.pop(key, 0)
+            self._known.discard(key)  # a freed root's id may be reused by a new storage
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -157,6 +158,8 @@ class PeakMemory:
             known = _storages(self.roots)
             self.baseline_bytes = sum(st.nbytes() for st in known.values())
             self._tracker = _StorageTracker(known)
+            del known
+            self.roots = []  # hold no root: one the block frees must leave the count
             self._tracker.__enter__()
         return self
 

@@ -18,13 +18,15 @@ _API = "stateremat.torch.profile"
 @dataclass(frozen=True)
 class Event:
     """One boundary: ``kind`` in start/fwd_enter/fwd_exit/bwd_start/bwd_end/end, segment index
-    (-1 for start/end), wall time (s), live bytes and peak bytes since the previous event."""
+    (-1 for start/end), wall time (s), live bytes, peak bytes since the previous event and bytes
+    held for state preservation (snapshots and journals, :func:`preservation_stats`)."""
 
     kind: str
     index: int
     time_s: float
     live_bytes: int
     peak_bytes: int
+    preserved_bytes: int = 0
 
 
 def _grad_leaves(obj: Any) -> list[torch.Tensor]:
@@ -54,12 +56,15 @@ class Probe:
     def event(self, kind: str, index: int = -1) -> None:
         sync(self.device)
         now = time.perf_counter()
-        live = peak = 0
+        live = peak = preserved = 0
         if self.memory is not None:
             live = self.memory.current_bytes
             peak = self.memory.baseline_bytes + self.memory.tracked_peak_bytes
             self.memory.reset_peak()
-        self.events.append(Event(kind, index, now, int(live), int(peak)))
+            from stateremat.torch import preservation_stats
+
+            preserved = preservation_stats().retained_state_bytes
+        self.events.append(Event(kind, index, now, int(live), int(peak), int(preserved)))
 
     def enter(self, name: str, args: tuple, kwargs: dict) -> None:
         i = self.index[name]

@@ -9,6 +9,7 @@ each segment's forward entry/exit and backward start/end (``_timeline.py`` turns
 """
 from __future__ import annotations
 
+import contextlib
 import platform
 import statistics
 import weakref
@@ -71,9 +72,12 @@ class _Runner:
             self.run()
             self.carried += [weakref.ref(st) for st in pm.new_storages()]
 
-    def step(self, option: str, memory: bool) -> StepCosts | list[Any]:
-        for name in self.names:
-            wrap_module(self.model.get_submodule(name), option, name, self.state, **self.opts)
+    def step(self, option: str | list[str], memory: bool, journal: bool = False) -> StepCosts:
+        """One step with segment ``i`` under ``option`` (or ``option[i]``); ``journal``: inside
+        :func:`journal_writes` (writes outside segments are journaled, R6)."""
+        options = [option] * len(self.names) if isinstance(option, str) else option
+        for name, o in zip(self.names, options):
+            wrap_module(self.model.get_submodule(name), o, name, self.state, **self.opts)
         pm = PeakMemory(self.device, roots=self.roots()) if memory else None
         probe = Probe(self.names, self.device, pm)
         for name in self.names:
@@ -83,7 +87,10 @@ class _Runner:
                 pm.__enter__()
             try:
                 probe.event("start")
-                self.run()
+                from stateremat.torch import journal_writes
+
+                with journal_writes() if journal else contextlib.nullcontext():
+                    self.run()
                 probe.event("end")
                 if pm is not None and self.device.type != "cuda":
                     self.carried += [weakref.ref(st) for st in pm.new_storages()]
@@ -99,6 +106,29 @@ class _Runner:
 
 def _has_state(module: nn.Module, state: Any) -> bool:
     return state != "buffers" or any(True for _ in module.buffers())
+
+
+def _shares_state(model: nn.Module, name: str, state: Any) -> bool:
+    """True if another part of the model can write what segment ``name`` declares (R6): with
+    ``state="buffers"``, one of its buffers' storages is also a buffer outside it."""
+    if state != "buffers":
+        return True
+    inside = {b.untyped_storage().data_ptr() for b in model.get_submodule(name).buffers() if b.numel()}
+    outside = {b.untyped_storage().data_ptr() for n, m in model.named_modules() if n != name
+               and not n.startswith(name + ".") for b in m.buffers(recurse=False) if b.numel()}
+    return bool(inside & outside)
+
+
+def _chain_journal(runner: "_Runner", names: list[str], stateful: list[bool]) -> dict[int, int]:
+    """Journal bytes of each region segment whose state others also write, held inside the chain
+    after every forward (later segments eager, their writes journaled: R6, paper §3.1)."""
+    out = {}
+    for i, name in enumerate(names):
+        if stateful[i] and _shares_state(runner.model, name, runner.state):
+            plan = ["eager"] * len(names)
+            plan[i] = "region"
+            out[i] = runner.step(plan, memory=True, journal=True).preserved_at_backward_bytes
+    return out
 
 
 def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Iterable[Any] = OPTIONS,
@@ -156,10 +186,14 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
     Danger:
         ``step_fn`` should do the same work every call; objects it changes other than the model
         and ``optimizers`` (learning-rate schedulers, data iterators) are advanced by the
-        ``2 + (1 + repeats) × len(options)`` steps profiling runs. On CPU, bytes allocated outside
+        ``2 + (1 + repeats) × len(options)`` steps profiling runs (plus one per segment whose
+        buffers are shared with other parts of the model). On CPU, bytes allocated outside
         torch's dispatcher are not seen (see :class:`PeakMemory`). A region journal also covers
-        later segments' writes to the state it declared (R6); with state shared across segments,
-        ``r`` of ``region`` is measured with every segment journaling.
+        later writes to the state it declared (R6): for a segment whose buffers other modules
+        also hold, ``r`` of ``region`` is its journal after a whole forward with only it under
+        ``region`` and later writes journaled (``meta["region_chain_journal_bytes"]``); a plan
+        then needs ``stateremat.torch.journal_writes()`` around the forward, and several region
+        segments on one state share one journal, so their summed ``r`` over-counts.
 
     References:
         Paper §4 (profile cards: r, q, c and P; eq. 3).
@@ -176,6 +210,8 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         runner.warm_up()  # gradients, optimizer state, lazily built buffers
         runner.step("eager", memory=True)  # what a step creates and keeps (carried as roots)
         mem = {o: runner.step(o, memory=True) for o in option_names}
+        stateful = [_has_state(model.get_submodule(n), state) for n in names]
+        chain = _chain_journal(runner, names, stateful) if "region" in option_names else {}
         secs: dict[str, list[list[float]]] = {o: [] for o in option_names}
         for rep in range(repeats + 1):
             for o in option_names:
@@ -186,12 +222,12 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         for name in names:
             unwrap_module(model.get_submodule(name))
         snapshot.restore()
-    return _card(model, names, option_names, mem, secs, device, state, repeats)
+    return _card(model, names, option_names, mem, secs, device, state, repeats, stateful, chain)
 
 
 def _card(model: nn.Module, names: list[str], option_names: list[str], mem: dict[str, StepCosts],
-          secs: dict[str, list[list[float]]], device: torch.device, state: Any, repeats: int) -> ProfileCard:
-    stateful = [_has_state(model.get_submodule(n), state) for n in names]
+          secs: dict[str, list[list[float]]], device: torch.device, state: Any, repeats: int,
+          stateful: list[bool], chain: dict[int, int]) -> ProfileCard:
     runs = list(mem.values())
     head = max(c.head_bytes for c in runs)
     cards = []
@@ -201,13 +237,19 @@ def _card(model: nn.Module, names: list[str], option_names: list[str], mem: dict
             if o == "region" and not stateful[i]:
                 continue
             seg = mem[o].segments[i]
+            r = seg.retained_bytes
+            if o == "region" and i in chain:  # its journal inside the chain, later writes included (R6)
+                r = max(0, r - seg.preserved_bytes + chain[i])
             # The head and loss run right after the last segment's forward, with every segment's
             # r still live: charge them as that segment's temporary bytes (eq. 3 then covers them).
             q = max(seg.temp_bytes, head) if i == len(names) - 1 else seg.temp_bytes
-            costs[o] = OptionCost(seg.retained_bytes, q, statistics.median(t[i] for t in secs[o]))
+            costs[o] = OptionCost(r, q, statistics.median(t[i] for t in secs[o]))
         sub = model.get_submodule(name)
-        cards.append(SegmentCard(name, costs, {"state_bytes": sum(b.nbytes for b in sub.buffers()),
-                                               "parameter_bytes": sum(p.nbytes for p in sub.parameters())}))
+        meta = {"state_bytes": sum(b.nbytes for b in sub.buffers()),
+                "parameter_bytes": sum(p.nbytes for p in sub.parameters())}
+        if i in chain:
+            meta["region_chain_journal_bytes"] = chain[i]
+        cards.append(SegmentCard(name, costs, meta))
     base = max(c.base_bytes for c in runs)
     entry = max(c.entry_bytes for c in runs)
     q_floor = max(min(c.options[o].temp_bytes for o in c.options) for c in cards)

@@ -56,15 +56,14 @@ def make_step(model: nn.Module, step: Any) -> tuple[Callable[[], Any], list[torc
                         "Tip: profile(model, segments, sample_batch).")
     if callable(step) and not isinstance(step, (torch.Tensor, nn.Module)):
         return (lambda: step(model)), []
-    _call_check = _call  # validated on the first run
+    if not isinstance(step, (torch.Tensor, Mapping, tuple, list)):
+        _call(model, step)  # raises the TypeError naming what a sample may be
 
     def run() -> Any:
-        loss = default_loss(_call_check(model, step))
+        loss = default_loss(_call(model, step))
         loss.backward()
         return loss.detach()
 
-    if not isinstance(step, (torch.Tensor, Mapping, tuple, list)):
-        _call(model, step)  # raises the TypeError above
     return run, [t for t in tree_flatten(step)[0] if isinstance(t, torch.Tensor)]
 
 

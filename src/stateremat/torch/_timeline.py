@@ -33,6 +33,7 @@ class SegmentCost:
     temp_bytes: int
     forward_s: float
     backward_s: float
+    preserved_bytes: int = 0  # snapshot/journal bytes its own forward added
 
     @property
     def time_s(self) -> float:
@@ -50,6 +51,7 @@ class StepCosts:
     head_bytes: int
     post_peak_bytes: int
     peak_bytes: int
+    preserved_at_backward_bytes: int = 0  # held for preservation when the backward starts
 
 
 def _peak(events: list[Event], lo: int, hi: int) -> int:
@@ -79,7 +81,8 @@ def read_timeline(events: list[Event], n: int) -> StepCosts:
             peak = max(peak, _peak(events, s, e))
             bwd_s = events[e].time_s - events[s].time_s
         segs.append(SegmentCost(max(0, exit_.live_bytes - entry.live_bytes), max(0, peak - exit_.live_bytes),
-                                exit_.time_s - entry.time_s, bwd_s))
+                                exit_.time_s - entry.time_s, bwd_s,
+                                max(0, exit_.preserved_bytes - entry.preserved_bytes)))
     enter0 = first[("fwd_enter", 0)]
     last_exit = max(first[("fwd_exit", i)] for i in range(n))
     bwd = [k for k, e in enumerate(events) if e.kind in ("bwd_start", "bwd_end")]
@@ -91,4 +94,5 @@ def read_timeline(events: list[Event], n: int) -> StepCosts:
         pre_peak_bytes=_peak(events, 0, enter0),
         head_bytes=max(0, _peak(events, last_exit, first_bwd) - events[last_exit].live_bytes),
         post_peak_bytes=_peak(events, last_bwd, end),
-        peak_bytes=max(e.peak_bytes for e in events))
+        peak_bytes=max(e.peak_bytes for e in events),
+        preserved_at_backward_bytes=events[first_bwd].preserved_bytes)
