@@ -6,11 +6,12 @@ import pytest
 from typer.testing import CliRunner
 
 from stateremat.cli import app
-from stateremat.contract import UnsupportedError, read_records
-from stateremat.finite import execute, reverse_grad
-from stateremat.finite._families import integer_write_variant
-from stateremat.finite._study import admission, alias_program, alias_rows, stored_operations_ok
-from stateremat.finite._summary import summarise_alias
+from stateremat.contract import UnsupportedError
+from stateremat.paper.records import read_records
+from stateremat.reference import execute, reverse_grad
+from stateremat.paper.verify._families import integer_write_variant
+from stateremat.paper.verify._study import admission, alias_program, alias_rows, stored_operations_ok
+from stateremat.paper.verify._summary import summarise_alias
 
 
 @pytest.mark.parametrize("pattern", ["queue", "prototype", "recurrence"])

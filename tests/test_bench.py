@@ -6,12 +6,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stateremat.experiments import METHODS, Cell, ExperimentSpec, experiment_spec, run_cell_methods  # noqa: E402
-from stateremat.experiments import _bench  # noqa: E402
-from stateremat.experiments._semantic import check_method  # noqa: E402
-from stateremat.experiments._summary import summarize  # noqa: E402
-from stateremat.report._bench import render  # noqa: E402
-from stateremat.workloads import WorkloadConfig  # noqa: E402
+from stateremat.paper.bench import METHODS, Cell, ExperimentSpec, experiment_spec, run_cell_methods  # noqa: E402
+from stateremat.paper.bench import _bench  # noqa: E402
+from stateremat.paper.bench._semantic import check_method  # noqa: E402
+from stateremat.paper.bench._summary import summarize  # noqa: E402
+from stateremat.paper.report._bench import render  # noqa: E402
+from stateremat.paper.workloads import WorkloadConfig  # noqa: E402
 
 MiB = 1024**2
 TINY = WorkloadConfig(state_bytes=32 * 1024, width=16, batch=64, live_versions=4, segments=4,
@@ -134,7 +134,7 @@ def test_run_experiment_writes_summary_and_resumes(tmp_path, monkeypatch):
 
 
 def test_fair_budget_is_the_paper_ratio_of_the_cards_eager_peak():
-    from stateremat.experiments._spec import resolve_budget, resolve_spec, with_budget
+    from stateremat.paper.bench._spec import resolve_budget, resolve_spec, with_budget
     from stateremat.planner import activation_pressure_card, all_eager, eager_whole, joint
 
     card = activation_pressure_card()
@@ -175,7 +175,7 @@ def test_bench_cli_prints_the_table_and_budget_override_is_recorded(tmp_path, mo
     from typer.testing import CliRunner
 
     from stateremat.cli import app
-    from stateremat.contract import read_records
+    from stateremat.paper.records import read_records
 
     spec = tiny_spec(methods=("eager", "joint"), steps=1)
     monkeypatch.setattr(_bench, "experiment_spec", lambda name, preset: spec)

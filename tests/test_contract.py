@@ -5,10 +5,11 @@ import pytest
 
 import stateremat
 from stateremat.contract import (
-    RULES, Outcome, RecordStore, RecordsError, ReplayError, ProfileCardError,
+    RULES, Outcome, RecordsError, ReplayError, ProfileCardError,
     UndeclaredStateError, ReplayDivergenceError, UnsupportedError,
-    atomic_write_json, internal_assert, parse_seed_range, parse_size, read_records, source_hash,
+    atomic_write_json, internal_assert, parse_seed_range, parse_size, source_hash,
 )
+from stateremat.paper.records import RecordStore, read_records
 
 
 def test_rules_are_numbered_and_cited():
@@ -101,7 +102,7 @@ def test_record_store_refuses_a_second_writer_process(tmp_path):
     import sys
 
     RecordStore(tmp_path, "t", key=["k"], meta={})
-    code = ("import sys; from stateremat.contract import RecordStore, RecordsError\n"
+    code = ("import sys; from stateremat.contract import RecordsError; from stateremat.paper.records import RecordStore\n"
             "try:\n RecordStore(sys.argv[1], 't', key=['k'], meta={})\n"
             "except RecordsError as e:\n print('refused:', e); sys.exit(3)\n")
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)

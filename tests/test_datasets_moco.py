@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stateremat.workloads import _datasets
-from stateremat.workloads._datasets import (
+from stateremat.paper.workloads import _datasets
+from stateremat.paper.workloads._datasets import (
     FASHION_MNIST_DIR,
     detect_dataset,
     fit_validation_split,

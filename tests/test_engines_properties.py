@@ -2,9 +2,9 @@
 import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from stateremat.finite import execute, forward_jacobian_grad
-from stateremat.finite._study import admission, check_recovery
-from stateremat.finite.engines import ENGINES, RegionEngine, make_engine
+from stateremat.reference import execute, forward_jacobian_grad
+from stateremat.paper.verify._study import admission, check_recovery
+from stateremat.reference.engines import ENGINES, RegionEngine, make_engine
 from test_finite_properties import programs
 
 

@@ -4,15 +4,15 @@ import pytest
 from typer.testing import CliRunner
 
 from stateremat.cli import app
-from stateremat.contract import read_records
-from stateremat.finite import execute, forward_jacobian_grad
-from stateremat.finite._families import family_program
-from stateremat.finite._study import check_recovery, semantic_program
-from stateremat.finite._summary import summarise_engines
-from stateremat.finite.engines import (
+from stateremat.paper.records import read_records
+from stateremat.reference import execute, forward_jacobian_grad
+from stateremat.paper.verify._families import family_program
+from stateremat.paper.verify._study import check_recovery, semantic_program
+from stateremat.paper.verify._summary import summarise_engines
+from stateremat.reference.engines import (
     ENGINES, EagerEngine, GuardedEngine, RegionEngine, WholeEngine, make_engine,
 )
-from stateremat.finite.engines._base import RNG_STATE_BYTES, Recovery, op_read_from_state
+from stateremat.reference.engines._base import RNG_STATE_BYTES, Recovery, op_read_from_state
 
 
 def _case(family="queue", d=4, steps=4, seed=0, rows=32):
@@ -51,7 +51,7 @@ class _FreshNoiseWhole(WholeEngine):
     def recover(self, seg, live, rng):
         a, b = self.segments[seg]
         run = execute(self.p, self.anchor[seg], rng, ops=self.p.ops[a:b], start=a, graph=False)
-        from stateremat.finite.engines._base import op_read_from_record
+        from stateremat.reference.engines._base import op_read_from_record
         return Recovery({r.k: op_read_from_record(r) for r in run.records}, self.anchor[seg],
                         np.ones(self.p.nbytes, bool), self.anchor_rng[seg])
 
@@ -128,8 +128,8 @@ def test_verify_engines_cli_summary_from_rows(tmp_path):
 
 
 def test_structural_checks_are_named_and_the_generator_check_replays_the_draws():
-    from stateremat.finite._study import _draws_reproduce, _replays_to
-    from stateremat.finite._replay import wrong_rng_state
+    from stateremat.paper.verify._study import _draws_reproduce, _replays_to
+    from stateremat.reference._replay import wrong_rng_state
 
     p, segs, ref = _case("recurrence", seed=6)
     rows = {n: check_recovery(p, segs, make_engine(n, p, segs), ref) for n in ENGINES}
@@ -162,7 +162,7 @@ class _WrongRngWhole(WholeEngine):
     def before_op(self, k, buf, rng):
         super().before_op(k, buf, rng)
         if k in self.starts:
-            from stateremat.finite._replay import wrong_rng_state
+            from stateremat.reference._replay import wrong_rng_state
             self.anchor_rng[self.starts[k]] = wrong_rng_state(rng.bit_generator.state)
 
 

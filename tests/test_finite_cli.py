@@ -6,8 +6,8 @@ import pytest
 from typer.testing import CliRunner
 
 from stateremat.cli import app
-from stateremat.contract import read_records
-from stateremat.finite import summarise_finite
+from stateremat.paper.records import read_records
+from stateremat.paper.verify import summarise_finite
 
 
 def test_verify_finite_writes_rows_and_a_summary_from_them(tmp_path):
@@ -116,7 +116,7 @@ def test_verify_exits_1_listing_failed_targets_after_writing_the_summary(tmp_pat
 
 
 def test_targets_of_engines_and_alias_summaries_fail_on_a_bad_value():
-    from stateremat.finite._targets import alias_failures, engines_failures
+    from stateremat.paper.verify._targets import alias_failures, engines_failures
 
     eng = {"programs": 2, "engines": ["a", "b"], "recoveries_checked": 4, "recoveries_matched": 4,
            "max_grad_error": 1e-16, "complex_step": {"programs": 1, "matched": 1, "max_error": 0.0}}
@@ -131,7 +131,7 @@ def test_targets_of_engines_and_alias_summaries_fail_on_a_bad_value():
 
 
 def test_summary_counts_distinct_units_keeping_the_last_duplicate(tmp_path):
-    from stateremat.contract import RecordStore
+    from stateremat.paper.records import RecordStore
 
     out = tmp_path / "run"
     assert CliRunner().invoke(app, ["verify", "finite", "--programs", "3", "--out", str(out)]).exit_code == 0
@@ -154,8 +154,8 @@ def test_each_row_names_its_program_seed_and_reproduces_alone(tmp_path):
     import numpy as np
 
     from stateremat.contract import source_hash
-    from stateremat.finite import byte_program, derivative_program
-    from stateremat.finite._gen import SUITE_CODES
+    from stateremat.paper.verify import byte_program, derivative_program
+    from stateremat.paper.verify._gen import SUITE_CODES
 
     out = tmp_path / "run"
     assert CliRunner().invoke(app, ["verify", "finite", "--programs", "3", "--seed", "5",

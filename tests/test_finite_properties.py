@@ -1,19 +1,19 @@
 """Hypothesis property tests on programs beyond the fixed suites.
 
-Programs are drawn from a strategy independent of ``stateremat.finite._gen``; the byte
+Programs are drawn from a strategy independent of ``stateremat.paper.verify._gen``; the byte
 semantics are checked against a naive interpreter written here with ``numpy.ndarray`` views
 (strides and offsets over one buffer, a Python loop for scatter).
 """
 import numpy as np
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from stateremat.finite import (
+from stateremat.reference import (
     Op, Program, Region, View, complex_step_grad, execute, forward_jacobian_grad,
     forward_with_snapshot, graph_output, region_undo_replay, reverse_grad, same_state,
     scalar_output, snapshot_replay, unsupported_reason, wrong_rng_state,
 )
-from stateremat.finite._ir import DTYPES
-from stateremat.finite._ops import ARITY, FLOAT_KINDS, FORWARD
+from stateremat.reference._ir import DTYPES
+from stateremat.reference._ops import ARITY, FLOAT_KINDS, FORWARD
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 # positive coefficients: no exact cancellations (x - x) that would make a control vacuous;

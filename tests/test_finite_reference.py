@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 
 from stateremat.contract import UnsupportedError
-from stateremat.finite import (
-    Op, Program, Region, View, byte_program, complex_step_grad, derivative_program, execute,
+from stateremat.paper.verify import byte_program, derivative_program
+from stateremat.reference import (
+    Op, Program, Region, View, complex_step_grad, execute,
     forward_jacobian_grad, forward_with_snapshot, graph_output, region_undo_replay, reverse_grad,
     same_state, scalar_output, snapshot_replay, unsupported_reason, wrong_rng_state,
 )
-from stateremat.finite._ops import ARITY, FLOAT_KINDS, FORWARD, INT_KINDS, JVP, N_COEF, VJP
+from stateremat.reference._ops import ARITY, FLOAT_KINDS, FORWARD, INT_KINDS, JVP, N_COEF, VJP
 
 
 def _shift_program(kind="tanh"):
@@ -158,14 +159,14 @@ def test_invalid_programs_are_rejected_with_named_errors():
 
 
 def test_finite_never_imports_torch_or_jax():
-    code = ("import sys, stateremat.finite, stateremat.finite.engines, stateremat.cli; "
+    code = ("import sys, stateremat.reference, stateremat.reference.engines, stateremat.cli; "
             "bad = [m for m in ('torch', 'jax') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_every_byte_segment_draws_so_a_wrong_generator_changes_what_replay_draws_R3():
-    from stateremat.finite._gen import byte_segment
+    from stateremat.paper.verify._gen import byte_segment
 
     for i in range(48):
         p = byte_program(0, i)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from stateremat.contract import ReplayError, UndeclaredStateError
-from stateremat.experiments.semantics import FAMILIES, program_data, program_params
-from stateremat.experiments.semantics._jax_programs import JAX_PROGRAMS, Holder, make_impure
+from stateremat.paper.semantics import FAMILIES, program_data, program_params
+from stateremat.paper.semantics._jax_programs import JAX_PROGRAMS, Holder, make_impure
 from stateremat.jax import checkpoint
 
 

@@ -5,9 +5,9 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint as torch_checkpoint
 
-from stateremat.experiments._moco_methods import FunctionalSegment, apply_method, unwrap
-from stateremat.workloads._moco import SEGMENTS, MoCo, QueueHead, two_views
-from stateremat.workloads._resnet import ResNet18
+from stateremat.paper.moco._methods import FunctionalSegment, apply_method, unwrap
+from stateremat.paper.workloads._moco import SEGMENTS, MoCo, QueueHead, two_views
+from stateremat.paper.workloads._resnet import ResNet18
 
 
 def test_resnet18_matches_the_standard_cifar_parameter_count():
@@ -158,10 +158,10 @@ def test_two_views_are_seeded_crops_flips_and_contrast():
 
 def test_measured_card_matches_known_queue_segment_bytes():
     """The card's tracker against allocations known in closed form (queue segment, tiny preset)."""
-    from stateremat.experiments._moco_app import PRESETS
-    from stateremat.experiments._moco_card import measure_card
-    from stateremat.experiments._moco_probe import make_split
-    from stateremat.workloads._datasets import load_dataset
+    from stateremat.paper.moco._app import PRESETS
+    from stateremat.paper.moco._card import measure_card
+    from stateremat.paper.moco._probe import make_split
+    from stateremat.paper.workloads._datasets import load_dataset
 
     pr = PRESETS["tiny"]
     split = make_split(load_dataset(pr.dataset), pr.n_validation, pr.fit_images,

@@ -8,10 +8,10 @@ import pytest
 from typer.testing import CliRunner
 
 from stateremat.cli import app
-from stateremat.contract import read_records
-from stateremat.experiments._moco_summary import summarize
-from stateremat.experiments._moco_summary import METHODS
-from stateremat.workloads._datasets import FASHION_MNIST_DIR
+from stateremat.paper.records import read_records
+from stateremat.paper.moco._summary import summarize
+from stateremat.paper.moco._summary import METHODS
+from stateremat.paper.workloads._datasets import FASHION_MNIST_DIR
 
 ENTRY_KEYS = {"method", "seed", "peak_bytes", "encoder_time_s", "test_accuracy",
               "test_cross_entropy", "scores_sha256", "policy", "status"}
@@ -130,7 +130,7 @@ def test_bad_threads_and_device_are_refused_before_anything_is_written(tmp_path,
         assert r.exit_code == 2 and msg in r.output and r.exception is not None, r.output
         assert "Traceback" not in r.output and not out.exists()
     # the library entry point refuses the same input before loading data or writing
-    from stateremat.experiments._moco_app import PRESETS, run_moco
+    from stateremat.paper.moco._app import PRESETS, run_moco
 
     with pytest.raises(ValueError, match="at least 1, got 0"):
         run_moco(PRESETS["tiny"], [2701], out, threads=0, progress=False)
@@ -149,8 +149,8 @@ def test_bad_threads_and_device_are_refused_before_anything_is_written(tmp_path,
 
 
 def test_failed_runs_are_printed_and_digits_fallback_is_warned(tmp_path, monkeypatch):
-    import stateremat.experiments._moco_app as moco_app
-    import stateremat.workloads._datasets as datasets
+    import stateremat.paper.moco._app as moco_app
+    import stateremat.paper.workloads._datasets as datasets
 
     def boom(*args, **kwargs):
         raise RuntimeError("synthetic failure in training\nsecond line not shown")

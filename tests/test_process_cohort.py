@@ -18,14 +18,15 @@ import pytest
 from typer.testing import CliRunner
 
 from stateremat.cli import app
-from stateremat.contract import ProfileCard, RecordsError, read_records
-from stateremat.experiments._process_cohort import method_order, run_process_cohort
+from stateremat.contract import ProfileCard, RecordsError
+from stateremat.paper.records import read_records
+from stateremat.paper.cohort._process_cohort import method_order, run_process_cohort
 
 FAKE_WORKER = textwrap.dedent('''
     """Fake cohort worker (tests only): deterministic rows, optional self-kill."""
     import os, signal, sys
     from types import SimpleNamespace
-    from stateremat.experiments._process_cohort import worker_main
+    from stateremat.paper.cohort._process_cohort import worker_main
 
     BASE_S = {"eager": 0.5, "regions": 1.2, "eager_whole": 1.0, "joint": 0.8}
     PEAK = {"eager": 300, "regions": 100, "eager_whole": 190, "joint": 180}
@@ -195,7 +196,7 @@ def test_dask_local_cluster_executor(tmp_path, fake):
 BUDGET_WORKER = textwrap.dedent('''
     """Fake cohort worker (tests only): echoes the budget each cell was planned under."""
     import sys
-    from stateremat.experiments._process_cohort import worker_main
+    from stateremat.paper.cohort._process_cohort import worker_main
 
     def echo_runner(spec, cell, methods, *, warmups, steps, device="cpu", order=None,
                     progress=False, card=None):
@@ -233,7 +234,7 @@ def test_budget_override_reaches_the_config_and_every_process(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from stateremat.report._cohort import cohort_summary
+    from stateremat.paper.report._cohort import cohort_summary
 
     cohort_summary(out)  # consistent rows: fine
     part = sorted((out / "cohort_timing").glob("part-*.parquet"))[-1]

@@ -11,15 +11,16 @@ import pytest
 from typer.testing import CliRunner
 
 from stateremat.cli import app
-from stateremat.contract import read_records
+from stateremat.paper.records import read_records
 
 pytest.importorskip("torch")
 
 
 @pytest.mark.slow
 def test_report_on_a_tiny_real_fair44_cohort(tmp_path):
-    from stateremat.experiments import experiment_spec, run_process_cohort
-    from stateremat.experiments._spec import resolve_budget
+    from stateremat.paper.bench import experiment_spec
+    from stateremat.paper.cohort import run_process_cohort
+    from stateremat.paper.bench._spec import resolve_budget
 
     res = run_process_cohort(tmp_path, "fair44", 2, warmups=1, steps=2, jobs=2, progress=False)
     st = read_records(tmp_path, "cohort_processes")

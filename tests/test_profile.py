@@ -9,8 +9,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from stateremat.cli import app  # noqa: E402
 from stateremat.contract import load_card  # noqa: E402
-from stateremat.profile import profile_workload  # noqa: E402
-from stateremat.workloads import WorkloadConfig  # noqa: E402
+from stateremat.paper.profile import profile_workload  # noqa: E402
+from stateremat.paper.workloads import WorkloadConfig  # noqa: E402
 
 CFG = WorkloadConfig(state_bytes=16 * 1024, width=16, batch=64, live_versions=3, segments=4,
                      write_fraction=0.01)

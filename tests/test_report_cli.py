@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typer.testing import CliRunner
 
-import stateremat.stats as stats
+import stateremat.paper.stats as stats
 from stateremat.cli import app
-from stateremat.contract import RecordStore
-from stateremat.report import REPORTERS
+from stateremat.paper.records import RecordStore
+from stateremat.paper.report import REPORTERS
 
 
 def test_cohort_reporters_are_registered():

@@ -10,9 +10,10 @@ import pytest
 from typer.testing import CliRunner
 
 from stateremat.cli import app
-from stateremat.contract import Outcome, read_records
-from stateremat.experiments import semantics as sem
-from stateremat.experiments.semantics import _runner
+from stateremat.contract import Outcome
+from stateremat.paper.records import read_records
+from stateremat.paper import semantics as sem
+from stateremat.paper.semantics import _runner
 
 SEEDS = "420000:420002"
 NON_COPY = ("local_strided", "local_overlap", "hidden_strided", "hidden_overlap")
@@ -21,7 +22,7 @@ HIDDEN = ("hidden_strided", "hidden_overlap")
 
 
 def _transactional_available() -> bool:
-    from stateremat.experiments.semantics._torch_methods import torch_method_available
+    from stateremat.paper.semantics._torch_methods import torch_method_available
     return torch_method_available("stateremat_transactional") is None
 
 
@@ -223,8 +224,8 @@ def test_summary_side_imports_neither_torch_nor_jax():
     import ast
     import inspect
 
-    from stateremat.experiments.semantics import _compare, _families, _runner, _summary
-    from stateremat.report import _semantics
+    from stateremat.paper.semantics import _compare, _families, _runner, _summary
+    from stateremat.paper.report import _semantics
     for mod in (_compare, _families, _runner, _summary, _semantics):
         tree = ast.parse(inspect.getsource(mod))
         top = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from stateremat.contract import RecordsError
-from stateremat.stats import (
+from stateremat.paper.stats import (
     Comparison, bonferroni_level, bootstrap_ratio, compare, family_size, geometric_mean,
     method_table, paired_ratios, process_means,
 )

@@ -93,8 +93,8 @@ def test_cpu_tracker_peak_equals_the_c_allocators_in_use_peak(policy):
     64 KiB of Python-object noise, for eager and for replaying (whole/region) policies."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from stateremat.experiments._methods import build_method
-    from stateremat.workloads import preset_config
+    from stateremat.paper.bench._methods import build_method
+    from stateremat.paper.workloads import preset_config
 
     in_use = _malloc_in_use()
     if in_use is None:

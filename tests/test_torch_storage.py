@@ -77,24 +77,25 @@ def test_batch_norm_hidden_writes_are_listed():
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_journal_restore_equals_undoing_every_later_write(data):
-    """``StorageTracker.restore`` (first entry per chunk) = undoing entries newest first, byte for
+    """``Journal.restore`` (first entry per chunk) = undoing entries newest first, byte for
     byte, and the visible bytes it returns are the bytes before the restore; also with a partial
     last chunk and with runs dense enough for the chunked gather/scatter path."""
-    from stateremat.torch._journal import StorageTracker, gather
-    from stateremat.torch._storage import storage_key
+    from stateremat.torch._preserve.region import Journal
+    from stateremat.torch._runtime import Runtime
+    from stateremat.torch._storage import gather, storage_key
 
     g = data.draw(st.sampled_from([256, 512, 4096]), label="granularity")
     n = data.draw(st.sampled_from([64 * 1024, 64 * 1024 + 100]), label="storage bytes")
     rng = np.random.default_rng(data.draw(st.integers(0, 2**32 - 1), label="seed"))
     buf = torch.from_numpy(rng.integers(0, 256, n, dtype=np.uint8))
-    tr = StorageTracker(storage_key(buf), buf, g)
+    tr = Journal(Runtime().acquire(storage_key(buf), buf), g)
     history = [buf.clone()]  # bytes before each write
     seqs = []
     for _ in range(data.draw(st.integers(1, 8), label="writes")):
         k = int(rng.integers(1, 80))  # up to 80 scattered runs: both gather/scatter paths
         starts = np.sort(rng.choice(n - 16, size=k, replace=False))
         runs = np.stack([starts, starts + rng.integers(1, 16, size=k)], axis=1).astype(np.int64)
-        tr.journal(runs)
+        tr.record(runs)
         seqs.append(tr.entries[-1].seq)
         for a, b in runs:
             buf[a:b] = torch.from_numpy(rng.integers(0, 256, b - a, dtype=np.uint8))

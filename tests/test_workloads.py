@@ -3,7 +3,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stateremat.workloads import (  # noqa: E402
+from stateremat.paper.workloads import (  # noqa: E402
     CPU_BYTES_FACTOR, WORKLOADS, StatefulChain, WorkloadConfig, loss_fn, make_batch,
     preset_budget, preset_config, write_indices,
 )

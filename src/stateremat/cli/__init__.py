@@ -1,11 +1,15 @@
 """Command-line interface: ``stateremat`` (also ``python -m stateremat``).
 
-Each command group is in its own module; importing it registers its commands.
+Library commands ``profile`` and ``plan`` live here; the paper wing's commands (``verify``,
+``cohort``, ``bench``, ``app``, ``report``, ``main``) are loaded from ``stateremat.paper.cli``
+on first use.
 """
 from __future__ import annotations
 
-from ._app import app as app
-from . import _main, _verify, _cohort, _bench, _moco, _profile, _plan, _report, _cohort_processes  # noqa: F401,E402  (registration)
+from ._app import app as app, fail as fail
+from . import _plan, _profile  # noqa: F401,E402  (registration)
+
+__all__ = ["app", "fail", "main"]
 
 
 def main() -> None:

@@ -1,17 +1,42 @@
-"""The ``stateremat`` typer application and its command groups.
+"""The ``stateremat`` typer application: library commands here, paper commands loaded lazily.
 
-Each command lives in its own module of this package and registers itself on these
-objects; the modules are imported by ``stateremat.cli``.
+The library registers ``profile`` and ``plan`` on :data:`app`. The paper wing's commands
+(:data:`PAPER_COMMANDS`) are looked up in ``stateremat.paper.cli`` only when one of them is
+asked for (or the command list is shown), so ``stateremat plan`` needs neither pandas nor the
+paper wing (DESIGN.md, "Two wings").
 """
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Optional
+import functools
 
 import typer
+from typer.core import TyperGroup
+
+#: Commands of the paper wing, in the order ``stateremat --help`` lists them.
+PAPER_COMMANDS = ("main", "verify", "cohort", "bench", "app", "report")
+
+
+@functools.lru_cache(maxsize=1)
+def _paper_group():
+    from stateremat.paper.cli import paper_app  # lazy: the paper wing needs the [paper] extra
+
+    return typer.main.get_command(paper_app)
+
+
+class _Root(TyperGroup):
+    """The root group: its own commands, then the paper wing's, resolved on first use."""
+
+    def list_commands(self, ctx) -> list[str]:
+        return [*PAPER_COMMANDS, *(c for c in super().list_commands(ctx) if c not in PAPER_COMMANDS)]
+
+    def get_command(self, ctx, cmd_name: str):
+        if cmd_name in PAPER_COMMANDS:
+            return _paper_group().get_command(ctx, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
 
 app = typer.Typer(
+    cls=_Root,
     name="stateremat",
     help="State-aware activation recomputation: verify replay contracts, profile, plan, "
     "benchmark and report (arXiv 2611.00590).",
@@ -19,67 +44,17 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-verify_app = typer.Typer(help="Semantic checks against the independent NumPy reference.",
-                         no_args_is_help=True)
-cohort_app = typer.Typer(help="Cohorts: Torch/JAX replay semantics; independent-process timing.",
-                         no_args_is_help=True)
-bench_app = typer.Typer(help="Cost runtime experiments: calibrate, pressure, fair control.",
-                        no_args_is_help=True)
-app_app = typer.Typer(help="End-to-end applications (dense-queue MoCo).", no_args_is_help=True)
-
-app.add_typer(verify_app, name="verify")
-app.add_typer(cohort_app, name="cohort")
-app.add_typer(bench_app, name="bench")
-app.add_typer(app_app, name="app")
 
 
 def fail(message: str, code: int = 2) -> "typer.Exit":
-    """Print ``message`` to stderr and return an Exit to raise (bad input, not a crash)."""
+    """Print ``message`` to stderr and return an Exit to raise (bad input, not a crash).
+
+    Args:
+        message: what was wrong, expected vs got, and a tip.
+        code: exit status (2: bad input; 1: a check failed).
+
+    Returns:
+        A ``typer.Exit`` for the caller to raise.
+    """
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
-
-
-def _nearest_existing(path: Path) -> Path:
-    p = path.absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
-def check_json_target(api: str, json_path: Optional[Path]) -> None:
-    """Reject a ``--json`` target that cannot be written, before a run starts.
-
-    The target must not be a folder, and its nearest existing ancestor must be a writable
-    folder (missing parent folders are created when the summary is written).
-
-    Raises:
-        typer.Exit: (code 2) after printing what was wrong and a tip.
-    """
-    if json_path is None:
-        return
-    where = f"{api}: --json {str(json_path)!r}"
-    if json_path.is_dir():
-        raise fail(f"{where} is a folder; expected a file path. Tip: use --json {json_path / 'summary.json'}.")
-    parent = _nearest_existing(json_path.absolute().parent)
-    if not parent.is_dir():
-        raise fail(f"{where}: {parent} is a file, not a folder; expected a path inside a folder. "
-                   "Tip: choose a --json path whose parent is (or can become) a folder.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise fail(f"{where}: folder {parent} is not writable. Tip: choose a --json path you can write.")
-
-
-def check_out_dir(api: str, out: Path) -> None:
-    """Reject an ``--out`` run folder that is a file or lies below a file, before a run starts.
-
-    Raises:
-        typer.Exit: (code 2) after printing what was wrong and a tip.
-    """
-    where = f"{api}: --out {str(out)!r}"
-    if out.exists() and not out.is_dir():
-        raise fail(f"{where} is a file, not a folder. Tip: pass a folder path (it is created if missing).")
-    anc = _nearest_existing(out)
-    if not anc.is_dir():
-        raise fail(f"{where}: {anc} is a file, so the folder cannot be created. Tip: choose a "
-                   "--out path inside a folder.")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise fail(f"{where}: folder {anc} is not writable. Tip: choose a --out folder you can write.")

@@ -1,4 +1,8 @@
-"""CLI commands: profile (registered on import)."""
+"""CLI command ``stateremat profile`` (registered on import).
+
+The built-in workloads (``feature_queue``, ``prototype_memory``, ``unrolled_recurrence``) and
+their profiler belong to the paper wing; they are loaded inside the command, when it runs.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,10 +26,11 @@ def profile_cmd(
     repeats: int = typer.Option(3, help="least timed runs per segment and option (minimum kept)"),
 ) -> None:
     """Measure a profile card (r, q, c per segment and option; P) on this device (paper §4)."""
-    from rich.progress import Progress
+    from stateremat.paper.cli import progress_bar  # lazy: the built-in workloads are the paper's
+    from stateremat.paper.profile import profile_workload
+    from stateremat.paper.workloads import preset_config
 
     from ..contract import format_bytes, save_card
-    from ..workloads import preset_config
 
     if repeats < 1:
         raise fail(f"stateremat profile: --repeats must be >= 1, got {repeats}. Tip: the default 3 "
@@ -41,12 +46,10 @@ def profile_cmd(
 
         if not torch.cuda.is_available():
             raise fail("--device cuda: no CUDA device is visible. Tip: use --device cpu here.")
-    from ..profile import profile_workload
-
-    with Progress() as bar:
-        task = bar.add_task(f"profiling {workload} ({preset})", total=cfg.segments)
+    with progress_bar() as bar:
+        task = bar.task(f"profiling {workload} ({preset})", total=cfg.segments)
         card = profile_workload(cfg, device, repeats=repeats,
-                                on_segment=lambda done, n: bar.update(task, completed=done))
+                                on_segment=lambda done, n: task.update(completed=done))
     save_card(card, out)
     seg = card.segments[-1]
     typer.echo(f"wrote {out}: {len(card.segments)} segments, P = {format_bytes(card.persistent_bytes)}, "

@@ -9,7 +9,8 @@ A card is JSON with a versioned schema (``schema_version: 1``)::
                    "meta": {...}}, ...],
      "meta": {"device": ..., "dtype": ..., "workload": {...}, "method": ..., "source_hash": ...}}
 
-Options per segment:
+Options per segment are those of :data:`stateremat.contract.OPTIONS` (read when a card is
+built, so a registered option is accepted at once) plus the card-only ``recompute_only`` view:
 
 * ``eager`` (required): keep the segment's activations; no replay, so no state preservation.
 * ``whole`` (required): discard activations, replay in backward from a whole snapshot of the
@@ -40,11 +41,9 @@ from typing import Any, Mapping
 
 from ._errors import ProfileCardError
 from ._io import atomic_write_json, source_hash
+from ._options import OPTIONS, RECOMPUTE_ONLY
 
 SCHEMA_VERSION = 1
-REQUIRED_OPTIONS = ("eager", "whole")
-OPTIONAL_OPTIONS = ("region", "recompute_only")
-OPTION_NAMES = REQUIRED_OPTIONS + OPTIONAL_OPTIONS
 _COST_KEYS = ("retained_bytes", "temp_bytes", "time_s")
 #: Largest size of one field (8 PiB): exact in float64, far above any device.
 MAX_BYTES = 2**53
@@ -52,6 +51,16 @@ MAX_BYTES = 2**53
 #: and use 2^62 as an absent-option placeholder, so every real total must stay below it.
 MAX_TOTAL_BYTES = 2**62 - 1
 _TIP = "Tip: see the schema in the docstring of stateremat.contract.ProfileCard."
+
+
+def required_options() -> tuple[str, ...]:
+    """Options every card segment must carry (registered with ``required=True``), now."""
+    return tuple(o.name for o in OPTIONS if o.required)
+
+
+def card_options() -> tuple[str, ...]:
+    """Every option name a card may carry, in canonical order: the registry, then ``recompute_only``."""
+    return (*OPTIONS.names, RECOMPUTE_ONLY)
 
 
 def _err(where: str, what: str, tip: str = _TIP) -> ProfileCardError:
@@ -147,8 +156,9 @@ class SegmentCard:
 
     Args:
         name: unique segment name (matches the module/segment name the runtime applies plans to).
-        options: option name (``eager``, ``whole``, optional ``region``, optional
-            ``recompute_only``) → :class:`OptionCost`. ``eager`` and ``whole`` are required.
+        options: option name (``eager``, ``whole``, optional ``region`` or any other registered
+            option, optional ``recompute_only``) → :class:`OptionCost`. The required options of
+            :data:`~stateremat.contract.OPTIONS` (``eager`` and ``whole``) must be present.
         meta: free-form per-segment metadata (e.g. declared state bytes, write fraction).
 
     Raises:
@@ -169,22 +179,23 @@ class SegmentCard:
         where = f"segment {self.name!r}"
         if not isinstance(self.options, Mapping):
             raise _err(f"{where}.options", f"expected an object, got {type(self.options).__name__}")
-        missing = [o for o in REQUIRED_OPTIONS if o not in self.options]
+        required, known = required_options(), card_options()
+        missing = [o for o in required if o not in self.options]
         if missing:
             raise _err(f"{where}.options", f"missing option(s) {missing}; every segment needs "
-                       f"{list(REQUIRED_OPTIONS)} (region is optional)")
-        unknown = sorted(set(self.options) - set(OPTION_NAMES))
+                       f"{list(required)} (region is optional)")
+        unknown = sorted(set(self.options) - set(known))
         if unknown:
             raise _err(f"{where}.options", f"unknown option(s) {unknown}; expected a subset of "
-                       f"{list(OPTION_NAMES)}", "Tip: check the spelling of the option names.")
+                       f"{list(known)}", "Tip: check the spelling of the option names.")
         for o, cost in self.options.items():
             if not isinstance(cost, OptionCost):
                 raise _err(f"{where}.options.{o}",
                            f"expected an OptionCost, got {type(cost).__name__}")
         if not isinstance(self.meta, Mapping):
             raise _err(f"{where}.meta", f"expected an object, got {type(self.meta).__name__}")
-        # Canonical option order (eager, whole, region, recompute_only) for stable output.
-        object.__setattr__(self, "options", {o: self.options[o] for o in OPTION_NAMES
+        # Canonical option order (eager, whole, region, ..., recompute_only) for stable output.
+        object.__setattr__(self, "options", {o: self.options[o] for o in known
                                              if o in self.options})
         object.__setattr__(self, "meta", dict(self.meta))
 
@@ -204,11 +215,11 @@ class SegmentCard:
         if not isinstance(opts, Mapping):
             raise _err(f"{where}.options", f"expected an object of options, got "
                                            f"{type(opts).__name__}")
-        parsed = {}
+        parsed, known = {}, card_options()
         for o, v in opts.items():
-            if o not in OPTION_NAMES:
+            if o not in known:
                 raise _err(f"{where}.options", f"unknown option {o!r}; expected a subset of "
-                           f"{list(OPTION_NAMES)}", "Tip: check the spelling of the option names.")
+                           f"{list(known)}", "Tip: check the spelling of the option names.")
             parsed[o] = OptionCost.from_dict(v, f"{where}.options.{o}")
         return cls(name, parsed, d.get("meta", {}))
 

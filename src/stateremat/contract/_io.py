@@ -41,7 +41,12 @@ def _umask() -> int:
     return mask
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
+    """``json.dumps`` fallback: numpy/torch scalars and arrays, paths and enums.
+
+    Raises:
+        TypeError: for any other type (as ``json.dumps`` expects).
+    """
     if hasattr(obj, "item"):  # numpy / torch scalars
         return obj.item()
     if hasattr(obj, "tolist"):
@@ -66,7 +71,7 @@ def _finite(obj: Any) -> Any:
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     """Write ``obj`` as indented JSON atomically (non-finite floats become ``null``)."""
-    obj = json.loads(json.dumps(obj, default=_json_default))
+    obj = json.loads(json.dumps(obj, default=json_default))
     text = json.dumps(_finite(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
     return atomic_write_bytes(path, text.encode())
 
@@ -85,7 +90,7 @@ def source_hash(obj: Any) -> str:
         return sha256_bytes(obj)
     if isinstance(obj, str):
         return sha256_bytes(obj.encode())
-    text = json.dumps(obj, sort_keys=True, default=_json_default, separators=(",", ":"))
+    text = json.dumps(obj, sort_keys=True, default=json_default, separators=(",", ":"))
     return sha256_bytes(text.encode())
 
 
@@ -106,6 +111,16 @@ def git_revision() -> str:
     except (OSError, subprocess.SubprocessError):
         pass
     return "unknown"
+
+
+def package_version() -> str:
+    """The installed ``stateremat`` version, or ``"0.0.0+unknown"`` in an uninstalled tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("stateremat")
+    except PackageNotFoundError:  # running from a source tree without installation
+        return "0.0.0+unknown"
 
 
 def utc_now() -> str:
@@ -130,10 +145,8 @@ def provenance(**extra: Any) -> dict[str, Any]:
 
     import numpy
 
-    from .. import __version__
-
     meta: dict[str, Any] = {
-        "package_version": __version__,
+        "package_version": package_version(),
         "git_revision": git_revision(),
         "python_version": platform.python_version(),
         "numpy_version": numpy.__version__,

@@ -3,3 +3,5 @@
 :mod:`stateremat.integrations.timm`. Neither imports the library it serves; each works on the
 models it is given through that library's public checkpointing hooks.
 """
+
+__all__: list[str] = []

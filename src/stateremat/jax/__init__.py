@@ -3,3 +3,5 @@
 Optional extra: importing this package needs ``jax``; importing ``stateremat`` does not.
 """
 from ._checkpoint import checkpoint as checkpoint
+
+__all__ = ["checkpoint"]

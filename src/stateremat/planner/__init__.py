@@ -2,9 +2,11 @@
 
 ``plan(card, budget_bytes, planner=...)`` runs a named planner from :data:`PLANNERS`; the
 Pareto-frontier DP, the exhaustive enumerator and the MILP all return one :class:`PlanResult`.
+Options are those of :data:`stateremat.contract.OPTIONS`, read at call time. This package
+imports numpy only (scipy lazily, for the MILP).
 """
 from ._budget import eager_fraction_budget as eager_fraction_budget
-from ._model import OPTION_CODES as OPTION_CODES
+from ._model import CostTables as CostTables, cost_tables as cost_tables
 from ._planners import (
     PLANNERS as PLANNERS,
     PlannerSpec as PlannerSpec,
@@ -21,3 +23,10 @@ from ._planners import (
 )
 from ._result import PLAN_KEYS as PLAN_KEYS, PlanResult as PlanResult
 from ._examples import activation_pressure_card as activation_pressure_card, random_card as random_card
+
+__all__ = [
+    "CostTables", "PLANNERS", "PLAN_KEYS", "PlanResult", "PlannerSpec", "SPECS",
+    "activation_pressure_card", "all_eager", "all_region", "all_whole", "cost_tables",
+    "eager_fraction_budget", "eager_whole", "exhaustive", "joint", "milp", "plan",
+    "random_card", "state_agnostic",
+]

@@ -68,15 +68,15 @@ def _lagrangian(tables: CostTables, max_lams: int = 512):
     r = (tables.r - rmin[:, None]).astype(np.float64)  # exact below 2^53 (card size cap)
     c = np.where(tables.valid, tables.c, np.inf)
     lam = []
-    for a in range(3):
-        for b in range(3):
+    for a in range(tables.k):
+        for b in range(tables.k):
             ok = tables.valid[:, a] & tables.valid[:, b] & (r[:, a] > r[:, b]) & (c[:, a] < c[:, b])
             lam.append((c[ok, b] - c[ok, a]) / (r[ok, a] - r[ok, b]))
     lams = np.unique(np.r_[0.0, np.concatenate(lam)])
     if len(lams) > max_lams:  # any λ gives a valid bound; keep quantiles
         lams = lams[np.unique(np.linspace(0, len(lams) - 1, max_lams).round().astype(np.int64))]
     r = np.where(tables.valid, r, 0.0)  # invalid options already cost inf
-    val = c[:, :, None] + r[:, :, None] * lams[None, None, :]  # (n, 3, m)
+    val = c[:, :, None] + r[:, :, None] * lams[None, None, :]  # (n, k, m)
     arg = np.argmin(val, axis=1)  # (n, m)
     h = np.take_along_axis(val, arg[:, None, :], 1)[:, 0, :]
     w = np.take_along_axis(r[:, :, None].repeat(len(lams), 2), arg[:, None, :], 1)[:, 0, :]
@@ -122,7 +122,7 @@ def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = N
     """Minimise ``Σ c`` s.t. ``P + Σ r + max q ≤ M`` over the valid options of ``tables``.
 
     Ties: lowest cost, then lowest peak, then the lexicographically smallest option codes
-    (eager < whole < region, first segment most significant) — the same rule as
+    (registry order, eager < whole < region, first segment most significant) — the same rule as
     :func:`stateremat.planner.exhaustive`.
 
     Args:

@@ -4,13 +4,16 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from ..contract import format_bytes
+from ..contract import OPTIONS, RECOMPUTE_ONLY, format_bytes
+from ._planners import SPECS
 
 if TYPE_CHECKING:
     from ._result import PlanResult
 
-_SPEC_OPTIONS = {"joint": ("eager", "whole", "region"), "eager_whole": ("eager", "whole"),
-                 "state_agnostic": ("eager", "whole")}
+
+def _spec_options(planner: str, chosen: str) -> tuple[str, ...]:
+    """Options ``planner`` chooses among (its own option for a fixed method)."""
+    return SPECS[planner].option_names() if planner in SPECS else (chosen,)
 
 
 def _signed_bytes(n: int) -> str:
@@ -19,14 +22,16 @@ def _signed_bytes(n: int) -> str:
 
 def _why(res: "PlanResult", i: int, chosen: str, max_q: int) -> str:
     seg = res.card.segments[i]
-    allowed = [o for o in _SPEC_OPTIONS.get(res.planner, (chosen,)) if o in seg.options]
+    allowed = [o for o in _spec_options(res.planner, chosen) if o in seg.options]
     cost = seg.options[chosen]
-    fastest = min(allowed, key=lambda o: (seg.options[o].time_s, ("eager", "whole", "region").index(o)))
+    fastest = min(allowed, key=lambda o: (seg.options[o].time_s, OPTIONS.index(o)))
+    fixed = res.planner in OPTIONS
     parts = []
-    if res.planner in ("eager", "whole", "region"):
+    if fixed:
         parts.append(f"fixed method {res.planner!r}")
-        if res.planner == "region" and chosen == "whole":
-            parts.append("no region profiled (no declared state): whole")
+        if res.planner != chosen:
+            parts.append(f"no {res.planner} profiled" + (" (no declared state)" if res.planner == "region" else "")
+                         + f": {chosen}")
     elif chosen == fastest:
         parts.append("fastest option" + (" (no replay)" if chosen == "eager" else ""))
     else:
@@ -34,15 +39,17 @@ def _why(res: "PlanResult", i: int, chosen: str, max_q: int) -> str:
         parts.append(f"saves {format_bytes(f.retained_bytes - cost.retained_bytes)} retained vs "
                      f"{fastest} for +{cost.time_s - f.time_s:.4g} s: the budget binds")
     for o in allowed:
-        if o in (chosen, fastest) or res.planner in ("eager", "whole", "region"):
+        if o in (chosen, fastest) or fixed:
             continue
         a = seg.options[o]
         parts.append(f"{o} would be {_signed_bytes(a.retained_bytes - cost.retained_bytes)} "
                      f"retained, {a.time_s - cost.time_s:+.4g} s")
-    if res.planner in ("joint",) and "region" not in seg.options and chosen != "eager":
-        parts.append("no region option (no declared state)")
+    if res.planner == "joint" and chosen != "eager":
+        for o in OPTIONS.names:
+            if o not in seg.options:
+                parts.append(f"no {o} option" + (" (no declared state)" if o == "region" else ""))
     if res.planner == "state_agnostic" and chosen == "whole":
-        seen = seg.options.get("recompute_only", seg.options["whole"])
+        seen = seg.options.get(RECOMPUTE_ONLY, seg.options["whole"])
         parts.append(f"model saw whole without preservation: {format_bytes(seen.retained_bytes)}, "
                      f"{seen.time_s:.4g} s")
     if cost.temp_bytes == max_q and max_q > 0:

@@ -2,7 +2,8 @@
 
 Every solver (DP, exhaustive, MILP, fixed policies) reads the same :class:`CostTables`, so
 they optimise literally the same numbers: minimise ``Σ_i c[i, o_i]`` subject to
-``P + Σ_i r[i, o_i] + max_i q[i, o_i] ≤ M``.
+``P + Σ_i r[i, o_i] + max_i q[i, o_i] ≤ M``. The tables have one column per option of
+:data:`stateremat.contract.OPTIONS`, in registry order, read when the tables are built.
 """
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..contract import ProfileCard, ProfileCardError, internal_assert
-
-#: Executable options, in the canonical order that breaks ties (lower code first).
-OPTION_CODES: tuple[str, ...] = ("eager", "whole", "region")
+from ..contract import OPTIONS, RECOMPUTE_ONLY, ProfileCard, ProfileCardError, internal_assert
 
 #: Placeholder bytes for an absent option in min/max reductions. Cards cap every size at
 #: ``MAX_BYTES`` = 2^53 and their total peak below 2^62 (``ProfileCard``), so no real value
@@ -28,10 +26,12 @@ class CostTables:
     Args:
         names: segment names, length ``n``.
         persistent_bytes: ``P``.
-        r: retained bytes, ``(n, 3)`` int64, columns :data:`OPTION_CODES`.
-        q: temporary bytes, ``(n, 3)`` int64.
-        c: seconds, ``(n, 3)`` float64.
-        valid: ``(n, 3)`` bool, option allowed for that segment in this model.
+        r: retained bytes, ``(n, k)`` int64, one column per option (``k = len(option_names)``).
+        q: temporary bytes, ``(n, k)`` int64.
+        c: seconds, ``(n, k)`` float64.
+        valid: ``(n, k)`` bool, option allowed for that segment in this model.
+        option_names: the option of each column (:data:`stateremat.contract.OPTIONS` order when
+            built; a lower column wins ties).
         fallback_segments: segments where a state-agnostic model had no ``recompute_only``
             entry and used ``whole``'s true costs instead.
     """
@@ -42,6 +42,7 @@ class CostTables:
     q: np.ndarray
     c: np.ndarray
     valid: np.ndarray
+    option_names: tuple[str, ...]
     fallback_segments: tuple[str, ...] = ()
 
     @property
@@ -49,44 +50,58 @@ class CostTables:
         """Number of segments."""
         return len(self.names)
 
+    @property
+    def k(self) -> int:
+        """Number of option columns."""
+        return len(self.option_names)
 
-def cost_tables(card: ProfileCard, options: tuple[str, ...] = OPTION_CODES,
+    def option_list(self, codes) -> list[str]:
+        """Option names of ``codes`` (column indices, one per segment)."""
+        return [self.option_names[int(k)] for k in codes]
+
+
+def cost_tables(card: ProfileCard, options: tuple[str, ...] | None = None,
                 omit_preservation: bool = False) -> CostTables:
     """Build the cost tables a planner sees.
 
     Args:
         card: the profile card.
-        options: subset of :data:`OPTION_CODES` the planner may choose.
+        options: subset of the registered options (:data:`stateremat.contract.OPTIONS`) the
+            planner may choose; ``None``: all of them.
         omit_preservation: state-agnostic view: ``whole`` costs are replaced by the card's
             ``recompute_only`` entry (replay without preservation) where present.
 
     Returns:
-        :class:`CostTables`; ``region`` is invalid where the card omits it.
+        :class:`CostTables` with ``len(OPTIONS)`` columns; an option is invalid where the card
+        omits it (e.g. ``region`` for segments without declared state).
 
     Raises:
         ValueError: unknown option names or an empty option set.
+        ProfileCardError: ``card`` is not a ProfileCard.
     """
     if not isinstance(card, ProfileCard):
         raise ProfileCardError(f"planner: expected a ProfileCard, got {type(card).__name__}. "
                                "Tip: load one with stateremat.contract.load_card(path).")
-    bad = [o for o in options if o not in OPTION_CODES]
+    names = OPTIONS.names  # read now: a test may have registered an option
+    options = names if options is None else tuple(options)
+    bad = [o for o in options if o not in names]
     if bad or not options:
-        raise ValueError(f"planner: options must be a non-empty subset of {list(OPTION_CODES)}, "
-                         f"got {list(options)}. Tip: recompute_only is a cost view, not an option.")
-    n = len(card.segments)
-    r = np.zeros((n, 3), np.int64)
-    q = np.zeros((n, 3), np.int64)
-    c = np.zeros((n, 3), np.float64)
-    valid = np.zeros((n, 3), bool)
+        raise ValueError(f"planner: options must be a non-empty subset of {list(names)}, "
+                         f"got {list(options)}. Tip: {RECOMPUTE_ONLY} is a cost view, not an option.")
+    n, k_opts = len(card.segments), len(names)
+    r = np.zeros((n, k_opts), np.int64)
+    q = np.zeros((n, k_opts), np.int64)
+    c = np.zeros((n, k_opts), np.float64)
+    valid = np.zeros((n, k_opts), bool)
     fallback = []
     for i, seg in enumerate(card.segments):
-        for k, o in enumerate(OPTION_CODES):
+        for k, o in enumerate(names):
             if o not in options or o not in seg.options:
                 continue
             cost = seg.options[o]
             if omit_preservation and o == "whole":
-                if "recompute_only" in seg.options:
-                    cost = seg.options["recompute_only"]
+                if RECOMPUTE_ONLY in seg.options:
+                    cost = seg.options[RECOMPUTE_ONLY]
                 else:
                     fallback.append(seg.name)
             r[i, k], q[i, k], c[i, k], valid[i, k] = (cost.retained_bytes, cost.temp_bytes,
@@ -97,7 +112,8 @@ def cost_tables(card: ProfileCard, options: tuple[str, ...] = OPTION_CODES,
                              "or whole in the option set; region is optional per segment.")
     internal_assert(int(max(r.max(), q.max(), card.persistent_bytes)) < _ABSENT,
                     "card sizes above the placeholder passed ProfileCard's size cap")
-    return CostTables(card.segment_names, card.persistent_bytes, r, q, c, valid, tuple(fallback))
+    return CostTables(card.segment_names, card.persistent_bytes, r, q, c, valid, names,
+                      tuple(fallback))
 
 
 def max_peak_bytes(tables: CostTables) -> int:
@@ -162,7 +178,7 @@ def min_peak(tables: CostTables) -> tuple[int, np.ndarray]:
     ev_q, ev_d = qs.ravel(), delta.ravel()
     live = ev_q < big
     base_mask = np.zeros_like(ev_q, dtype=bool)
-    base_mask[::3] = True  # first event of each segment: its initial min r (always ≤ t0)
+    base_mask[::tables.k] = True  # first event of each segment: its initial min r (always ≤ t0)
     ev_order = np.argsort(ev_q, kind="stable")
     ev_q, ev_d, ev_first, live = ev_q[ev_order], ev_d[ev_order], base_mask[ev_order], live[ev_order]
     keep = live & ((ev_d != 0) | ev_first)

@@ -1,22 +1,26 @@
 """Named planners and fixed methods, each returning a :class:`PlanResult` (STYLE §2, §3, §9).
 
 ``joint``, ``eager_whole`` and ``state_agnostic`` run the Pareto DP on their own cost model;
-``eager``, ``whole`` and ``region`` are fixed policies. ``exhaustive`` and ``milp`` solve the
-same models independently and return the same record.
+every registered option (``eager``, ``whole``, ``region``, ...) is also a fixed policy.
+``exhaustive`` and ``milp`` solve the same models independently and return the same record.
+Option names come from :data:`stateremat.contract.OPTIONS`, read at call time: ``joint`` chooses
+among every registered option.
 """
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
-from ..contract import ProfileCard, parse_size
+from ..contract import OPTIONS, ProfileCard, parse_size
 from ._dp import dp_solve
 from ._exhaustive import enumerate_policies
 from ._milp import milp_min_peak, milp_solve
-from ._model import OPTION_CODES, CostTables, cost_tables, evaluate, min_peak
+from ._model import CostTables, cost_tables, evaluate, min_peak
 from ._result import PlanResult
 
 
@@ -26,13 +30,18 @@ class PlannerSpec:
 
     Args:
         name: registry name.
-        options: subset of ``("eager", "whole", "region")``.
+        options: option names it may choose (a subset of :data:`stateremat.contract.OPTIONS`);
+            ``None``: every registered option, read when the planner runs.
         omit_preservation: plan with ``whole`` priced as ``recompute_only`` (state-agnostic).
     """
 
     name: str
-    options: tuple[str, ...]
+    options: tuple[str, ...] | None
     omit_preservation: bool = False
+
+    def option_names(self) -> tuple[str, ...]:
+        """The options this planner chooses among, now."""
+        return OPTIONS.names if self.options is None else self.options
 
     def model(self, card: ProfileCard) -> CostTables:
         """The tables this planner optimises over."""
@@ -44,7 +53,7 @@ class PlannerSpec:
 
 
 SPECS: dict[str, PlannerSpec] = {
-    "joint": PlannerSpec("joint", ("eager", "whole", "region")),
+    "joint": PlannerSpec("joint", None),
     "eager_whole": PlannerSpec("eager_whole", ("eager", "whole")),
     "state_agnostic": PlannerSpec("state_agnostic", ("eager", "whole"), omit_preservation=True),
 }
@@ -64,9 +73,10 @@ def _spec(options, api: str) -> PlannerSpec:
                              "Tip: or pass a tuple of option names.")
         return SPECS[options]
     options = tuple(options)
-    known = {frozenset(("eager", "whole", "region")): "joint", frozenset(("eager", "whole")): "eager_whole"}
-    name = known.get(frozenset(options), "+".join(options))
-    return PlannerSpec(name, options)
+    for spec in SPECS.values():  # a named planner's option set gets its name
+        if not spec.omit_preservation and frozenset(spec.option_names()) == frozenset(options):
+            return PlannerSpec(spec.name, options)
+    return PlannerSpec("+".join(options), options)
 
 
 def _record(spec: PlannerSpec, card: ProfileCard, budget: int, codes, *, solver: str,
@@ -76,7 +86,7 @@ def _record(spec: PlannerSpec, card: ProfileCard, budget: int, codes, *, solver:
     model = spec.model(card) if model is None else model
     truth = model if not spec.omit_preservation else spec.truth(card)
     peak_min, peak_codes = min_peak_pair if min_peak_pair is not None else min_peak(model)
-    names = [OPTION_CODES[k] for k in peak_codes]
+    names = model.option_list(peak_codes)
     notes = list(extra_notes)
     if spec.omit_preservation and model.fallback_segments:
         fb = model.fallback_segments
@@ -95,7 +105,7 @@ def _record(spec: PlannerSpec, card: ProfileCard, budget: int, codes, *, solver:
                           fits_budget=False, solve_time_s=time.perf_counter() - t0, **common)
     model_peak, model_time = evaluate(model, codes)
     true_peak, true_time = evaluate(truth, codes)
-    return PlanResult(feasible=True, options=[OPTION_CODES[k] for k in codes],
+    return PlanResult(feasible=True, options=model.option_list(codes),
                       predicted_peak_bytes=true_peak, predicted_time_s=true_time,
                       optimal=optimal and not truncated, fits_budget=true_peak <= budget,
                       model_peak_bytes=model_peak, model_time_s=model_time,
@@ -212,31 +222,58 @@ def state_agnostic(card: ProfileCard, budget_bytes, frontier_cap: int | None = N
     return _dp_planner(SPECS["state_agnostic"], card, budget_bytes, frontier_cap, bound_pruning)
 
 
+@functools.lru_cache(maxsize=None)
 def _fixed(option: str) -> Callable[..., PlanResult]:
+    """The fixed method of ``option``: every segment uses it (``whole`` where the card omits it)."""
     def fixed(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
               bound_pruning: bool = True) -> PlanResult:
         t0 = time.perf_counter()
         budget = _budget(budget_bytes, f"stateremat.planner.{option}")
-        spec = PlannerSpec(option, OPTION_CODES)
+        spec = PlannerSpec(option, None)
         tables = spec.model(card)
-        k = OPTION_CODES.index(option)
-        codes = np.where(tables.valid[:, k], k, OPTION_CODES.index("whole"))
+        k = tables.option_names.index(option)
+        codes = np.where(tables.valid[:, k], k, tables.option_names.index("whole"))
         peak = evaluate(tables, codes)[0]
         return _record(spec, card, budget, codes, solver="fixed", t0=t0, optimal=False,
                        min_peak_pair=(peak, codes), model=tables)
     fixed.__name__ = f"all_{option}"
     fixed.__doc__ = (f"Fixed method: every segment uses {option!r}"
-                     + (" (whole where no region is profiled)." if option == "region" else "."))
+                     + ("." if OPTIONS[option].required else f" (whole where no {option} is profiled)."))
     return fixed
 
 
 all_eager, all_whole, all_region = _fixed("eager"), _fixed("whole"), _fixed("region")
 
-#: Planner name → ``f(card, budget_bytes, frontier_cap=None, bound_pruning=True) -> PlanResult``.
-PLANNERS: dict[str, Callable[..., PlanResult]] = {
-    "joint": joint, "eager_whole": eager_whole, "state_agnostic": state_agnostic,
-    "eager": all_eager, "whole": all_whole, "region": all_region,
-}
+
+class _Planners(Mapping):
+    """Planner name → ``f(card, budget_bytes, frontier_cap=None, bound_pruning=True) -> PlanResult``.
+
+    The named planners, then one fixed method per option registered in
+    :data:`stateremat.contract.OPTIONS` (read at each lookup).
+    """
+
+    _named: dict[str, Callable[..., PlanResult]] = {
+        "joint": joint, "eager_whole": eager_whole, "state_agnostic": state_agnostic}
+
+    def __getitem__(self, name: str) -> Callable[..., PlanResult]:
+        if name in self._named:
+            return self._named[name]
+        if name in OPTIONS:
+            return _fixed(name)
+        raise KeyError(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((*self._named, *OPTIONS.names))
+
+    def __len__(self) -> int:
+        return len(self._named) + len(OPTIONS)
+
+    def __repr__(self) -> str:
+        return f"PLANNERS({list(self)})"
+
+
+#: Planner name → planner function (named planners, then the registered options' fixed methods).
+PLANNERS: Mapping[str, Callable[..., PlanResult]] = _Planners()
 
 
 def plan(card: ProfileCard, budget_bytes, planner: str = "joint",
@@ -275,15 +312,16 @@ def plan(card: ProfileCard, budget_bytes, planner: str = "joint",
                              bound_pruning=bound_pruning)
 
 
-def exhaustive(card: ProfileCard, budget_bytes, options=("eager", "whole", "region"),
+def exhaustive(card: ProfileCard, budget_bytes, options="joint",
                max_policies: int = 50_000_000) -> PlanResult:
     """Enumerate every policy (the DP's oracle); ``options`` is an option tuple or planner name.
 
     Args:
         card: the profile card.
         budget_bytes: logical budget ``M`` in bytes (int) or a size string (at most 8 PiB).
-        options: option names (subset of eager/whole/region) or a planner name of
-            :data:`SPECS` (``"state_agnostic"`` enumerates its preservation-omitting model).
+        options: option names (a subset of the registered options) or a planner name of
+            :data:`SPECS` (default ``"joint"``: every registered option; ``"state_agnostic"``
+            enumerates its preservation-omitting model).
         max_policies: refuse to enumerate more policies than this (3^16 ≈ 43 M fits).
 
     Returns:
@@ -305,7 +343,7 @@ def exhaustive(card: ProfileCard, budget_bytes, options=("eager", "whole", "regi
                    min_peak_pair=(out.min_peak_bytes, out.min_peak_codes), model=model)
 
 
-def milp(card: ProfileCard, budget_bytes, options=("eager", "whole", "region"),
+def milp(card: ProfileCard, budget_bytes, options="joint",
          time_limit_s: float = 60.0) -> PlanResult:
     """Solve the model as a MILP with ``scipy.optimize.milp`` (HiGHS); same record as the DP.
 

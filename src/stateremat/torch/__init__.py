@@ -11,7 +11,7 @@ from stateremat.contract import (
 )
 
 from ._checkpoint import Checkpointer as Checkpointer, checkpoint as checkpoint, journal_writes as journal_writes
-from ._context import replaying as is_replaying
+from ._runtime import replaying as is_replaying
 from ._memory import PeakMemory as PeakMemory, memory_method as memory_method, storage_bytes as storage_bytes  # issue 5
 from ._mode import UndeclaredStateWarning as UndeclaredStateWarning
 from ._module import StatefulCheckpoint as StatefulCheckpoint

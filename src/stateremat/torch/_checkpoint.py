@@ -2,20 +2,34 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from typing import Any, Callable
 
 import torch
 
-from stateremat.contract import ReplayError, UndeclaredStateError, rule
+from stateremat.contract import OPTIONS, rule
 
-from . import _journal, _rng
-from ._context import LOCAL, replaying
-from ._mode import StateMode, warn_undeclared
-from ._scan import describe, reachable, resolve_state, root_module
-from ._segment import RecomputeSink, Segment, undeclared_message
+from . import _mark, _rng
+from ._compat import (
+    DisableTorchFunctionSubclass,
+    debug_override,
+    entered_hiding,
+    early_stop_override,
+    has_storage,
+    in_foreign_recompute,
+    library_ops,
+    make_saved_tensor,
+    tree_flatten,
+)
+from ._errors import ReplayError
+from ._mode import StrictMode
+from ._preserve import PRESERVERS
+from ._runtime import runtime
+from ._scan import Declared, check_state, reach, resolve_state, root_module
+from ._segment import RecomputeSink, Segment
 from ._storage import storage_key
-from ._txn import PRESERVE_OPTIONS, Transaction
+from ._txn import Bindings, Transaction
 
 UNDECLARED_OPTIONS = ("raise", "warn", "declare")
 
@@ -28,9 +42,10 @@ def _validate(fn: Any, preserve: str, granularity_bytes: int, on_undeclared: str
 
 
 def _validate_options(preserve: str, granularity_bytes: int, on_undeclared: str) -> None:
-    if preserve not in PRESERVE_OPTIONS:
-        raise ValueError(f"stateremat.torch.checkpoint: preserve must be one of {PRESERVE_OPTIONS}, "
-                         f"got {preserve!r}. Tip: 'region' journals only written bytes.")
+    if preserve not in PRESERVERS:
+        raise ValueError(f"stateremat.torch.checkpoint: preserve must be one of {tuple(PRESERVERS)} (the "
+                         f"replaying options of stateremat.contract.OPTIONS), got {preserve!r}. Tip: 'region' "
+                         "journals only written bytes; for 'eager' simply do not checkpoint the segment.")
     if isinstance(granularity_bytes, bool) or not isinstance(granularity_bytes, int) or granularity_bytes <= 0:
         raise ValueError("stateremat.torch.checkpoint: granularity_bytes must be a positive int, got "
                          f"{granularity_bytes!r}. Tip: 4096 is a good default.")
@@ -84,7 +99,7 @@ class Checkpointer:
     def __init__(self, *, state: Any = None, preserve: str = "region", granularity_bytes: int = 4096,
                  on_undeclared: str = "raise", verify: bool = False) -> None:
         _validate_options(preserve, granularity_bytes, on_undeclared)
-        _validate_state(state)
+        check_state(state)
         self.state = state
         self.preserve = preserve
         self.granularity_bytes = granularity_bytes
@@ -104,12 +119,6 @@ class Checkpointer:
                     verify=self.verify, preserve_rng_state=preserve_rng_state, use_reentrant=use_reentrant,
                     context_fn=context_fn, determinism_check=determinism_check, debug=debug,
                     early_stop=early_stop)
-
-
-def _validate_state(state: Any) -> None:
-    if isinstance(state, str) and state != "buffers":
-        raise ValueError(f"stateremat.torch: state must be 'buffers', None, or tensors/modules, got {state!r}. "
-                         "Tip: state='buffers' declares every buffer of the checkpointed module.")
 
 
 def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "region",
@@ -141,8 +150,10 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
         on_undeclared: an in-place write inside the segment to a pre-existing tensor that is not
             declared: ``"raise"`` :class:`UndeclaredStateError`, ``"warn"`` (the replay repeats
             the write) or ``"declare"`` (snapshot it whole before the first write).
-        verify: at recomputation compare every recomputed saved tensor with the forward's bit for
-            bit (keeps a copy of each: debugging only, doubles activation memory).
+        verify: debugging mode: every op of the forward and the replay is watched, so undeclared
+            writes are refused before they happen even through aliases the scan does not reach,
+            and every recomputed saved tensor is compared with the forward's bit for bit (keeps
+            a copy of each: doubles activation memory; about 5 us more per op).
         use_reentrant: accepted for drop-in compatibility with ``torch.utils.checkpoint``;
             only ``False``/``None`` (non-reentrant) is supported.
         context_fn: as in ``torch.utils.checkpoint``: returns two context managers, entered
@@ -184,7 +195,7 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
             "function takes as its own options (expected a function without those parameter names, got "
             f"{clash}). Tip: use stateremat.torch.Checkpointer(state=..., preserve=...)(fn, *args, "
             "**kwargs): it passes every keyword torch does not reserve on to fn.")
-    _validate_state(state)
+    check_state(state)
     preserve_rng_state = kwargs.pop("preserve_rng_state", True)
     return _run(fn, args, kwargs, state=state, preserve=preserve, granularity_bytes=granularity_bytes,
                 on_undeclared=on_undeclared, verify=verify, preserve_rng_state=preserve_rng_state,
@@ -210,69 +221,93 @@ def _run(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, 
                              f"{type(fn).__name__}). Tip: pass the tensors or modules to declare, e.g. "
                              "state=[model.bn].")
         state = owner
+    debug = debug_override() if debug_override() is not None else debug
+    early_stop = early_stop_override() if early_stop_override() is not None else early_stop
+    if debug and context_fn is not None:
+        raise ValueError("stateremat.torch.checkpoint: debug=True is incompatible with a context_fn (expected "
+                         "one of them, got both), as in torch. Tip: drop context_fn while debugging.")
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)  # no graph, nothing will be replayed
     forward_ctx, recompute_ctx = (contextlib.nullcontext(), contextlib.nullcontext()) \
         if context_fn is None else context_fn()
-    with forward_ctx:
+    with entered_hiding(forward_ctx):
         return run_segment(fn, args, kwargs, state=state, preserve=preserve, granularity_bytes=granularity_bytes,
                            on_undeclared=on_undeclared, verify=verify, preserve_rng_state=preserve_rng_state,
-                           recompute_context=recompute_ctx, check_metadata=determinism_check == "default")
+                           recompute_context=recompute_ctx, check_metadata=determinism_check == "default",
+                           early_stop=early_stop, debug=debug)
 
 
 def _segment_name(fn: Any) -> str:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
 def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, granularity_bytes: int,
                 on_undeclared: str, verify: bool, preserve_rng_state: bool, name: str | None = None,
                 module_prefix: str = "", sink: RecomputeSink | None = None,
-                declared: list | None = None, on_done: dict | None = None,
-                recompute_context: Any = None, check_metadata: bool = True) -> Any:
+                declared: Declared | None = None, on_done: dict | None = None,
+                recompute_context: Any = None, check_metadata: bool = True, early_stop: bool = True,
+                debug: bool = False) -> Any:
     """Run one checkpointed segment (shared by :func:`checkpoint` and ``StatefulCheckpoint``)."""
-    seg = Segment(fn, name or _segment_name(fn), verify, on_undeclared, sink)
-    if recompute_context is not None:
-        seg.recompute_context = recompute_context
-    seg.check_metadata = check_metadata
     if declared is None:
         declared = resolve_state(state, root_module(fn), module_prefix)
-    if replaying():
+    rt = runtime()
+    if rt.replay:
         # Met during an enclosing segment's replay: that transaction restores our state.
-        seg.passive_declared = bool(declared)
-        seg.attach(Transaction(id(seg), [], preserve, granularity_bytes))
-        seg.save_inputs(args, kwargs)
-        seg.rng = _rng.capture() if preserve_rng_state else None
-        with seg.forward_hooks():
-            return fn(*args, **kwargs)
-
-    txn = Transaction(id(seg), declared, preserve, granularity_bytes)
+        return _run_eagerly(fn, args, kwargs, declared)
+    if in_foreign_recompute():
+        if declared.tensors:
+            raise ReplayError(
+                f"stateremat.torch.checkpoint: segment {name or _segment_name(fn)!r} declares state and is being "
+                "recomputed by torch.utils.checkpoint, which would write that state a second time outside any "
+                f"transaction (expected stateremat segments to be replayed only by stateremat; {rule('R5')}). "
+                "Tip: checkpoint the enclosing code with stateremat.torch.checkpoint instead; they nest."
+            )
+        return _run_eagerly(fn, args, kwargs, declared)
+    seg = Segment(rt, fn, name or _segment_name(fn), verify=verify, on_undeclared=on_undeclared, sink=sink,
+                  early_stop=early_stop, debug=debug, check_metadata=check_metadata,
+                  recompute_context=recompute_context)
+    txn = Transaction(rt, id(seg), declared.tensors, preserve, granularity_bytes)
     seg.attach(txn)
     cuda_before = _rng.cuda_ready()
-    seg.rng = _rng.capture() if preserve_rng_state else None
-    txn.begin(journaled=LOCAL.mode_depth > 0)
+    r = reach(fn, args, kwargs, module_prefix)
+    gens = {id(g): g for _, g in declared.generators}
+    gens.update({id(g): g for _, g in r.generators.values()})
+    seg.rng = _rng.capture(gens.values()) if preserve_rng_state else None
+    txn.begin()
+    seg.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors])
     seg.save_inputs(args, kwargs)
-    declared_ids = {id(t) for _, t, _ in declared}
-    scan = [(n, t, t._version) for n, t in reachable(fn, args, kwargs, module_prefix) if id(t) not in declared_ids]
-    need_mode = txn.needs_journal() or on_undeclared == "declare"
-    if need_mode:
-        seg.candidate_keys = {}
-        for n, t, _ in scan:
-            k = storage_key(t)
-            if k not in txn.items:
-                seg.candidate_keys.setdefault(k, (n, t))
-    push = need_mode and LOCAL.mode_depth == 0
-    LOCAL.forward.append(seg)
+    declared_ids = {id(t) for _, t, _ in declared.tensors}
+    with DisableTorchFunctionSubclass():
+        seg.scan = [(n, t, t._version) for n, t in r.tensors.values() if id(t) not in declared_ids]
+        seg.expected = {id(t): v for _, t, v in seg.scan}
+        probes = {i: v for i, v in r.norm_stats.items() if i not in declared_ids}
+        probes.update({i: (n, t) for i, (n, t) in r.tensors.items() if i not in declared_ids and _stat_like(t)})
+        with library_ops():
+            seg.norm_probes = [(n, t, t.clone()) for n, t in probes.values()]
+    _mark_reachable_aliases(seg)
+    for enclosing in rt.forward:
+        enclosing.check_inner_declaration(seg)
+    seg.strict = on_undeclared == "declare" or verify or txn.has_unmarkable()
+    strict = StrictMode(rt, "forward") if seg.strict and rt.strict_depth == 0 else None
+    rt.forward.append(seg)
     try:
-        with _journal_mode(push), seg.forward_hooks():
-            out = fn(*args, **kwargs)
-        journaled = need_mode or LOCAL.mode_depth > 0
-        txn.end_forward(journaled=journaled)
-        _version_scan(seg, scan)
+        if strict is not None:
+            rt.strict_depth += 1
+        try:
+            with strict or contextlib.nullcontext(), seg.forward_hooks(), seg.oplog():
+                out = fn(*args, **kwargs)
+        finally:
+            if strict is not None:
+                rt.strict_depth -= 1
+        seg.bindings.settle()
+        seg.report_undeclared(seg.undeclared_writes(), "after the forward")
     except BaseException:
         txn.release()
         raise
     finally:
-        LOCAL.forward.pop()
+        rt.forward.pop()
     if preserve_rng_state and not cuda_before and _rng.cuda_ready():
         txn.release()
         raise ReplayError(
@@ -280,62 +315,80 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
             f"generator state at the forward's start is unknown ({rule('R3')}). Tip: initialize CUDA "
             "before the first checkpoint (e.g. torch.cuda.init())."
         )
-    for enclosing in LOCAL.forward:  # enclosing segments replay us too: our B0 is theirs
-        enclosing.txn.adopt(txn)
+    for enclosing in rt.forward:  # enclosing segments replay us too: our B0 is theirs
+        enclosing.adopt(seg)
     if on_done is not None:
         on_done["snapshot_bytes"] = txn.snapshot_bytes
         on_done["journal_bytes"] = txn.journal_bytes
     return out
 
 
-@contextlib.contextmanager
-def _journal_mode(push: bool):
-    if not push or LOCAL.mode_depth > 0:  # one journaling mode per thread is enough
-        yield
+#: Largest reachable 1-D tensor compared byte for byte around the forward (running statistics).
+_PROBE_MAX_NUMEL = 1 << 16
+
+
+def _stat_like(t: torch.Tensor) -> bool:
+    """Could ``t`` be running statistics a batch-norm kernel updates without a version bump?"""
+    return t.dim() == 1 and not t.requires_grad and t.is_floating_point() and t.numel() <= _PROBE_MAX_NUMEL
+
+
+def _mark_reachable_aliases(seg: Segment) -> None:
+    """Reachable tensors on a journaled storage (the base of a declared view) are marked too."""
+    journaled = {k: p.storage for k, p in seg.txn.items.items() if p.storage.journal is not None}
+    if not journaled:
         return
-    for tr in list(_journal.TRACKERS.values()):
-        tr.observe(journaled=False)  # writes before the mode are not in the journal
-    LOCAL.mode_depth += 1
-    try:
-        with StateMode("forward"):
-            yield
-    finally:
-        LOCAL.mode_depth -= 1
-        for tr in list(_journal.TRACKERS.values()):
-            tr.observe(journaled=True)
+    with DisableTorchFunctionSubclass():
+        hits = [(journaled[k], t) for _, t, _ in seg.scan if (k := storage_key(t)) in journaled]
+    for st, t in hits:
+        if not _mark.mark_tensor(t, st):
+            st.unmarkable = True
+
+
+def _identity(x: Any) -> Any:
+    return x
+
+
+def _run_eagerly(fn: Callable, args: tuple, kwargs: dict, declared: Declared) -> Any:
+    """Run a segment met inside a replay: its saved tensors are kept, nothing is deferred.
+
+    Its inputs are packed as saved tensors of the enclosing segment, exactly as in the
+    forward (torch's Rule 2), so the enclosing recomputation counts the same tensors.
+    """
+    with DisableTorchFunctionSubclass():
+        keys = {storage_key(t) for _, t, _ in declared.tensors if has_storage(t)}
+        for x in tree_flatten((args, kwargs))[0]:
+            if isinstance(x, torch.Tensor) and not (has_storage(x) and storage_key(x) in keys):
+                make_saved_tensor(x)
+    with torch.autograd.graph.saved_tensors_hooks(_identity, _identity):
+        return fn(*args, **kwargs)
 
 
 def journal_writes() -> contextlib.AbstractContextManager[None]:
-    """Journal in-place writes to declared state made *outside* checkpointed segments (R6).
+    """Journal writes to declared state made *outside* checkpointed segments (R6).
 
-    A region journal must hold the old bytes of every later write that destroys state its
-    segment needs. Writes inside checkpointed segments are journaled automatically; wrap code
-    that is not checkpointed but writes declared state (an eager segment of a plan, an enqueue
-    after the model) in this context, typically the whole forward pass::
-
-        with stateremat.torch.journal_writes():
-            loss = model(x)
-        loss.backward()
+    Since the region journal marks its declared tensors, writes to them anywhere (an eager
+    segment of a plan, an enqueue after the model, an optimizer step) are journaled
+    automatically; this context is kept for code written against earlier versions. It also
+    watches every op while declared tensors of a class that cannot be marked (a tensor
+    subclass with its own ``__torch_function__``) are journaled.
 
     Returns:
         A context manager; nesting it (or entering it inside a segment) is free.
 
-    Danger:
-        Every op inside passes a Python dispatch mode (a few microseconds each).
-
     References:
         Paper §3.1 (the union of a segment's own and later destroying writes).
     """
-    return _journal_mode(True)
+    rt = runtime()
+    if rt.strict_depth or not any(st.unmarkable for st in rt.storages.values()):
+        return contextlib.nullcontext()
+    return _strict_outside(rt)
 
 
-def _version_scan(seg: Segment, scan: list) -> None:
-    changed = [(n, t) for n, t, v in scan if t._version != v]
-    changed = [(n, t) for n, t in changed if storage_key(t) not in seg.txn.items]
-    if not changed:
-        return
-    names = ", ".join(describe(n) for n, _ in changed)
-    if seg.on_undeclared == "warn":
-        warn_undeclared(undeclared_message(seg, names, "seen by its version counter"))
-        return
-    raise UndeclaredStateError(undeclared_message(seg, names, "seen by its version counter after the forward"))
+@contextlib.contextmanager
+def _strict_outside(rt: Any):
+    rt.strict_depth += 1
+    try:
+        with StrictMode(rt, "forward"):
+            yield
+    finally:
+        rt.strict_depth -= 1

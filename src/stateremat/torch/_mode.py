@@ -1,17 +1,23 @@
-"""Interception of in-place writes: journaling (forward), replay capture, undeclared writes.
+"""Interception of in-place writes at the ATen level: which op writes what, and what follows.
 
-A ``TorchDispatchMode`` sees every ATen op below autograd. An op writes an argument when
-its schema marks it ``(a!)`` (``alias_info.is_write``). A few kernels write buffers their
-schema does not mark (``native_batch_norm`` updates running statistics in training) and are
-listed in :data:`HIDDEN_WRITES`.
+An op writes an argument when its schema marks it ``(a!)`` (``alias_info.is_write``). A few
+kernels write buffers their schema does not mark (``native_batch_norm`` updates running
+statistics in training) and are listed in :data:`HIDDEN_WRITES`.
 
-During a replay the mode also refuses, before it happens, every write to a storage that is
-neither declared nor allocated during the replay (R7): such a write would happen a second
-time, whatever path (unregistered attribute, container, plain object) reached the tensor.
+Two dispatch modes route writes to declared storages to :func:`on_write`:
+
+* :class:`WriteMode` — pushed by a marked tensor's handler (``_mark``) for one call; it knows
+  the declared storages that call touches. This is the normal path: ops that touch no
+  declared state never reach Python.
+* :class:`StrictMode` — pushed around a whole forward or replay when every op must be seen:
+  ``on_undeclared="declare"`` (snapshot a reachable tensor before its first write) and
+  declared tensors whose class cannot be marked. In a replay it also refuses, before it
+  happens, every write to a storage that is neither declared nor allocated during the
+  replay (R7).
 
 Danger:
-    Writes that bypass the dispatcher (``tensor.data`` tricks on another object, raw
-    pointers, other threads or streams) are invisible here.
+    Writes that bypass the dispatcher (raw pointers, other processes, other streams) are
+    invisible here.
 """
 from __future__ import annotations
 
@@ -19,13 +25,13 @@ import warnings
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from . import _journal
-from ._context import LOCAL
-from ._journal import gather
-from ._stats import COUNTERS
-from ._storage import round_runs, storage_key, write_runs
+from stateremat.contract import rule
+
+from ._compat import TorchDispatchMode, has_storage, in_foreign_recompute
+from ._errors import ReplayError
+from ._runtime import DeclaredStorage, Runtime, runtime
+from ._storage import storage_key
 
 _aten = torch.ops.aten
 
@@ -91,97 +97,146 @@ def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
             out.append(v)
         elif is_list and v is not None:
             out.extend(x for x in v if isinstance(x, torch.Tensor))
-    return [t for t in out if t.layout == torch.strided and t.device.type != "meta" and t.numel() > 0]
+    return [t for t in out if has_storage(t) and t.numel() > 0]
 
 
-class StateMode(TorchDispatchMode):
-    """Journal writes to declared storages (forward) or capture them for reinstatement (replay).
+def on_write(st: DeclaredStorage, func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
+    """``func`` is about to write ``w``, a tensor on declared storage ``st``.
 
-    Args:
-        role: ``"forward"`` (journal writes to region-declared storages, catch undeclared writes
-            to reachable tensors) or ``"replay"``.
-        segment: the replaying segment (role ``"replay"``); its ``on_undeclared`` decides what
-            a write to pre-existing undeclared state does, and it names the tensor.
+    In a replay: the replay log keeps the old bytes (or refuses an undeclared write, R7).
+    Otherwise: a forward segment on this thread that reaches but does not declare ``st`` is
+    told (R7), then every preserver kind keeps what it needs (the region journal, R6).
+
+    Raises:
+        ReplayError: ``torch.utils.checkpoint`` is recomputing a segment that writes declared
+            state (its replay would write it a second time, outside any transaction).
     """
+    from ._preserve import PRESERVERS  # the preservers import this module's callers
 
-    def __init__(self, role: str, segment: Any = None) -> None:
+    rt = runtime()
+    if rt.replay:
+        rt.replay[-1].on_write(st, func, args, kwargs, w)
+        return
+    if in_foreign_recompute():
+        raise ReplayError(
+            f"stateremat.torch: declared state {st.name()!r} is written by {func} while "
+            "torch.utils.checkpoint recomputes a segment (expected writes to declared state to be replayed "
+            f"only inside stateremat's transaction, got a second write during backward; {rule('R5')}). Tip: "
+            "checkpoint that part with stateremat.torch.checkpoint or StatefulCheckpoint instead of "
+            "torch.utils.checkpoint; they nest."
+        )
+    st.observe(journaled=False)  # a change since the last seen write is a gap (R8)
+    for seg in reversed(rt.forward):  # innermost segment first (R7)
+        if st.key in seg.txn.items:
+            break
+        seg.check_write(st.key, func)
+    owner = rt.forward[-1] if rt.forward else None
+    for cls in PRESERVERS.values():
+        n = cls.before_write(st, func, args, kwargs, w)
+        if n and owner is not None and owner.txn.runtime is st.rt:
+            owner.txn.credit(st.key, n)
+
+
+class WriteMode(TorchDispatchMode):
+    """Route writes to the declared storages ``known`` (key -> DeclaredStorage) to :func:`on_write`."""
+
+    def __init__(self, known: dict) -> None:
         super().__init__()
-        self.role = role  # "forward" | "replay"
-        self.segment = segment
-        self.created: set[int] = set()  # addresses of storages allocated during this replay
+        self.known = known
+        self.hit: list[DeclaredStorage] = []  # written storages: their version bumps come after dispatch
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         writes = _WRITES.get(func)
         if writes is None:
             writes = _writes(func)
+        if not writes:
+            return func(*args, **kwargs)
+        for w in written_tensors(func, args, kwargs):
+            st = self.known.get(storage_key(w))
+            if st is not None:
+                on_write(st, func, args, kwargs, w)
+                self.hit.append(st)
+        return func(*args, **kwargs)
+
+    def __exit__(self, *exc):
+        out = super().__exit__(*exc)
+        for st in self.hit:  # the call is complete: its version bumps were seen writes
+            st.observe(journaled=True)
+        return out
+
+
+class StrictMode(TorchDispatchMode):
+    """See every op of a forward (``role="forward"``) or replay (``role="replay"``) on this thread.
+
+    Args:
+        rt: the segment's runtime (declared storages by key).
+        role: ``"forward"`` or ``"replay"``.
+        segment: the replaying segment (``role="replay"``): names refused writes, decides R7.
+    """
+
+    def __init__(self, rt: Runtime, role: str, segment: Any = None) -> None:
+        super().__init__()
+        self.rt = rt
+        self.role = role
+        self.segment = segment
+        self.created: set[int] = set()  # addresses of storages allocated during this replay
+        self.pending: list[DeclaredStorage] = []  # written by the last op; its version bump follows dispatch
+
+    def _settle(self) -> None:
+        for st in self.pending:
+            st.observe(journaled=True)
+        self.pending = []
+
+    def __exit__(self, *exc):
+        out = super().__exit__(*exc)
+        self._settle()
+        return out
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.pending:
+            self._settle()
+        writes = _WRITES.get(func)
+        if writes is None:
+            writes = _writes(func)
+        hit = self.pending
         if writes:
             for w in written_tensors(func, args, kwargs):
-                if self.role == "forward":
-                    _before_forward_write(func, args, kwargs, w)
-                else:
-                    self._before_replay_write(func, args, kwargs, w)
+                key = storage_key(w)
+                st = self.rt.storages.get(key)
+                if st is not None and st.marks and not st.unmarkable:
+                    continue  # the marked tensors' handler sees this write
+                if st is not None:
+                    on_write(st, func, args, kwargs, w)
+                    hit.append(st)
+                elif self.role == "forward":
+                    for seg in reversed(self.rt.forward):
+                        seg.check_write(key, func)
+                elif w.untyped_storage().data_ptr() not in self.created and self.segment is not None:
+                    self.segment.undeclared_at_replay(w, func, "a storage that is not declared")
         out = func(*args, **kwargs)
         if self.role == "replay":
             fresh = _FRESH.get(func)
             if fresh is None:
                 fresh = _fresh(func)
-            if fresh == (0,) and type(out) is torch.Tensor:  # the common case
-                self._record_one(out, () if func in _LIFT else args)
-            elif fresh:
-                outs = out if type(out) is tuple or type(out) is list else (out,)
-                for i in fresh:
-                    if i < len(outs) and isinstance(outs[i], torch.Tensor):
-                        self._record_one(outs[i], () if func in _LIFT else args)
+            outs = out if type(out) is tuple or type(out) is list else (out,)
+            for i in fresh:
+                if i < len(outs) and isinstance(outs[i], torch.Tensor):
+                    self._record_one(outs[i], () if func in _LIFT else args)
         return out
 
     def _record_one(self, t: torch.Tensor, args: tuple) -> None:
-        # Keys are raw storage addresses (cheaper than storage_key; host and device
-        # allocations do not share addresses). 0 is a meta or empty storage.
-        if t.layout != torch.strided:
+        # Keys are raw storage addresses (host and device allocations do not share addresses).
+        if not has_storage(t):
             return
         ptr = t.untyped_storage().data_ptr()
         if ptr and ptr not in self.created:
             # Some ops (``_unsafe_view``, ``unsafe_split``) return an unannotated alias of an argument.
             for a in args:
-                if isinstance(a, torch.Tensor) and a.layout == torch.strided and a.untyped_storage().data_ptr() == ptr:
+                if isinstance(a, torch.Tensor) and has_storage(a) and a.untyped_storage().data_ptr() == ptr:
                     return
             self.created.add(ptr)
-
-    def _before_replay_write(self, func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
-        key = storage_key(w)
-        log = LOCAL.replay[-1] if LOCAL.replay else None
-        item = log.items.get(key) if log is not None else None
-        seg = self.segment
-        if item is None:
-            if w.untyped_storage().data_ptr() not in self.created and seg is not None \
-                    and seg.on_undeclared != "warn":
-                seg.undeclared_at_replay(w, func, "a storage that is not declared")
-            return
-        if item.kind == "whole":
-            return  # the snapshot holds every byte of the storage: reinstatement restores it
-        log.copy_aliases(key)  # saved tensors that alias these bytes keep their replayed version
-        tr = item.tracker
-        runs = round_runs(write_runs(func, args, kwargs, w), tr.granularity_bytes, tr.nbytes)
-        if runs.shape[0]:
-            with torch.no_grad():
-                log.writes.append((tr, runs, gather(tr.flat, runs)))
-
-
-def _before_forward_write(func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
-    key = storage_key(w)
-    for seg in reversed(LOCAL.forward):  # innermost segment first (R7)
-        if key in seg.txn.items:
-            break  # declared here; the enclosing segments adopt the declaration
-        if seg.candidate_keys is not None and key in seg.candidate_keys:
-            seg.undeclared_before_write(key, seg.candidate_keys[key], func)
-    tr = _journal.TRACKERS.get(key)
-    if tr is not None and tr.consumers:
-        owner = LOCAL.forward[-1] if LOCAL.forward else None
-        n = tr.journal(write_runs(func, args, kwargs, w))
-        if owner is not None:
-            owner.txn.journal_bytes += n
-        COUNTERS.touch()
 
 
 def warn_undeclared(msg: str) -> None:

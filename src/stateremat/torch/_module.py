@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from ._checkpoint import _validate, run_segment
-from ._scan import resolve_state
+from ._scan import Declared, check_state, resolve_state
 from ._segment import RecomputeSink
 
 
@@ -61,9 +61,7 @@ class StatefulCheckpoint(nn.Module):
                  preserve_rng_state: bool = True, name: str | None = None) -> None:
         super().__init__()
         _validate(block, preserve, granularity_bytes, on_undeclared)
-        if isinstance(state, str) and state != "buffers":
-            raise ValueError(f"StatefulCheckpoint: state must be 'buffers', None, or tensors/modules, "
-                             f"got {state!r}. Tip: state='buffers' declares every buffer of the block.")
+        check_state(state)
         self.block = block
         self.state = state
         self.preserve = preserve
@@ -99,7 +97,7 @@ class StatefulCheckpoint(nn.Module):
     def recompute_count(self) -> int:
         return self._sink.recompute_count
 
-    def _declared(self) -> list:
+    def _declared(self) -> Declared:
         prefix = self.segment_name if self.segment_name != type(self.block).__name__ else ""
         if self.state == "buffers":
             return resolve_state(self.block, self.block, prefix)

@@ -1,19 +1,27 @@
-"""Generator state capture and replay: CPU and every initialized CUDA device (R3, R5)."""
+"""Generator state capture and replay: default CPU/CUDA generators and user generators (R3, R5).
+
+A segment may draw from the default generators or from a ``torch.Generator`` it reaches
+(a captured ``g``, a module attribute, an argument) or declares in ``state=``. All of them are
+captured when the forward begins, set back for the replay, and reinstated afterwards, so the
+replay draws the forward's numbers and the visible generator state advances once per step.
+"""
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 
 
 @dataclass(frozen=True)
 class RngState:
-    """Default-generator states: CPU ``uint8`` state and one per CUDA device (``None`` if CUDA is unused)."""
+    """Generator states: CPU ``uint8`` state, one per CUDA device (``None`` if CUDA is unused),
+    and ``(generator, state)`` for every user generator."""
 
     cpu: torch.Tensor
     cuda: tuple[torch.Tensor, ...] | None
+    user: tuple[tuple[torch.Generator, torch.Tensor], ...] = ()
 
 
 def cuda_ready() -> bool:
@@ -21,10 +29,10 @@ def cuda_ready() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
-def capture() -> RngState:
-    """Return the current generator states."""
+def capture(generators: Iterable[torch.Generator] = ()) -> RngState:
+    """Return the current generator states (default generators plus ``generators``)."""
     cuda = tuple(torch.cuda.get_rng_state_all()) if cuda_ready() else None
-    return RngState(torch.get_rng_state(), cuda)
+    return RngState(torch.get_rng_state(), cuda, tuple((g, g.get_state()) for g in generators))
 
 
 def restore(state: RngState) -> None:
@@ -32,6 +40,8 @@ def restore(state: RngState) -> None:
     torch.set_rng_state(state.cpu)
     if state.cuda is not None:
         torch.cuda.set_rng_state_all(list(state.cuda))
+    for g, s in state.user:
+        g.set_state(s)
 
 
 @contextlib.contextmanager
@@ -44,7 +54,7 @@ def replayed(state: RngState | None) -> Iterator[None]:
     if state is None:
         yield
         return
-    visible = capture()
+    visible = capture(g for g, _ in state.user)
     restore(state)
     try:
         yield

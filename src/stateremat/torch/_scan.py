@@ -1,27 +1,38 @@
-"""Names of declared state and of tensors a segment can reach (undeclared-write detection, R7).
+"""What a segment declares and what it can reach (undeclared-write detection R7, RNG R3).
 
-A segment can reach: the parameters, buffers and plain tensor attributes of the module it
-runs (``fn`` itself, a bound method's ``self``, modules captured in its closure or named as
-globals), tensors in its arguments, and tensors captured in its closure or named as globals,
-including one level into captured lists, tuples, dicts and plain objects' attributes. Their
-version counters are read before and after the forward; a change on one that is not
-declared is an undeclared in-place write.
+A segment *declares* tensors (``state=``: tensors, modules = all their buffers, generators).
+It can *reach*: the parameters, buffers and tensor attributes of the modules it runs (``fn``
+itself, a bound method's ``self``, modules captured in its closure, named as globals or passed
+as arguments), tensors in its arguments, closure and globals, and — up to :data:`MAX_DEPTH`
+levels — tensors inside captured lists, tuples, dicts and plain objects' attributes
+(``self.memory.bank``). Version counters of reachable tensors are read before and after the
+forward (and around the replay): a change on one that is not declared is an undeclared
+in-place write. Reachable ``torch.Generator`` objects are captured and replayed like the
+default generators (R3). Running statistics of reachable normalization layers in training are
+compared byte for byte, because ``native_batch_norm`` updates them without bumping a version.
 
 Danger:
-    Tensors reachable only through deeper object graphs are not scanned in the forward, and
-    writes that do not bump version counters (``native_batch_norm``'s running statistics) are
-    seen in the forward only while the dispatch mode is active (region journaling or
-    ``on_undeclared="declare"``); both are refused at recomputation by the replay mode.
+    Tensors reachable only through deeper object graphs (or past :data:`MAX_OBJECTS` objects)
+    are not checked: an undeclared write to one repeats at replay.
 """
 from __future__ import annotations
 
 import functools
 import types
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+
+from ._compat import has_storage, tree_flatten
+
+#: Levels of plain containers / objects followed from a captured value or module attribute.
+MAX_DEPTH = 3
+#: Objects visited per scan at most (bounds the cost on huge object graphs).
+MAX_OBJECTS = 20_000
+
+_NORM_TYPES = (nn.modules.batchnorm._NormBase,)
 
 
 def root_module(fn: Callable) -> nn.Module | None:
@@ -45,36 +56,66 @@ def _module_path(m: nn.Module, root: nn.Module | None) -> str:
     return type(m).__name__
 
 
-def resolve_state(state: Any, root: nn.Module | None, prefix: str = "") -> list[tuple[str, torch.Tensor, int]]:
-    """Flatten ``state=`` into ``(name, tensor, group)``; a module contributes all its buffers.
+@dataclass
+class Declared:
+    """Resolved ``state=``: tensors ``(name, tensor, group)``, generators and declared modules."""
+
+    tensors: list[tuple[str, torch.Tensor, int]] = field(default_factory=list)
+    generators: list[tuple[str, torch.Generator]] = field(default_factory=list)
+    modules: list[tuple[str, nn.Module]] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.tensors or self.generators or self.modules)
+
+
+def resolve_state(state: Any, root: nn.Module | None, prefix: str = "") -> Declared:
+    """Flatten ``state=`` into a :class:`Declared`; a module contributes all its buffers.
 
     Raises:
-        TypeError: if an entry is neither a tensor nor a module.
+        TypeError: if an entry is neither a tensor, a module nor a ``torch.Generator``.
     """
-    out: list[tuple[str, torch.Tensor, int]] = []
+    out = Declared()
 
     def add(obj: Any, where: str) -> None:
         if obj is None:
             return
         if isinstance(obj, torch.Tensor):
-            out.append((where, obj, id(obj)))
+            out.tensors.append((where, obj, id(obj)))
+        elif isinstance(obj, torch.Generator):
+            out.generators.append((where, obj))
         elif isinstance(obj, nn.Module):
             path = _module_path(obj, root)
             base = ".".join(p for p in (prefix, path) if p)
+            out.modules.append((base, obj))
             for bname, b in obj.named_buffers():
-                out.append((f"{base}.{bname}" if base else bname, b, id(obj)))
+                out.tensors.append((f"{base}.{bname}" if base else bname, b, id(obj)))
         elif isinstance(obj, (list, tuple)):
             for i, x in enumerate(obj):
                 add(x, f"state[{i}]")
         else:
             raise TypeError(
-                f"stateremat.torch.checkpoint: state= expects tensors and/or nn.Modules (all their "
-                f"buffers), got {type(obj).__name__} at {where}. Tip: pass e.g. "
+                f"stateremat.torch.checkpoint: state= expects tensors, nn.Modules (all their buffers) "
+                f"and torch.Generators, got {type(obj).__name__} at {where}. Tip: pass e.g. "
                 "state=[model.queue, model.bn]."
             )
 
     add(state, "state")
     return out
+
+
+def check_state(state: Any) -> None:
+    """Refuse a ``state=`` that is not a tensor/module/generator (list) at construction time.
+
+    Raises:
+        TypeError: naming the offending entry.
+        ValueError: an unknown string.
+    """
+    if isinstance(state, str):
+        if state != "buffers":
+            raise ValueError(f"stateremat.torch: state must be 'buffers', None, or tensors/modules, got "
+                             f"{state!r}. Tip: state='buffers' declares every buffer of the checkpointed module.")
+        return
+    resolve_state(state, None)
 
 
 def describe(name: Any) -> str:
@@ -86,26 +127,57 @@ def describe(name: Any) -> str:
     return f"{kind} {full!r}" + (" (not a registered buffer)" if kind == "tensor attribute" else "")
 
 
-def _add_module(out: dict[int, tuple[Any, torch.Tensor]], m: nn.Module, prefix: str) -> None:
-    # One pass over the module tree; __dict__ holds unregistered tensor attributes
-    # (s.count = torch.zeros(1)), which replay would otherwise write twice.
+@dataclass
+class Reach:
+    """What a segment can reach: tensors, generators and hidden-write norm statistics."""
+
+    tensors: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
+    generators: dict[int, tuple[str, torch.Generator]] = field(default_factory=dict)
+    norm_stats: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
+    seen: set[int] = field(default_factory=set)
+
+    def budget_left(self) -> bool:
+        return len(self.seen) < MAX_OBJECTS
+
+
+def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
+    if id(m) in r.seen:
+        return
     for path, sub in m.named_modules(prefix=prefix):
-        for kind, d in (("parameter", sub._parameters), ("buffer", sub._buffers), ("tensor attribute", sub.__dict__)):
+        if id(sub) in r.seen and sub is not m:
+            continue
+        r.seen.add(id(sub))
+        for kind, d in (("parameter", sub._parameters), ("buffer", sub._buffers)):
             for k, v in d.items():
-                if isinstance(v, torch.Tensor) and id(v) not in out:
-                    out[id(v)] = ((kind, path, k), v)
+                if v is not None and id(v) not in r.tensors:
+                    r.tensors[id(v)] = ((kind, path, k), v)
+        if isinstance(sub, _NORM_TYPES) and sub.training and sub.track_running_stats:
+            for k in ("running_mean", "running_var"):
+                v = sub._buffers.get(k)
+                if v is not None:
+                    r.norm_stats[id(v)] = (("buffer", path, k), v)
+        for k, v in sub.__dict__.items():
+            # Unregistered attributes (s.count = torch.zeros(1), s.memory = Memory()) that replay
+            # would otherwise write twice; module internals (_parameters, hooks) are skipped.
+            if k.startswith("_") or isinstance(v, nn.Module):
+                continue
+            if isinstance(v, torch.Tensor):
+                r.tensors.setdefault(id(v), (("tensor attribute", path, k), v))
+            else:
+                _add_value(r, v, f"attribute {path + '.' if path else ''}{k}", 1)
 
 
-def _add_callable(out: dict[int, tuple[str, torch.Tensor]], fn: Any, prefix: str, depth: int = 0) -> None:
+def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
     if depth > 2:
         return
     if isinstance(fn, functools.partial):
-        _add_callable(out, fn.func, prefix, depth + 1)
-        _add_values(out, list(fn.args) + list(fn.keywords.values()), "partial argument", prefix)
+        _add_callable(r, fn.func, prefix, depth + 1)
+        for i, v in enumerate(list(fn.args) + list(fn.keywords.values())):
+            _add_value(r, v, f"partial argument {i}", 0)
         return
     root = root_module(fn)
     if root is not None:
-        _add_module(out, root, prefix)
+        _add_module(r, root, prefix)
         fn = getattr(type(root), "forward", None) if fn is root else getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)
     if code is None:
@@ -116,51 +188,65 @@ def _add_callable(out: dict[int, tuple[str, torch.Tensor]], fn: Any, prefix: str
             v = cell.cell_contents
         except ValueError:  # empty cell
             continue
-        _add_value(out, v, f"captured variable {name!r}", name)
+        _add_value(r, v, f"captured variable {name!r}", 0, name)
     glb = getattr(fn, "__globals__", {})
     for name in code.co_names:
         v = glb.get(name)
-        if isinstance(v, (torch.Tensor, nn.Module)):
-            _add_value(out, v, f"global {name!r}", name)
+        if isinstance(v, (torch.Tensor, nn.Module, torch.Generator, list, tuple, dict)):
+            _add_value(r, v, f"global {name!r}", 0, name)
 
 
-def _add_value(out: dict[int, tuple[str, torch.Tensor]], v: Any, what: str, prefix: str,
-               depth: int = 0) -> None:
+def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> None:
     if isinstance(v, torch.Tensor):
-        out.setdefault(id(v), (what, v))
-    elif isinstance(v, nn.Module):
-        _add_module(out, v, prefix)
-    elif depth > 0:
+        r.tensors.setdefault(id(v), (what, v))
         return
-    elif isinstance(v, (list, tuple)):
+    if isinstance(v, torch.Generator):
+        r.generators.setdefault(id(v), (what, v))
+        return
+    if isinstance(v, nn.Module):
+        _add_module(r, v, prefix or what)
+        return
+    if depth >= MAX_DEPTH or v is None or isinstance(v, (str, bytes, int, float, bool, type, types.ModuleType)):
+        return
+    if id(v) in r.seen or not r.budget_left():
+        return
+    r.seen.add(id(v))
+    if isinstance(v, (list, tuple)):
         for i, x in enumerate(v):
-            _add_value(out, x, f"{what}[{i}]", prefix, 1)
+            _add_value(r, x, f"{what}[{i}]", depth + 1, prefix)
     elif isinstance(v, dict):
         for k, x in v.items():
-            _add_value(out, x, f"{what}[{k!r}]", prefix, 1)
-    elif not isinstance(v, (type, types.ModuleType)) and isinstance(getattr(v, "__dict__", None), dict) and not callable(v):
-        for k, x in vars(v).items():  # attributes of a plain object, one level
-            _add_value(out, x, f"{what}.{k}", prefix, 1)
+            _add_value(r, x, f"{what}[{k!r}]", depth + 1, prefix)
+    elif not callable(v) and isinstance(getattr(v, "__dict__", None), dict):
+        for k, x in vars(v).items():  # attributes of a plain object
+            _add_value(r, x, f"{what}.{k}", depth + 1, prefix)
 
 
-def _add_values(out: dict[int, tuple[str, torch.Tensor]], values: list[Any], what: str, prefix: str) -> None:
-    for i, v in enumerate(values):
-        _add_value(out, v, f"{what} {i}", prefix)
+def reach(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") -> Reach:
+    """Pre-existing tensors, generators and norm statistics the segment can reach."""
+    r = Reach()
+    _add_callable(r, fn, module_prefix)
+    for i, a in enumerate(args):
+        if isinstance(a, nn.Module):
+            _add_module(r, a, f"argument{i}")
+        elif isinstance(a, torch.Tensor):
+            r.tensors.setdefault(id(a), (f"argument {i}", a))
+        else:
+            _add_value(r, a, f"argument {i}", 0)
+    for k, a in kwargs.items():
+        if isinstance(a, torch.Tensor):
+            r.tensors.setdefault(id(a), (f"keyword argument {k!r}", a))
+        else:
+            _add_value(r, a, f"keyword argument {k!r}", 0)
+    r.tensors = {i: v for i, v in r.tensors.items() if has_storage(v[1])}
+    return r
 
 
 def reachable(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") -> list[tuple[Any, torch.Tensor]]:
     """Pre-existing tensors the segment can reach, each with a name for :func:`describe`."""
-    out: dict[int, tuple[str, torch.Tensor]] = {}
-    _add_callable(out, fn, module_prefix)
-    for i, a in enumerate(args):
-        if isinstance(a, nn.Module):
-            _add_module(out, a, f"argument{i}")
-        else:
-            for leaf in tree_flatten(a)[0]:
-                if isinstance(leaf, torch.Tensor):
-                    out.setdefault(id(leaf), (f"argument {i}", leaf))
-    for k, a in kwargs.items():
-        for leaf in tree_flatten(a)[0]:
-            if isinstance(leaf, torch.Tensor):
-                out.setdefault(id(leaf), (f"keyword argument {k!r}", leaf))
-    return [v for v in out.values() if v[1].layout == torch.strided and not v[1].is_meta]
+    return list(reach(fn, args, kwargs, module_prefix).tensors.values())
+
+
+def input_tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """Tensor leaves of ``(args, kwargs)``."""
+    return [x for x in tree_flatten((args, kwargs))[0] if isinstance(x, torch.Tensor)]

@@ -3,7 +3,9 @@
 Follows ``torch.utils.checkpoint``'s non-reentrant design (its "Nestable Checkpoint" note,
 Rules 1–6): saved tensors are replaced by holders; the first unpack in a backward re-runs
 the segment under a recomputation hook that fills the holders, stopping early once all are
-filled. The re-run happens inside :meth:`Transaction.replay` and with the forward's RNG state.
+filled (unless early stop is off). The re-run happens inside :meth:`Transaction.replay` and
+with the forward's RNG state. A checkpoint met *during* a replay runs eagerly (its saved
+tensors are kept): the enclosing transaction already restores and reinstates its state.
 """
 from __future__ import annotations
 
@@ -14,19 +16,30 @@ from collections import defaultdict
 from typing import Any, Callable
 
 import torch
-from torch._C._autograd import SavedTensor, _make_saved_tensor
-from torch.utils.checkpoint import GraphExecGroup, _get_autocast_kwargs, _infer_device_type
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from stateremat.contract import ReplayDivergenceError, ReplayError, UndeclaredStateError, internal_assert, rule
+from stateremat.contract import internal_assert, rule
 
 from . import _rng
-from ._context import LOCAL
-from ._mode import StateMode
-from ._stats import COUNTERS
+from ._compat import (
+    DisableTorchFunctionSubclass,
+    SavedTensor,
+    TorchDispatchMode,
+    autocast_kwargs,
+    current_graph_id,
+    entered_hiding,
+    has_storage,
+    infer_device_type,
+    library_ops,
+    make_saved_tensor,
+    tree_flatten,
+    tree_unflatten,
+)
+from ._errors import ReplayDivergenceError, ReplayError, UndeclaredStateError
+from ._mode import StrictMode, warn_undeclared
+from ._runtime import Runtime
 from ._scan import describe, reachable
-from ._storage import byte_extent, storage_key
-from ._txn import Transaction
+from ._storage import storage_key
+from ._txn import Bindings, Transaction
 
 
 class _Holder:
@@ -47,11 +60,16 @@ def _copier(store: weakref.WeakKeyDictionary, handle: _Handle) -> Callable[[], i
         h = ref()
         if h is None or h not in store:
             return 0
-        with torch.no_grad():
+        with library_ops():
             store[h] = store[h].clone()
         return store[h].numel() * store[h].element_size()
 
     return copy
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN == NaN, -0.0 != 0.0)."""
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
 class _StopRecomputation(Exception):
@@ -65,18 +83,30 @@ class RecomputeSink:
         self.recompute_count = 0
 
 
-def _release(txn: Transaction) -> None:
+class _OpLog(TorchDispatchMode):
+    """``debug=True``: the ATen ops a forward or recomputation ran, for error messages."""
+
+    def __init__(self, ops: list[str]) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _release(txn: Transaction, rt: Runtime) -> None:
     txn.release()
-    COUNTERS.live_segments -= 1
-    COUNTERS.touch()
+    rt.counters.live_segments -= 1
+    rt.counters.touch()
 
 
-def undeclared_message(seg: "Segment", name: str, when: str, reachable: bool = True) -> str:
+def undeclared_message(seg: "Segment", names: str, when: str, reachable: bool = True) -> str:
     alt = ", or pass on_undeclared='declare'" if reachable else (
         " (on_undeclared='declare' cannot help: the forward's scan does not reach this tensor; "
         "pass it as an argument, register it as a buffer, or declare it)")
     return (
-        f"stateremat.torch.checkpoint: segment {seg.name!r} wrote in place to {name}, which existed "
+        f"stateremat.torch.checkpoint: segment {seg.name!r} wrote in place to {names}, which existed "
         f"before the segment and is not declared state (expected only declared tensors to be "
         f"mutated, got a write {when}); replay would repeat this write ({rule('R7')}). Tip: declare "
         "it, e.g. checkpoint(fn, ..., state=[tensor_or_module]) or StatefulCheckpoint(block, "
@@ -85,18 +115,42 @@ def undeclared_message(seg: "Segment", name: str, when: str, reachable: bool = T
 
 
 class Segment:
-    """State of one checkpointed forward: inputs, holders, transaction, RNG, checks."""
+    """State of one checkpointed forward: inputs, holders, transaction, RNG, checks.
 
-    def __init__(self, fn: Callable, name: str, verify: bool, on_undeclared: str,
-                 sink: RecomputeSink | None) -> None:
+    Args:
+        rt: the runtime of the thread running the forward.
+        fn: the segment function.
+        name: segment name for messages.
+        verify: keep copies of saved tensors and compare bit for bit at recomputation (R4).
+        on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"`` (R7).
+        sink: replay counter of a wrapper, or None.
+        early_stop: stop the recomputation once every saved tensor is recomputed.
+        debug: record the ops of the forward and recomputation for error messages.
+        check_metadata: compare shape/dtype/device of recomputed saved tensors.
+        recompute_context: entered around the recomputation (``context_fn``'s second).
+    """
+
+    def __init__(self, rt: Runtime, fn: Callable, name: str, *, verify: bool, on_undeclared: str,
+                 sink: RecomputeSink | None, early_stop: bool = True, debug: bool = False,
+                 check_metadata: bool = True, recompute_context: Any = None) -> None:
+        self.rt = rt
         self.fn = fn
         self.name = name
         self.verify = verify
         self.on_undeclared = on_undeclared
         self.sink = sink
+        self.early_stop = early_stop
+        self.debug_ops: tuple[list[str], list[str]] | None = ([], []) if debug else None
+        self.check_metadata = check_metadata
+        self.recompute_context: Any = recompute_context if recompute_context is not None else contextlib.nullcontext()
         self.txn: Transaction  # set by attach() before the forward runs
         self.rng: _rng.RngState | None = None
-        self.candidate_keys: dict | None = None
+        self.bindings: Bindings | None = None
+        self.strict = False  # the forward ran under StrictMode; so does the replay
+        self.scan: list[tuple[Any, torch.Tensor, int]] = []  # reachable undeclared tensors, start versions
+        self.expected: dict[int, int] = {}  # id(tensor) -> version it should have now (adoptions move it)
+        self.norm_probes: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
+        self._candidates: dict | None = None
         self.weak_holders: list[weakref.ref] = []
         self.metas: list[tuple] = []
         self.originals: list[torch.Tensor] = []
@@ -104,52 +158,120 @@ class Segment:
         self.recomp_counter: defaultdict = defaultdict(int)
         self.is_recomputed: defaultdict = defaultdict(bool)
         self.mismatch: dict[Any, list[str]] = defaultdict(list)
-        self.passive_declared = False
         self._saved: list[Any] = []
         self._spec: Any = None
         self._autocast: tuple = ()
-        self.recompute_context: Any = contextlib.nullcontext()  # context_fn's second context
-        self.check_metadata = True  # determinism_check="default"
 
     def attach(self, txn: Transaction) -> None:
         """Own ``txn``; it is released when this segment is garbage (no graph needs it)."""
         self.txn = txn
-        COUNTERS.live_segments += 1
-        weakref.finalize(self, _release, txn)
+        self.rt.counters.live_segments += 1
+        weakref.finalize(self, _release, txn, self.rt)
 
-    def undeclared_before_write(self, key: Any, entry: tuple, func: Any) -> None:
-        """Called by the dispatch mode before ``func`` writes an undeclared reachable tensor (R7)."""
+    # -- undeclared writes (R7) --------------------------------------------------------------
+    @property
+    def candidates(self) -> dict:
+        """Storage key -> (name, tensor) of reachable undeclared tensors (computed on first use)."""
+        if self._candidates is None:
+            with DisableTorchFunctionSubclass():
+                self._candidates = {}
+                for n, t, _ in self.scan:
+                    self._candidates.setdefault(storage_key(t), (n, t))
+        return self._candidates
+
+    def check_write(self, key: Any, func: Any) -> None:
+        """Called before ``func`` writes storage ``key`` in this segment's forward (R7)."""
+        entry = self.candidates.get(key)
+        if entry is None:
+            return
         name, t = describe(entry[0]), entry[1]
         if self.on_undeclared == "raise":
             raise UndeclaredStateError(undeclared_message(self, name, f"by {func} (not applied)"))
         if self.on_undeclared == "declare":
             self.txn.promote(name, t)
-            if self.candidate_keys is not None:
-                self.candidate_keys.pop(key, None)
+            self.candidates.pop(key, None)
+            self.scan = [s for s in self.scan if s[1] is not t]
 
     def undeclared_at_replay(self, w: torch.Tensor, func: Any, what: str) -> None:
-        """Called by the replay mode before ``func`` writes pre-existing undeclared state (R7)."""
+        """Called before ``func`` writes pre-existing undeclared state during the replay (R7)."""
+        if self.on_undeclared == "warn":
+            warn_undeclared(undeclared_message(self, self._name_of(w), f"at recomputation by {func} "
+                                               "(applied a second time)"))
+            return
+        name = self._name_of(w)
+        raise UndeclaredStateError(undeclared_message(
+            self, name, f"at recomputation by {func} to {what} (not applied; the forward already made "
+            "this write once, the replay would make it twice)", reachable=not name.startswith("a tensor of shape")))
+
+    def _name_of(self, w: torch.Tensor) -> str:
         try:
             args, kwargs = self.inputs()
         except RuntimeError:  # an input changed since the forward: name from fn alone
             args, kwargs = (), {}
-        key = storage_key(w)
-        names = [n for n, t in reachable(self.fn, args, kwargs) if storage_key(t) == key]
-        name = describe(names[0]) if names else f"a tensor of shape {tuple(w.shape)} {w.dtype} the scan cannot name"
-        raise UndeclaredStateError(undeclared_message(
-            self, name, f"at recomputation by {func} to {what} (not applied; the forward already made "
-            "this write once, the replay would make it twice)", reachable=bool(names)))
+        with DisableTorchFunctionSubclass():
+            key = storage_key(w)
+            names = [n for n, t in reachable(self.fn, args, kwargs) if storage_key(t) == key]
+        return describe(names[0]) if names else f"a tensor of shape {tuple(w.shape)} {w.dtype} the scan cannot name"
+
+    def undeclared_writes(self) -> list[str]:
+        """Reachable undeclared tensors written since the forward began (versions and norm bytes)."""
+        own = {k for k, p in self.txn.items.items() if p.owned}
+        found: dict[str, str] = {}
+        with DisableTorchFunctionSubclass():
+            for n, t, _ in self.scan:
+                if t._version != self.expected.get(id(t), t._version) and storage_key(t) not in own:
+                    found.setdefault(describe(n), "version counter")
+            with library_ops():
+                for n, t, before in self.norm_probes:
+                    if not _same_bytes(t, before) and storage_key(t) not in own:
+                        found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
+        return list(found)
+
+    def report_undeclared(self, names: list[str], when: str) -> None:
+        """Raise (or warn) about undeclared writes seen after the fact, all of them in one message."""
+        if not names:
+            return
+        listed = ", ".join(names)
+        if self.on_undeclared == "warn":
+            warn_undeclared(undeclared_message(self, listed, f"seen {when}"))
+            return
+        raise UndeclaredStateError(undeclared_message(self, listed, f"seen {when}"))
+
+    def adopt(self, inner: "Segment") -> None:
+        """An inner segment ended: its declared storages are replayed by us too."""
+        self.txn.adopt(inner.txn)
+        keys = set(inner.txn.items)
+        with DisableTorchFunctionSubclass():
+            for _, t, _ in self.scan:
+                if storage_key(t) in keys:
+                    self.expected[id(t)] = t._version
+            with library_ops():
+                self.norm_probes = [(n, t, t.clone() if storage_key(t) in keys else before)
+                                    for n, t, before in self.norm_probes]
+
+    def check_inner_declaration(self, inner: "Segment") -> None:
+        """An inner segment declares state we reach: we must not have written it already (R7)."""
+        keys = set(inner.txn.items)
+        if not keys:
+            return
+        with DisableTorchFunctionSubclass():
+            hit = [describe(n) for n, t, _ in self.scan
+                   if storage_key(t) in keys and t._version != self.expected.get(id(t), t._version)]
+        if hit and self.on_undeclared != "warn":
+            raise UndeclaredStateError(undeclared_message(
+                self, ", ".join(hit), f"before the inner segment {inner.name!r} declared it (an inner "
+                "declaration covers writes from its own start only)"))
 
     # -- inputs (Rule 2 of torch's note: inputs are saved tensors of the enclosing segment) --
     def save_inputs(self, args: tuple, kwargs: dict) -> None:
         leaves, self._spec = tree_flatten((args, kwargs))
         self._saved = [
             x if isinstance(x, torch.Tensor) and self._restored_by_txn(x)
-            else _make_saved_tensor(x, is_output=False) if isinstance(x, torch.Tensor) else x
+            else make_saved_tensor(x) if isinstance(x, torch.Tensor) else x
             for x in leaves
         ]
-        device_type = _infer_device_type(*[x for x in leaves if isinstance(x, torch.Tensor)])
-        self._autocast = (device_type, *_get_autocast_kwargs(device_type=device_type))
+        device_type = infer_device_type(*[x for x in leaves if isinstance(x, torch.Tensor)])
+        self._autocast = (device_type, *autocast_kwargs(device_type))
 
     def _restored_by_txn(self, x: torch.Tensor) -> bool:
         """True if the transaction restores every byte of input ``x`` (then it is held as is).
@@ -158,18 +280,16 @@ class Segment:
         raises at backward instead of replaying on changed values (R8).
         """
         items = self.txn.items
-        if not items or x.layout != torch.strided:
+        if not items or not has_storage(x):
             return False
-        item = items.get(storage_key(x))
-        if item is None:
+        with DisableTorchFunctionSubclass():
+            p = items.get(storage_key(x))
+        if p is None:
             return False
-        if item.kind == "region":
-            # The journal covers every byte of the storage; an unjournaled write through this
-            # input (its version counter may differ from the declared views') is a gap (R8).
-            item.tracker.add_witness(x, f"input of segment {self.name!r}")
-            return True
-        lo, hi = byte_extent(x)  # a whole snapshot covers [lo, hi), all of the storage today
-        return item.lo <= lo and hi <= item.hi
+        # Both preservers cover every byte of the storage; a write through this input outside
+        # the journal changes its version counter: a gap (R8).
+        p.storage.add_witness(x, f"input of segment {self.name!r}")
+        return True
 
     def inputs(self) -> tuple[tuple, dict]:
         leaves = [x.unpack() if isinstance(x, SavedTensor) else x for x in self._saved]
@@ -184,16 +304,14 @@ class Segment:
             seg.weak_holders.append(weakref.ref(holder))
             seg.metas.append((tuple(x.shape), x.dtype, x.device))
             if seg.verify:
-                with torch.no_grad():
+                with library_ops():
                     seg.originals.append(x.detach().clone())
             return holder
 
         def unpack(holder: _Holder) -> torch.Tensor:
-            gid: Any = GraphExecGroup._get_current_group()
+            gid: Any = current_graph_id()
             if gid is None:
-                gid = torch._C._current_graph_task_id()
-                if gid == -1:
-                    gid = int(uuid.uuid4())
+                gid = int(uuid.uuid4())
             if not seg.is_recomputed[gid]:
                 seg.recompute(gid)
             internal_assert(gid in holder.handles, "holder has no handle for this backward")
@@ -218,67 +336,80 @@ class Segment:
             idx = seg.recomp_counter[gid]
             seg.recomp_counter[gid] += 1
             if idx >= len(seg.weak_holders):
-                raise ReplayError(
+                raise ReplayError(seg._debug_text(
                     f"stateremat.torch.checkpoint: segment {seg.name!r} saved more tensors during "
                     f"recomputation than during the forward (expected {len(seg.weak_holders)}). Tip: "
-                    "make the segment's control flow depend only on its inputs and declared state."
-                )
+                    "make the segment's control flow depend only on its inputs and declared state."))
             holder = seg.weak_holders[idx]()
             if holder is not None:
                 if seg.verify:
                     seg._compare(gid, idx, x)
                 handle = holder.handles[gid] = _Handle()
-                key = storage_key(x) if seg.txn.items and x.layout == torch.strided else None
-                item = seg.txn.items.get(key) if key is not None else None
-                if item is not None and item.kind == "whole":
-                    x = x.clone()  # an alias of declared state: keep the replayed version (R1)
-                    if LOCAL.replay:
-                        LOCAL.replay[-1].alias_bytes += x.numel() * x.element_size()
-                elif item is not None and LOCAL.replay:
+                p = None
+                if seg.txn.items and has_storage(x):
+                    with DisableTorchFunctionSubclass():
+                        p = seg.txn.items.get(storage_key(x))
+                log = seg.rt_exec_replay()
+                if p is not None and not p.captures_replay_writes:
+                    with library_ops():
+                        x = x.clone()  # an alias of whole-preserved state: keep the replayed version (R1)
+                    if log is not None:
+                        log.alias_bytes += x.numel() * x.element_size()
+                elif p is not None and log is not None:
                     # Region storage: copy only if its bytes change later (copy on write).
-                    LOCAL.replay[-1].aliases.append((key, _copier(seg.recomputed[gid], handle)))
+                    log.aliases.append((p.storage.key, _copier(seg.recomputed[gid], handle)))
                 seg.recomputed[gid][handle] = x
-            if seg.recomp_counter[gid] == len(seg.weak_holders):
+            if seg.early_stop and seg.recomp_counter[gid] == len(seg.weak_holders):
                 raise _StopRecomputation
             return x
 
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x)
 
+    @staticmethod
+    def rt_exec_replay() -> Any:
+        from ._runtime import runtime
+
+        rt = runtime()
+        return rt.replay[-1] if rt.replay else None
+
     # -- recomputation -------------------------------------------------------------------
     def recompute(self, gid: Any) -> None:
         """Re-run the segment once for backward ``gid`` inside the replay transaction."""
-        if self.passive_declared:
-            raise ReplayError(
-                f"stateremat.torch.checkpoint: segment {self.name!r} with declared state was created "
-                "during another segment's recomputation and is now asked to replay (backward "
-                f"through a recomputed graph); its B0 was not preserved ({rule('R8')}). Tip: do not "
-                "differentiate through recomputed graphs of stateful segments."
-            )
         args, kwargs = self.inputs()
         device_type, device_kw, cpu_kw = self._autocast
         device_ac = (
             torch.amp.autocast(device_type=device_type, **device_kw)
             if torch.amp.is_autocast_available(device_type) else contextlib.nullcontext()
         )
-        with self.txn.replay(self.name), _rng.replayed(self.rng):
-            # The mode refuses writes to undeclared pre-existing storages before they happen (R7).
+        strict = StrictMode(self.rt, "replay", self) if self.strict else contextlib.nullcontext()
+        oplog = _OpLog(self.debug_ops[1]) if self.debug_ops is not None else contextlib.nullcontext()
+        if self.debug_ops is not None:
+            self.debug_ops[1].clear()
+        with DisableTorchFunctionSubclass():
+            versions = [(n, t, t._version) for n, t, _ in self.scan]
+        bindings = self.bindings.as_of_forward_start() if self.bindings is not None else contextlib.nullcontext()
+        with self.txn.replay(self), bindings, _rng.replayed(self.rng):
             with self._recompute_hooks(gid), torch.autograd.enable_grad(), device_ac, \
-                    torch.amp.autocast("cpu", **cpu_kw), self.recompute_context, StateMode("replay", self):
+                    torch.amp.autocast("cpu", **cpu_kw), entered_hiding(self.recompute_context), strict, oplog:
                 try:
                     self.fn(*args, **kwargs)
                 except _StopRecomputation:
                     pass
         self.is_recomputed[gid] = True
-        COUNTERS.recompute_count += 1
+        self.rt.counters.recompute_count += 1
         if self.sink is not None:
             self.sink.recompute_count += 1
+        with DisableTorchFunctionSubclass():
+            again = [describe(n) for n, t, v in versions if t._version != v]
+        self.report_undeclared(again, "at recomputation by its version counter (the forward already wrote it "
+                                      "once; the replay wrote it again)")
         self._check(gid)
 
     def _compare(self, gid: Any, idx: int, x: torch.Tensor) -> None:
         ref = self.originals[idx]
         if ref.shape != x.shape or ref.dtype != x.dtype:
             return  # reported by the metadata check
-        with torch.no_grad():
+        with library_ops():
             a, b = ref.reshape(-1), x.detach().reshape(-1)
             same = torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)) \
                 if a.dtype != torch.bool else torch.equal(a, b)
@@ -287,14 +418,20 @@ class Segment:
                 self.mismatch[gid].append(f"saved tensor #{idx} shape {tuple(x.shape)} {x.dtype}: "
                                           f"max |difference| {diff:.6g}")
 
+    def _debug_text(self, msg: str) -> str:
+        if self.debug_ops is None:
+            return msg + " (set debug=True for the operators of the forward and the recomputation)"
+        fwd, rec = self.debug_ops
+        return (f"{msg}\nOperators of the original forward ({len(fwd)}):\n  " + "\n  ".join(fwd)
+                + f"\nOperators of the recomputation ({len(rec)}):\n  " + "\n  ".join(rec))
+
     def _check(self, gid: Any) -> None:
         n, got = len(self.weak_holders), self.recomp_counter[gid]
         if got != n:
-            raise ReplayError(
+            raise ReplayError(self._debug_text(
                 f"stateremat.torch.checkpoint: segment {self.name!r} saved a different number of "
                 f"tensors during recomputation (expected {n}, got {got}). Tip: make the segment's "
-                "control flow depend only on its inputs and declared state."
-            )
+                "control flow depend only on its inputs and declared state."))
         for idx, ref in enumerate(self.weak_holders if self.check_metadata else ()):
             holder = ref()
             if holder is None or holder.handles.get(gid) is None:
@@ -302,11 +439,10 @@ class Segment:
             x = self.recomputed[gid][holder.handles[gid]]
             meta = (tuple(x.shape), x.dtype, x.device)
             if meta != self.metas[idx]:
-                raise ReplayError(
+                raise ReplayError(self._debug_text(
                     f"stateremat.torch.checkpoint: segment {self.name!r}: saved tensor #{idx} has "
                     f"different metadata at recomputation (expected {self.metas[idx]}, got {meta}). "
-                    "Tip: declare the state the segment reads and mutates (state=...)."
-                )
+                    "Tip: declare the state the segment reads and mutates (state=...)."))
         if self.mismatch.get(gid):
             raise ReplayDivergenceError(
                 f"stateremat.torch.checkpoint(verify=True): segment {self.name!r} recomputed saved "
@@ -314,3 +450,7 @@ class Segment:
                 + "; ".join(self.mismatch[gid])
                 + ". Tip: declare the state the segment mutates and keep preserve_rng_state=True."
             )
+
+    def oplog(self) -> Any:
+        """Context recording the forward's operators when ``debug=True``."""
+        return _OpLog(self.debug_ops[0]) if self.debug_ops is not None else contextlib.nullcontext()

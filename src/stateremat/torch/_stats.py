@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import _journal
+from ._runtime import runtime
 
 
 @dataclass(frozen=True)
@@ -35,25 +35,6 @@ class PreservationStats:
     recompute_count: int
 
 
-class _Counters:
-    def __init__(self) -> None:
-        self.snapshot_bytes = 0
-        self.live_segments = 0
-        self.peak_retained = 0
-        self.peak_temporary = 0
-        self.recompute_count = 0
-
-    def retained(self) -> int:
-        return self.snapshot_bytes + _journal.TOTAL.bytes
-
-    def touch(self) -> None:
-        """Update the retained peak (called after every change of held bytes)."""
-        self.peak_retained = max(self.peak_retained, self.retained())
-
-
-COUNTERS = _Counters()
-
-
 def preservation_stats() -> PreservationStats:
     """Return bytes held for state preservation now and their peaks since the last reset.
 
@@ -63,8 +44,8 @@ def preservation_stats() -> PreservationStats:
     References:
         Paper §4 (retained bytes ``r``, temporary bytes ``q`` of a profile card).
     """
-    c = COUNTERS
-    journal = _journal.TOTAL.bytes
+    c = runtime().counters
+    journal = c.journal_bytes
     return PreservationStats(
         snapshot_bytes=c.snapshot_bytes,
         journal_bytes=journal,
@@ -78,7 +59,7 @@ def preservation_stats() -> PreservationStats:
 
 def reset_preservation_stats() -> None:
     """Reset the peaks and the replay count (live byte counts are kept: they are facts)."""
-    c = COUNTERS
+    c = runtime().counters
     c.peak_retained = c.retained()
     c.peak_temporary = 0
     c.recompute_count = 0

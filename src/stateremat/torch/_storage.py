@@ -17,6 +17,79 @@ _INDEX_DIM_OPS = {"index_copy_", "index_add_", "index_fill_", "index_copy", "ind
 _MAX_ENUMERATED_ELEMENTS = 1 << 22
 
 
+def gather(flat: torch.Tensor, runs: np.ndarray) -> torch.Tensor:
+    """Copy the bytes of ``runs`` (shape ``(n, 2)``) out of ``flat`` into one ``uint8`` tensor."""
+    if runs.shape[0] == 1:
+        return flat[int(runs[0, 0]) : int(runs[0, 1])].clone()
+    if runs.shape[0] <= 32:
+        return torch.cat([flat[int(a) : int(b)] for a, b in runs])
+    ch = _chunks(runs, flat.numel())
+    if ch is None:
+        return flat.index_select(0, _byte_index(runs, flat.device))
+    ids, c, full, tail = ch
+    rows = flat[:full].view(-1, c).index_select(0, ids.to(flat.device)).reshape(-1)
+    return torch.cat([rows, flat[full:]]) if tail else rows
+
+
+def scatter(flat: torch.Tensor, runs: np.ndarray, data: torch.Tensor) -> None:
+    """Write ``data`` (as produced by :func:`gather`) back into ``flat`` at ``runs``."""
+    if runs.shape[0] <= 32:
+        off = 0
+        for a, b in runs:
+            n = int(b - a)
+            flat[int(a) : int(b)].copy_(data[off : off + n])
+            off += n
+        return
+    ch = _chunks(runs, flat.numel())
+    if ch is None:
+        flat.index_copy_(0, _byte_index(runs, flat.device), data)
+        return
+    ids, c, full, tail = ch
+    k = ids.numel() * c
+    flat[:full].view(-1, c).index_copy_(0, ids.to(flat.device), data[:k].view(-1, c))
+    if tail:
+        flat[full:].copy_(data[k:])
+
+
+#: Smallest common chunk worth a row-wise copy (below it, per-byte indexing is as good).
+_MIN_CHUNK = 256
+
+
+def _chunks(runs: np.ndarray, n: int):
+    """Runs whose boundaries share a chunk size ``c`` as row ids of ``flat[:full].view(-1, c)``.
+
+    Region-journal runs are granularity-aligned (:func:`round_runs`), so one row copy replaces
+    ``c`` byte-index entries. Returns ``(ids, c, full, tail)`` — ``full = n // c * c`` and
+    ``tail``: the last run also covers the partial chunk ``[full, n)`` — or None when the runs
+    share no chunk of at least :data:`_MIN_CHUNK` bytes.
+    """
+    b = runs.reshape(-1)
+    inner = b[b != n]
+    c = int(np.gcd.reduce(inner)) if inner.size else 0
+    if c < _MIN_CHUNK:
+        return None
+    full = n // c * c
+    ids = _run_ids(np.minimum(runs, full), c)
+    return torch.from_numpy(ids), c, full, bool(full < n and runs[-1, 1] == n)
+
+
+def _byte_index(runs: np.ndarray, device: torch.device) -> torch.Tensor:
+    """Every byte offset covered by ``runs`` (shape ``(n, 2)``), in run order, as an int64 tensor."""
+    lengths = runs[:, 1] - runs[:, 0]
+    starts = runs[:, 0] - np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    idx = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts, lengths)
+    return torch.from_numpy(idx).to(device)
+
+
+def _run_ids(runs: np.ndarray, c: int) -> np.ndarray:
+    """Ids of the ``c``-byte chunks covered by ``c``-aligned runs, in run order (int64)."""
+    lo = runs[:, 0] // c
+    lengths = -(-runs[:, 1] // c) - lo
+    return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(
+        lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+
+
+
 def storage_key(t: torch.Tensor) -> StorageKey:
     """Return a hashable identity of ``t``'s storage: ``(device type, index, data_ptr)``."""
     dev = t.device

@@ -1,57 +1,58 @@
 """The replay transaction of one segment: preserve declared state, restore it, reinstate it.
 
-Per declared storage a segment holds one *item*: either a whole snapshot of every byte of
-the storage taken when its forward began (``whole``) or a start sequence number into the
-shared region journal (``region``). At recomputation :meth:`Transaction.replay` restores
-``B0`` (R2), lets the segment re-run, then reinstates the visible bytes and version counters
-exactly (R5).
+Per declared storage a segment holds one :class:`~._preserve.Preserver` of the segment's
+option (``whole`` or ``region``). At recomputation :meth:`Transaction.replay` restores ``B0``
+(R2), lets the segment re-run, undoes the replay's own writes, then reinstates the visible
+bytes and version counters exactly (R5). Module attributes rebound during the forward
+(``self.m = self.m + 1``, ``self.m.data = ...``) are rebound to their forward-start tensors
+for the replay and back afterwards.
 """
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
+from torch import nn
 
-from stateremat.contract import ReplayError, UnsupportedError, rule
-
-from . import _journal
-from ._context import LOCAL
-from ._journal import StorageTracker, gather, scatter
-from ._stats import COUNTERS
-from ._storage import StorageKey, storage_key
-
-PRESERVE_OPTIONS = ("whole", "region")
+from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops, reset_versions
+from ._errors import UnsupportedError
+from ._preserve import PRESERVERS, Preserver, Restored, WholePreserver
+from ._runtime import DeclaredStorage, Runtime, runtime
+from ._storage import StorageKey, gather, scatter, storage_key, write_runs
 
 
-@dataclass(eq=False)
-class Item:
-    """Preservation of one declared storage within one segment."""
+class ReplayLog:
+    """Pre-write bytes of writes made during a replay (undone to reinstate, R5).
 
-    key: StorageKey
-    tracker: StorageTracker
-    kind: str  # "whole" | "region"
-    names: list[str]
-    lo: int = 0
-    hi: int = 0
-    snapshot: torch.Tensor | None = None
-    start_seq: int = 0
-    owned: bool = True  # False when adopted from a nested segment (shares its snapshot)
+    Args:
+        segment: the replaying segment.
+        items: every declared storage of the segment (key -> preserver).
+    """
 
+    def __init__(self, segment: Any, items: dict[StorageKey, Preserver]) -> None:
+        self.segment = segment
+        self.items = items
+        self.writes: list[tuple[DeclaredStorage, np.ndarray, torch.Tensor]] = []
+        # Recomputed saved tensors that alias a region-journaled storage, not yet copied:
+        # (key, copy-and-store callback). Copied lazily, before bytes under them change (R1).
+        self.aliases: list[tuple[StorageKey, Callable[[], int]]] = []
+        self.alias_bytes = 0  # bytes of saved-tensor aliases copied at pack time (whole items)
 
-@dataclass(eq=False)
-class _ReplayLog:
-    """Pre-write bytes of writes made during a replay (undone to reinstate, R5)."""
-
-    keys: dict[StorageKey, Item]  # region items: their replay writes are captured
-    items: dict[StorageKey, Item] = field(default_factory=dict)  # every declared storage
-    writes: list[tuple[StorageTracker, np.ndarray, torch.Tensor]] = field(default_factory=list)
-    # Recomputed saved tensors that alias a region-journaled storage, not yet copied:
-    # (key, copy-and-store callback). Copied lazily, before bytes under them change (R1).
-    aliases: list[tuple[StorageKey, Callable[[], int]]] = field(default_factory=list)
-    alias_bytes: int = 0  # bytes of saved-tensor aliases copied at pack time (whole items)
+    def on_write(self, st: DeclaredStorage, func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
+        """A write to declared storage ``st`` during this replay."""
+        p = self.items.get(st.key)
+        if p is None:
+            self.segment.undeclared_at_replay(w, func, "declared state of another segment")
+            return
+        if not p.captures_replay_writes:
+            return  # the visible bytes set aside cover every byte of the storage
+        self.copy_aliases(st.key)
+        runs = write_runs(func, args, kwargs, w)
+        if runs.shape[0]:
+            with library_ops():
+                self.writes.append((st, runs, gather(st.flat, runs)))
 
     def copy_aliases(self, key: StorageKey) -> int:
         """Copy the pending aliases of ``key`` (called before their bytes change); return bytes copied."""
@@ -65,160 +66,191 @@ class _ReplayLog:
         return copied
 
 
+class Bindings:
+    """Which tensor each declared module attribute names, and which storage each declared tensor uses.
+
+    A forward that rebinds (``self.m = self.m + 1``, ``register_buffer("m", ...)``) or swaps
+    storage (``self.m.data = ...``) changes what the replay would read; the replay runs with the
+    forward-start bindings, which are reinstated afterwards.
+    """
+
+    def __init__(self, modules: list[tuple[str, nn.Module]], tensors: list[torch.Tensor]) -> None:
+        self.slots = [(m, d, k, v) for _, mod in modules for m in mod.modules()
+                      for d in ("_buffers", "_parameters") for k, v in getattr(m, d).items()]
+        with library_ops():
+            self.data = [(t, t.detach(), storage_key(t)) for t in tensors if has_storage(t)]
+        self.rebound: list[tuple[nn.Module, str, str, Any]] = []
+        self.swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def settle(self) -> None:
+        """After the forward: note what changed (nothing kept when nothing did)."""
+        self.rebound = [(m, d, k, v) for m, d, k, v in self.slots if getattr(m, d).get(k, None) is not v]
+        self.swapped = [(t, orig) for t, orig, key in self.data if storage_key(t) != key]
+        self.slots, self.data = [], []
+
+    @contextlib.contextmanager
+    def as_of_forward_start(self) -> Iterator[None]:
+        if not (self.rebound or self.swapped):
+            yield
+            return
+        now_slots = [(m, d, k, getattr(m, d).get(k, None)) for m, d, k, _ in self.rebound]
+        with library_ops():
+            now_data = [(t, t.detach()) for t, _ in self.swapped]
+        for m, d, k, v in self.rebound:
+            getattr(m, d)[k] = v
+        with torch.no_grad():
+            for t, orig in self.swapped:
+                t.data = orig
+        try:
+            yield
+        finally:
+            for m, d, k, v in now_slots:
+                if v is None:
+                    getattr(m, d).pop(k, None)
+                else:
+                    getattr(m, d)[k] = v
+            with torch.no_grad():
+                for t, now in now_data:
+                    t.data = now
+
+
 class Transaction:
-    """Declared state of one segment and its preservation (whole snapshot or region journal).
+    """Declared state of one segment and its preservation.
 
     Args:
-        segment_id: unique id of the segment (``id`` of its frame).
-        declared: ``(name, tensor, group)`` triples; tensors of one group (a module's buffers)
-            witness each other's version counters.
-        preserve: ``"whole"`` or ``"region"``.
+        rt: the runtime the segment runs in.
+        segment_id: unique id of the segment.
+        declared: ``(name, tensor, group)`` triples (the group names the declaring module).
+        preserve: an option name with a preserver (``"whole"`` or ``"region"``).
         granularity_bytes: region journal chunk size in bytes.
     """
 
-    def __init__(self, segment_id: int, declared: list[tuple[str, torch.Tensor, int]], preserve: str,
-                 granularity_bytes: int) -> None:
+    def __init__(self, rt: Runtime, segment_id: int, declared: list[tuple[str, torch.Tensor, int]],
+                 preserve: str, granularity_bytes: int) -> None:
+        self.runtime = rt
         self.segment_id = segment_id
         self.preserve = preserve
         self.granularity_bytes = granularity_bytes
-        self.items: dict[StorageKey, Item] = {}
-        self.snapshot_bytes = 0
+        self.items: dict[StorageKey, Preserver] = {}
         self.journal_bytes = 0  # bytes journaled by this segment's own forward writes
         self._declared = declared
         self._released = False
 
     # -- forward -------------------------------------------------------------------------
-    def begin(self, journaled: bool) -> None:
-        """Preserve ``B0`` of every declared storage (called as the forward begins)."""
+    def begin(self) -> None:
+        """Preserve ``B0`` of every declared storage (called as the forward begins).
+
+        Raises:
+            UnsupportedError: a declared tensor has no dense strided storage.
+        """
         by_key: dict[StorageKey, list[tuple[str, torch.Tensor]]] = {}
-        groups: dict[int, list[tuple[str, torch.Tensor]]] = {}
-        for name, t, group in self._declared:
-            if t.layout != torch.strided or t.device.type == "meta":
+        for name, t, _group in self._declared:
+            if not has_storage(t):
                 raise UnsupportedError(
                     f"stateremat.torch.checkpoint: declared state {name!r} must be a dense strided "
-                    f"tensor with storage, got layout={t.layout}, device={t.device}. Tip: declare "
-                    "the dense buffers that hold the state."
+                    f"tensor with storage, got {type(t).__name__} layout={t.layout}, device={t.device}. "
+                    "Tip: declare the dense buffers that hold the state."
                 )
-            by_key.setdefault(storage_key(t), []).append((name, t))
-            groups.setdefault(group, []).append((name, t))
-        group_of = {id(t): g for _, t, g in self._declared}
+            with DisableTorchFunctionSubclass():
+                by_key.setdefault(storage_key(t), []).append((name, t))
+        cls = PRESERVERS[self.preserve]
         for key, members in by_key.items():
-            tr = _journal.acquire(key, members[0][1], self.granularity_bytes)
-            for name, t in members:
-                for wname, w in groups[group_of[id(t)]]:
-                    tr.add_witness(w, wname)
-            tr.observe(journaled=journaled)
-            self._add_item(key, tr, [n for n, _ in members], [t for _, t in members], self.preserve)
+            st = self.runtime.acquire(key, members[0][1])
+            for name, t in members:  # every declared tensor on the storage watches its version (R8)
+                st.add_witness(t, name)
+            self._add(key, st, [n for n, _ in members], cls)
 
-    def _add_item(self, key: StorageKey, tr: StorageTracker, names: list[str], tensors: list[torch.Tensor],
-                  kind: str) -> Item:
-        item = Item(key, tr, kind, names)
-        if kind == "whole":
-            # Every byte of the storage, not only the declared views' extent: an alias outside
-            # it (base[4:] of a declared base[:4]) may be read and written too (R2, R8).
-            item.lo, item.hi = 0, tr.nbytes
-            with torch.no_grad():
-                item.snapshot = tr.flat[item.lo : item.hi].clone()
-            self.snapshot_bytes += item.hi - item.lo
-            COUNTERS.snapshot_bytes += item.hi - item.lo
-        else:
-            item.start_seq = _journal.next_seq()
-            tr.consumers[self.segment_id] = item.start_seq
-        self.items[key] = item
-        COUNTERS.touch()
-        return item
+    def _add(self, key: StorageKey, st: DeclaredStorage, names: list[str], cls: type[Preserver]) -> Preserver:
+        p = cls(st, self.segment_id, self.granularity_bytes)
+        p.names = names
+        p.begin()
+        self.items[key] = p
+        return p
 
     def promote(self, name: str, t: torch.Tensor) -> None:
         """Declare ``t`` now, before its first write, with a whole snapshot (``on_undeclared="declare"``)."""
         key = storage_key(t)
-        tr = _journal.acquire(key, t, self.granularity_bytes)
-        tr.add_witness(t, name)
-        self._add_item(key, tr, [name], [t], "whole")
+        st = self.runtime.acquire(key, t)
+        st.add_witness(t, name)
+        self._add(key, st, [name], WholePreserver)
 
-    def adopt(self, inner: Transaction) -> None:
-        """Take over the items of a nested segment this segment encloses (its B0 is ours too)."""
-        for key, it in inner.items.items():
+    def adopt(self, inner: "Transaction") -> None:
+        """Take over the items of a nested segment this segment encloses (its ``B0`` is ours too)."""
+        for key, p in inner.items.items():
             if key in self.items:
                 continue
-            it.tracker.users += 1
-            mine = Item(key, it.tracker, it.kind, list(it.names), it.lo, it.hi, it.snapshot, it.start_seq, False)
-            if it.kind == "region":
-                it.tracker.consumers[self.segment_id] = it.start_seq
-            self.items[key] = mine
+            p.storage.users += 1
+            self.items[key] = p.adopt(self.segment_id)
 
-    def needs_journal(self) -> bool:
-        """True if writes to our storages must be journaled (ours or an earlier segment's region)."""
-        return any(it.kind == "region" or it.tracker.consumers for it in self.items.values())
+    def credit(self, key: StorageKey, n: int) -> None:
+        """``n`` journal bytes were kept for a write this segment's forward made to ``key``."""
+        self.journal_bytes += n
+        p = self.items.get(key)
+        if p is not None and hasattr(p, "own_bytes"):
+            p.own_bytes += n
 
-    def end_forward(self, journaled: bool) -> None:
-        for it in self.items.values():
-            it.tracker.observe(journaled=journaled)
+    def has_unmarkable(self) -> bool:
+        """True if a journaled storage's tensors cannot be marked (every op must be watched)."""
+        return any(p.storage.unmarkable for p in self.items.values())
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """Whole-snapshot bytes this segment owns."""
+        return sum(p.retained_bytes for p in self.items.values() if p.name == "whole")
 
     def release(self) -> None:
         """Free snapshots and stop consuming journals (the segment can no longer replay)."""
         if self._released:
             return
         self._released = True
-        for it in self.items.values():
-            if it.owned and it.snapshot is not None:
-                COUNTERS.snapshot_bytes -= it.hi - it.lo
-            it.snapshot = None
-            _journal.release(it.tracker, self.segment_id)
+        for p in self.items.values():
+            p.release()
+            p.storage.rt.release(p.storage)
         self.items.clear()
 
     # -- recomputation -------------------------------------------------------------------
     @contextlib.contextmanager
-    def replay(self, segment_name: str) -> Iterator[_ReplayLog]:
-        """Restore ``B0`` of every item, yield for the re-run, then reinstate (R2, R5)."""
+    def replay(self, segment: Any) -> Iterator[ReplayLog]:
+        """Restore ``B0`` of every item, yield for the re-run, then reinstate (R2, R5).
+
+        Raises:
+            ReplayError: a region journal has a gap since the segment's forward (R8).
+        """
+        rt_exec = runtime()
+        log = ReplayLog(segment, dict(self.items))
         if not self.items:
-            LOCAL.replay.append(_ReplayLog({}, {}))
+            rt_exec.replay.append(log)
             try:
-                yield LOCAL.replay[-1]
+                yield log
             finally:
-                LOCAL.replay.pop()
+                rt_exec.replay.pop()
             return
-        witnesses = {id(w): w for it in self.items.values() for w in it.tracker.witnesses.values()}
-        for it in self.items.values():
-            it.tracker.observe(journaled=LOCAL.mode_depth > 0)
-            if it.kind == "region" and it.tracker.gap_seq >= it.start_seq:
-                raise ReplayError(
-                    f"stateremat.torch.checkpoint: cannot replay segment {segment_name!r}: declared "
-                    f"state {it.tracker.gap_note} was written outside any checkpointed segment after "
-                    "the segment's forward, so the region journal does not hold the bytes it needs "
-                    f"(expected an unbroken journal, got a version gap; {rule('R8')}). Tip: pass "
-                    "preserve='whole' for this segment, or run that write inside a checkpointed "
-                    "segment that declares the tensor or inside stateremat.torch.journal_writes()."
-                )
+        witnesses = {id(w): w for p in self.items.values() for w in p.storage.witnesses.values()}
+        restored: list[tuple[Preserver, Restored]] = []
+        for p in self.items.values():
+            r = p.restore(segment.name)
+            if r is not None:
+                restored.append((p, r))
         versions = [(w, w._version) for w in witnesses.values()]
-        visible: list[tuple[Item, np.ndarray, torch.Tensor]] = []
-        with torch.no_grad():
-            for it in self.items.values():
-                if it.kind == "whole":
-                    runs = np.array([[it.lo, it.hi]], dtype=np.int64)
-                    visible.append((it, runs, gather(it.tracker.flat, runs)))
-                    scatter(it.tracker.flat, runs, it.snapshot)
-                else:
-                    restored = it.tracker.restore(it.start_seq)
-                    if restored is not None:
-                        visible.append((it, *restored))
-        log = _ReplayLog({k: it for k, it in self.items.items() if it.kind == "region"}, dict(self.items))
-        temp = sum(v[2].numel() for v in visible)
-        LOCAL.replay.append(log)
+        temp = sum(r.visible.numel() for _, r in restored)
+        rt_exec.replay.append(log)
         try:
             yield log
         finally:
-            LOCAL.replay.pop()
-            changing = {it.key for it, _, _ in visible} | {tr.key for tr, _, _ in log.writes}
+            rt_exec.replay.pop()
+            changing = {p.storage.key for p, _ in restored} | {st.key for st, _, _ in log.writes}
             for key in changing:
                 temp += log.copy_aliases(key)
             log.aliases.clear()  # the rest alias bytes that reinstatement leaves unchanged
             temp += sum(d.numel() for _, _, d in log.writes) + log.alias_bytes
-            COUNTERS.peak_temporary = max(COUNTERS.peak_temporary, temp)
-            with torch.no_grad():
-                for tr, runs, old in reversed(log.writes):  # back to B0 ...
-                    scatter(tr.flat, runs, old)
-                for it, runs, data in visible:  # ... then to the visible bytes
-                    scatter(it.tracker.flat, runs, data)
-            torch._C._autograd._unsafe_set_version_counter(
-                tuple(w for w, _ in versions), tuple(v for _, v in versions)
-            )
+            c = self.runtime.counters
+            c.peak_temporary = max(c.peak_temporary, temp)
+            with library_ops():
+                for st, runs, old in reversed(log.writes):  # back to B0 ...
+                    scatter(st.flat, runs, old)
+            for p, r in restored:  # ... then to the visible bytes
+                p.reinstate(r)
+            if versions:
+                reset_versions(tuple(w for w, _ in versions), tuple(v for _, v in versions))
+            for p in self.items.values():
+                p.storage.observe(journaled=True)

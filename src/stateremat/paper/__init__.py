@@ -1,0 +1,12 @@
+"""The paper wing: reproduces the studies of arXiv 2611.00590 on top of the library.
+
+Subpackages: ``workloads`` and ``profile`` (built-in stateful chains, MoCo, and their
+profiler), ``bench`` (experiment specs, methods, the one runner, summaries), ``cohort``
+(independent-process cohorts), ``semantics`` (Torch/JAX replay-semantics cohort), ``moco``
+(dense-queue application), ``verify`` (finite suites, engine and alias studies), ``records``
+(raw rows), ``stats``, ``report`` (tables and figures) and ``cli`` (the paper commands).
+Needs the ``[paper]`` extra (pandas, pyarrow, matplotlib, dask). The library never imports it.
+"""
+from ._progress import NO_PROGRESS as NO_PROGRESS, Progress as Progress, Task as Task, as_progress as as_progress
+
+__all__ = ["NO_PROGRESS", "Progress", "Task", "as_progress"]

@@ -1,0 +1,77 @@
+"""``stateremat bench calibrate|pressure|fair``: run an experiment into ``--out``, resumably.
+
+One way through: the spec is built once; each cell's profile card is measured (or loaded) once
+and its budget resolved once on it; each planner runs once per cell (:func:`run_cell_methods`);
+rows go to the ``bench`` records table (one Parquet part per finished cell), and an interrupted
+run resumes by skipping cells whose rows exist. The rows are then summarised once
+(:mod:`._summary`) into ``summary.json`` and that summary is rendered once into ``tables.md``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...contract import atomic_write_json
+from .. import Progress, as_progress
+from ..records import RecordStore, read_records
+from ._spec import ExperimentSpec, budget_rule, experiment_spec, resolve_spec, with_budget
+from ._summary import TABLE, summarize
+
+
+def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: str = "cpu",
+                   warmups: int | None = None, steps: int | None = None,
+                   budget_bytes: int | None = None, progress: Progress | None = None) -> dict:
+    """Run experiment ``name`` into ``out`` and write ``summary.json`` and ``tables.md``.
+
+    Args:
+        name: ``calibrate``, ``pressure``, ``fair`` (or any of ``experiment_spec``'s names).
+        out: run folder; rerunning with the same folder and options resumes.
+        preset: ``cpu`` or ``h100``.
+        device: ``cpu`` or ``cuda``.
+        warmups: override the spec's warmup steps per method.
+        steps: override the spec's measured steps per method.
+        budget_bytes: override the paper's (scaled) logical budget of every cell, bytes (else a
+            cell with a budget / eager-peak rule is resolved on its profile card, measured first).
+        progress: where to report steps done (``stateremat.paper.cli.progress_bar``); None: nowhere.
+
+    Returns:
+        The summary (as written to ``summary.json``; ``tables.md`` is its rendering).
+
+    Raises:
+        RecordsError: ``out`` holds a run with other options.
+        ValueError: unknown experiment or preset.
+    """
+    import torch
+
+    from ..report import write_bench_tables
+    from ._runner import cell_card, run_cell_methods
+
+    spec: ExperimentSpec = experiment_spec(name, preset)
+    if budget_bytes is not None:
+        spec = with_budget(spec, budget_bytes)
+    out = Path(out)
+    cards = {}
+    ruled = [c for c in spec.cells if c.budget_eager_fraction is not None]
+    if ruled:  # the budget depends on the card: measure (or load) it before the store's meta
+        cards = {c.name: cell_card(spec, c, device, cache_dir=out / "cards") for c in ruled}
+        spec = resolve_spec(spec, cards)
+    w = spec.warmups if warmups is None else int(warmups)
+    k = spec.steps if steps is None else int(steps)
+    store = RecordStore(out, TABLE, key=["cell", "method", "step"], meta={
+        "experiment": name, "preset": preset, "device": device, "warmups": w, "steps": k,
+        "budget_bytes": spec.budget_bytes, "h100_budget_gib": spec.h100_budget_gib,
+        "budget_rule": {c.name: budget_rule(c) for c in spec.cells},
+        "cells": [c.name for c in spec.cells], "methods": list(spec.methods)})
+    done = {key[0] for key in store.done_keys()}
+    todo = [c for c in spec.cells if c.name not in done]
+    task = as_progress(progress, "run_experiment").task(
+        f"bench {name}", total=sum(len(c.methods) * (w + k + 1) for c in todo))
+    for i, cell in enumerate(todo):
+        task.update(description=f"bench {name} [{i + 1}/{len(todo)}] {cell.name}")
+        card = cards.get(cell.name) or cell_card(spec, cell, device, cache_dir=out / "cards")
+        store.append(run_cell_methods(spec, cell, list(cell.methods), warmups=w, steps=k,
+                                      device=device, card=card, on_step=task.advance))
+    summary = summarize(read_records(out, TABLE))
+    summary.update({"warmups": w, "steps": k, "torch_threads": torch.get_num_threads()})
+    atomic_write_json(out / "summary.json", summary)
+    write_bench_tables(out, summary)
+    return summary

@@ -1,0 +1,25 @@
+"""``stateremat main``: the README's main job on its embedded default."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ._app import check_out_dir, paper_app
+from ._bench import run_bench
+
+
+@paper_app.command("main")
+def main_job(
+    out: Path = typer.Option(Path("out"), "--out", help="Folder for all records."),
+    preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu (minutes here) or h100."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+) -> None:
+    """The main job: ``bench fair`` — all seven methods on the large/sparse cell at the paper's
+    44 GiB budget (§10, Table 6; at cpu scale 44/46.063 of the card's predicted all-eager peak);
+    writes OUT/bench-fair and prints its table.
+
+    Rerunning with the same --out resumes.
+    """
+    check_out_dir("stateremat main", out)
+    run_bench("fair", out / "bench-fair", preset, device, api="stateremat main", show_paths=False)

@@ -1,0 +1,64 @@
+"""The one progress bar of the paper commands: draws what runners report (rich)."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import typer
+
+from .. import NO_PROGRESS, Progress
+
+
+class _Task:
+    def __init__(self, bar, task_id) -> None:
+        self._bar, self._id = bar, task_id
+
+    def advance(self, n: int = 1) -> None:
+        self._bar.advance(self._id, n)
+
+    def update(self, *, description: str | None = None, total: int | None = None,
+               completed: int | None = None) -> None:
+        kw = {k: v for k, v in (("description", description), ("total", total),
+                                ("completed", completed)) if v is not None}
+        self._bar.update(self._id, **kw)
+
+
+class _Bar:
+    def __init__(self, bar) -> None:
+        self._bar = bar
+
+    def task(self, description: str, total: int | None = None, completed: int = 0) -> _Task:
+        return _Task(self._bar, self._bar.add_task(description, total=total, completed=completed))
+
+    def note(self, text: str) -> None:
+        typer.echo(f"warning: {text}", err=True)
+
+
+@contextlib.contextmanager
+def progress_bar(enabled: bool = True) -> Iterator[Progress]:
+    """A live progress bar for one command (a silent reporter when ``enabled`` is False).
+
+    Args:
+        enabled: draw the bar; False gives a reporter that draws nothing but still prints notes.
+
+    Yields:
+        A :class:`~stateremat.paper.Progress` to pass to a runner's ``progress=``.
+    """
+    if not enabled:
+        yield _Quiet()
+        return
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
+                               TimeElapsedColumn, TimeRemainingColumn)
+
+    bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+    with bar:
+        yield _Bar(bar)
+
+
+class _Quiet:
+    def task(self, description: str, total: int | None = None, completed: int = 0):
+        return NO_PROGRESS.task(description, total, completed)
+
+    def note(self, text: str) -> None:
+        typer.echo(f"warning: {text}", err=True)

@@ -1,0 +1,266 @@
+"""Independent-process cohorts: N fresh interpreters, every method each, raw timing rows kept.
+
+Paper §11. The parent freezes the cohort before any measurement (experiment spec, warmups,
+steps, seeds, prespecified comparisons and the profile, all in the records' sidecar) and
+launches one fresh Python interpreter per process, locally (``jobs`` at a time) or as Dask
+tasks (each task still starts a fresh interpreter on its worker, so processes stay
+independent). A child runs every method of every cell in an order shuffled from
+``(seed, process)``, writes its rows to one Parquet file and exits; the parent appends them
+as one atomic part of the ``cohort_timing`` table. A process therefore counts as finished
+exactly when its rows are in that table: a killed or crashed child leaves none, is recorded
+as failed in ``cohort_processes`` (exit code, stderr tail) and is re-run on resume; finished
+processes are never redone, and every attempt's status row is kept.
+
+Frozen profile: before launching anything the parent measures (or takes from ``--profile``)
+one profile card per cell, stores it in ``out_dir/profile/<cell>.json`` and its hash in the
+cohort config; each process receives the card's bytes and plans on it, so the profile digest
+is identical across processes (rows carry ``profile_hash``; the report checks it).
+
+Threads: each process runs with ``threads`` CPU threads (default 1) and ``jobs`` processes run
+at once (default cores // threads on CPU, 1 on CUDA). Concurrency changes absolute times;
+the report compares ratios of methods paired within one process (the runtime interleaves
+them on CPU), which see the same neighbours.
+
+Layout under ``out_dir``: ``cohort_timing/`` + ``.json`` (raw step rows, key
+``process, cell, method, step``) and ``cohort_processes/`` + ``.json`` (one row per attempt,
+with the ``requested_processes`` N of the launch that made it).
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from ...contract import source_hash
+from .. import Progress, as_progress
+from ..records import RecordStore
+from ._process_worker import (EXPERIMENTS, _dask_results, _local_results,
+                              method_order as method_order, run_one_process as run_one_process,
+                              worker_main as worker_main)
+
+TIMING_TABLE = "cohort_timing"
+STATUS_TABLE = "cohort_processes"
+
+#: Prespecified comparisons (paper §11, Table 8): (numerator, denominator, primary metrics).
+#: Each metric listed counts once in the cohort's Bonferroni family.
+PRESPECIFIED: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = {
+    # 44 GiB fair control: joint vs the correctly costed eager/whole planner, time and peak.
+    "fair44": (("joint", "eager_whole", ("time", "peak")),),
+    # 32 GiB pressure: joint vs fixed regions (time); joint vs state-agnostic (peak).
+    "pressure32": (("joint", "regions", ("time",)), ("joint", "state_agnostic", ("peak",))),
+    # Three workloads: regions vs whole snapshots, time and peak, in every cell (6 tests).
+    "workloads3": (("regions", "whole", ("time", "peak")),),
+}
+
+
+def prespecified_comparisons(experiment: str, cells: Sequence[Any]) -> list[dict[str, Any]]:
+    """The cohort's prespecified comparisons, one per cell holding both methods.
+
+    Args:
+        experiment: ``fair44``, ``pressure32`` or ``workloads3``.
+        cells: the spec's cells (``.name``, ``.methods``).
+
+    Returns:
+        JSON-ready dicts ``{"cell", "numerator", "denominator", "primary"}`` (read back by
+        ``stateremat.paper.stats.Comparison.from_dict``).
+    """
+    out = []
+    for cell in cells:
+        for num, den, primary in PRESPECIFIED[experiment]:
+            if num in cell.methods and den in cell.methods:
+                out.append({"cell": cell.name, "numerator": num, "denominator": den,
+                            "primary": list(primary)})
+    return out
+
+
+def cohort_config(spec: Any, experiment: str, preset: str, *, warmups: int | None,
+                  steps: int | None, seed: int, device: str,
+                  profile: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The frozen cohort configuration written into both sidecars (resume must match it).
+
+    ``profile`` maps cell -> SHA-256 of its frozen card (``ProfileCard.source_hash``).
+    """
+    from ..bench import budget_rule
+
+    cells = [{"cell": c.name, "methods": list(c.methods), "budget_bytes": int(c.budget_bytes),
+              "budget_rule": budget_rule(c),
+              "warmups": int(c.warmups if warmups is None else warmups),
+              "steps": int(c.steps if steps is None else steps)} for c in spec.cells]
+    return {"experiment": experiment, "preset": preset, "seed": int(seed), "device": device,
+            "cells": cells, "comparisons": prespecified_comparisons(experiment, spec.cells),
+            "profile": dict(profile) if profile else None}
+
+
+def freeze_profiles(spec: Any, out_dir: str | os.PathLike, device: str = "cpu",
+                    profile_dir: str | os.PathLike | None = None) -> dict[str, str]:
+    """Freeze one profile card per cell in ``out_dir/profile/<cell>.json``; return their JSON.
+
+    An existing frozen card (a resumed cohort) is reused as it is. Otherwise the card comes
+    from ``profile_dir/<cell>.json`` (checked to describe the cell's workload) or is measured
+    once, here in the parent, on ``device``.
+
+    Returns:
+        ``{cell name: card JSON text}`` — the exact bytes every process plans on.
+
+    Raises:
+        ProfileCardError: a given card is invalid or describes another workload.
+    """
+    from ...contract import ProfileCardError, load_card, save_card
+
+    frozen = Path(out_dir) / "profile"
+    out: dict[str, str] = {}
+    for cell in spec.cells:
+        path = frozen / f"{cell.name}.json"
+        if not path.exists():
+            if profile_dir is not None:
+                card = load_card(Path(profile_dir) / f"{cell.name}.json")
+                if card.meta.get("workload") != cell.config.to_dict():
+                    raise ProfileCardError(
+                        f"stateremat cohort processes: {Path(profile_dir) / (cell.name + '.json')}"
+                        f" describes workload {card.meta.get('workload')!r}, but cell "
+                        f"{cell.name!r} is {cell.config.to_dict()!r}. Tip: profile with the "
+                        "same --preset, or omit --profile to measure the card once here.")
+            else:
+                from ..bench import cell_card  # lazy: imports torch
+
+                card = cell_card(spec, cell, device)
+            save_card(card, path)
+        out[cell.name] = path.read_text()
+    return out
+
+
+# --------------------------------------------------------------------------- driver
+def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: int, *,
+                       preset: str = "cpu", warmups: int | None = None,
+                       steps: int | None = None, jobs: int | None = None,
+                       threads: int | None = 1, dask_address: Any = None,
+                       seed: int = 0, device: str = "cpu", timeout_s: float | None = None,
+                       profile_dir: str | os.PathLike | None = None,
+                       profile_fn: Callable[..., dict[str, str]] | None = None,
+                       worker_cmd: Sequence[str] | None = None,
+                       spec_fn: Callable[[str, str], Any] | None = None,
+                       budget_bytes: int | None = None,
+                       progress: Progress | None = None) -> dict[str, Any]:
+    """Run (or resume) an independent-process cohort into ``out_dir``.
+
+    Args:
+        out_dir: run folder; rerun with the same options to resume.
+        experiment: ``fair44``, ``pressure32`` or ``workloads3``.
+        processes: number of independent processes ``N`` (processes ``0..N-1``; a rerun with
+            a larger ``N`` extends the cohort).
+        preset: spec preset (``cpu``, ``h100``).
+        warmups, steps: per method and process; default: the spec's cells.
+        jobs: concurrent local processes (ignored with ``dask_address``); default: one per
+            ``threads`` CPU cores on ``cpu`` (2 on a 2-core machine), 1 on ``cuda`` (processes
+            sharing one GPU would time each other).
+        threads: CPU threads per process (default 1: several single-threaded processes use
+            the cores without OpenMP oversubscription, which slows multi-threaded steps many
+            times over on a shared machine); None keeps the environment's setting.
+        dask_address: scheduler address (``tcp://host:8786``) or a ``distributed.Client``;
+            each task launches a fresh interpreter on its worker.
+        seed: base seed; process ``p`` shuffles its method order from ``(seed, p)``.
+        device: ``cpu`` or ``cuda``.
+        timeout_s: kill a process after this many seconds (recorded as ``timeout``).
+        profile_dir: folder of ``<cell>.json`` profile cards to freeze (e.g. from ``stateremat
+            profile``); default: the parent measures each cell's card once. Either way the
+            cards are copied to ``out_dir/profile/``, their hashes go into the cohort config,
+            and every process plans on exactly these cards (§11: the profile is frozen
+            before confirmation and identical across processes).
+        profile_fn: replaces :func:`freeze_profiles` (tests).
+        worker_cmd: child command prefix (tests use a fake worker script).
+        spec_fn: replaces :func:`stateremat.paper.bench.experiment_spec` (tests).
+        budget_bytes: override the experiment's (scaled) logical budget for every cell, bytes;
+            recorded in the cohort config and passed to every process. Without it, a cell with
+            a budget / eager-peak rule (``fair44`` at ``cpu`` scale) gets its budget from its
+            frozen card, recorded in the config the same way.
+        progress: where to report finished processes (``stateremat.paper.cli.progress_bar``);
+            None: nowhere.
+
+    Returns:
+        ``{"out_dir", "processes", "already_done", "ran", "ok", "failed": [process ids]}``.
+
+    Raises:
+        ValueError: on an unknown experiment or ``processes < 1``.
+        RecordsError: if ``out_dir`` holds a cohort with a different configuration.
+
+    References:
+        Paper §11 ("Independent-process confirmation").
+    """
+    if experiment not in EXPERIMENTS:
+        raise ValueError(f"stateremat cohort processes: --experiment must be one of "
+                         f"{list(EXPERIMENTS)}, got {experiment!r}. Tip: fair44 is the 44 GiB "
+                         "fair-control cohort of paper §11.")
+    if int(processes) < 1:
+        raise ValueError(f"stateremat cohort processes: --processes must be >= 1, got "
+                         f"{processes}. Tip: the paper uses 50.")
+    if spec_fn is None:
+        from ..bench import experiment_spec as spec_fn  # type: ignore[no-redef]
+    spec = spec_fn(experiment, preset)
+    if budget_bytes is not None:
+        from ..bench import with_budget
+
+        spec = with_budget(spec, budget_bytes)
+    cards = (profile_fn or freeze_profiles)(spec, out_dir, device, profile_dir)
+    from ...contract import ProfileCard
+    from ..bench import resolve_spec
+
+    parsed = {c: ProfileCard.from_dict(json.loads(t)) for c, t in cards.items()}
+    # A budget / eager-peak rule resolves on the frozen card; every process resolves the same M.
+    spec = resolve_spec(spec, parsed)
+    profile = {c: card.source_hash() for c, card in parsed.items()} or None
+    config = cohort_config(spec, experiment, preset, warmups=warmups, steps=steps, seed=seed,
+                           device=device, profile=profile)
+    config["threads"] = threads
+    config["config_hash"] = source_hash(config)
+    timing = RecordStore(out_dir, TIMING_TABLE, key=["process", "cell", "method", "step"],
+                         meta=config)
+    status = RecordStore(out_dir, STATUS_TABLE, key=["process", "attempt"], meta=config)
+    done_df = timing.read()
+    done = set(done_df["process"].astype(int)) if not done_df.empty else set()
+    st = status.read()
+    attempts = st.groupby("process").size().to_dict() if not st.empty else {}
+    todo = [p for p in range(int(processes)) if p not in done]
+    tasks = []
+    for p in todo:
+        a = ["--experiment", experiment, "--preset", preset, "--process", str(p),
+             "--seed", str(seed), "--device", device]
+        if budget_bytes is not None:
+            a += ["--budget", str(int(budget_bytes))]
+        if warmups is not None:
+            a += ["--warmups", str(warmups)]
+        if steps is not None:
+            a += ["--steps", str(steps)]
+        tasks.append((p, a))
+    if jobs is None:
+        jobs = 1 if device.startswith("cuda") else max(1, (os.cpu_count() or 1) // (threads or 1))
+    results = (_dask_results(tasks, dask_address, worker_cmd, timeout_s, cards, threads)
+               if dask_address else
+               _local_results(tasks, jobs, worker_cmd, timeout_s, cards, threads))
+    ok, failed = 0, []
+    task = as_progress(progress, "run_process_cohort").task(f"cohort {experiment}: processes",
+                                                            total=len(tasks))
+    for p, res in results:
+        attempt = int(attempts.get(p, 0)) + 1
+        n_rows = 0
+        if res["status"] == "ok":
+            import pyarrow.parquet as pq
+
+            rows = pq.read_table(io.BytesIO(res["rows_parquet"])).to_pylist()
+            for r in rows:
+                r["attempt"] = attempt
+            n_rows = timing.append(rows)  # one atomic part: the process is now done
+            ok += 1
+        else:
+            failed.append(p)
+        status.append([{"process": p, "attempt": attempt, "status": res["status"],
+                        "exit_code": res["exit_code"], "stderr_tail": res["stderr_tail"],
+                        "wall_s": res["wall_s"], "hostname": res["hostname"],
+                        "n_rows": n_rows, "executor": "dask" if dask_address else "local",
+                        # N asked for at this launch: a cohort extended after results shows it
+                        "requested_processes": int(processes)}])
+        task.advance()
+    return {"out_dir": str(out_dir), "processes": int(processes), "already_done": len(done),
+            "ran": len(tasks), "ok": ok, "failed": sorted(failed)}
+

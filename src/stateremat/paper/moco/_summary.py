@@ -1,0 +1,120 @@
+"""Summary of a dense-queue run, recomputed from the raw ``moco`` rows and the score files.
+
+Separate from the runner on purpose (DESIGN.md, "Records"): nothing here sees the running
+process's memory, only what is on disk.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...contract import atomic_write_json
+from ..records import read_records
+
+__all__ = ["KEY", "METHODS", "TABLE", "failed_runs", "summarize", "write_summary"]
+
+TABLE = "moco"
+KEY = ("seed", "method")
+#: The seven methods of paper §12, in Table 9's row order (torch-free, so importing is cheap).
+METHODS = ("eager", "whole", "regions", "functional", "deferred", "state_agnostic", "joint")
+
+
+def _latest_rows(out_dir: Path):
+    """The latest raw row per ``(seed, method)``, a finished row over a failed one, in
+    Table 9's method order (empty frame when there are no rows)."""
+    df = read_records(out_dir, TABLE)
+    if df.empty:
+        return df
+    df = df.assign(_ok=(df["outcome"] == "ok").astype(int), _order=range(len(df)))
+    df = df.sort_values(["_ok", "_order"]).groupby(list(KEY), as_index=False).tail(1)
+    order = {m: i for i, m in enumerate(METHODS)}
+    return df.assign(_m=df["method"].map(order)).sort_values(["seed", "_m"])
+
+
+def summarize(out_dir: str | os.PathLike) -> dict[str, Any]:
+    """Recompute the summary from the raw rows and the score files (never from memory).
+
+    ``scores_sha256`` is re-hashed from each score file on disk; a file missing or differing from
+    its row's hash is a *score file mismatch*: its ``scores_sha256`` is None and its ``status``
+    says so (``"ok"``, ``"failed"`` or ``"score file mismatch"``).
+
+    ``identical_within_seed`` is three-valued, because a subset of methods cannot show identity
+    across the seven: ``False`` if any seed has a failed run, a score file mismatch or two
+    distinct hashes; else ``None`` (JSON null) unless every seed has all seven methods
+    recorded; else ``True``. ``methods_compared`` maps each seed (as a string) to the number of
+    methods whose hashes were compared (finished, file matching its row).
+
+    Returns:
+        ``{"dataset", "seeds", "methods": [{"method", "seed", "peak_bytes", "encoder_time_s",
+        "test_accuracy", "test_cross_entropy", "scores_sha256", "policy", "status"}],
+        "identical_within_seed": true|false|null, "methods_compared": {seed: count}}``.
+
+    References:
+        Paper §12, Table 9: byte-identical test scores across the seven methods of one seed.
+    """
+    out_dir = Path(out_dir)
+    df = _latest_rows(out_dir)
+    if df.empty:
+        return {"dataset": None, "seeds": [], "methods": [], "identical_within_seed": None,
+                "methods_compared": {}}
+    entries = []
+    for _, r in df.iterrows():
+        sha, status = None, "failed"
+        if r["outcome"] == "ok":
+            f = out_dir / str(r["scores_file"])
+            sha = hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None
+            status = "ok" if sha == r["scores_sha256"] else "score file mismatch"
+            sha = sha if status == "ok" else None
+        entries.append({"method": r["method"], "seed": int(r["seed"]),
+                        "peak_bytes": _num(r.get("peak_bytes"), int),
+                        "encoder_time_s": _num(r.get("encoder_time_s"), float),
+                        "test_accuracy": _num(r.get("test_accuracy"), float),
+                        "test_cross_entropy": _num(r.get("test_cross_entropy"), float),
+                        "scores_sha256": sha,
+                        "policy": (json.loads(r["policy"]) if isinstance(r.get("policy"), str)
+                                   else None),
+                        "status": status})
+    seeds = sorted({e["seed"] for e in entries})
+    broken, complete, compared = False, True, {}
+    for s in seeds:
+        es = [e for e in entries if e["seed"] == s]
+        hashes = {e["scores_sha256"] for e in es if e["status"] == "ok"}
+        compared[str(s)] = sum(e["status"] == "ok" for e in es)
+        broken |= any(e["status"] != "ok" for e in es) or len(hashes) > 1
+        complete &= {e["method"] for e in es} == set(METHODS)
+    identical = False if broken else (True if complete else None)
+    datasets = sorted(set(df["dataset"].dropna()))
+    return {"dataset": datasets[0] if len(datasets) == 1 else datasets, "seeds": seeds,
+            "methods": entries, "identical_within_seed": identical, "methods_compared": compared}
+
+
+def failed_runs(out_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The latest row of every ``(seed, method)`` that did not finish, from the raw rows.
+
+    Returns:
+        ``[{"seed", "method", "error_type", "error"}]`` in Table 9's order (``error`` in full).
+    """
+    df = _latest_rows(Path(out_dir))
+    if df.empty:
+        return []
+    bad = df[df["outcome"] != "ok"]
+    return [{"seed": int(r["seed"]), "method": r["method"], "error_type": r.get("error_type"),
+             "error": r.get("error")} for _, r in bad.iterrows()]
+
+
+def _num(v: Any, kind: type) -> Any:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return None
+    return kind(v)
+
+
+def write_summary(out_dir: str | os.PathLike) -> dict[str, Any]:
+    """:func:`summarize` and write it atomically to ``out_dir/summary.json``."""
+    summary = summarize(out_dir)
+    atomic_write_json(Path(out_dir) / "summary.json", summary)
+    return summary

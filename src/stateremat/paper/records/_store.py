@@ -1,0 +1,151 @@
+"""Raw execution records: Parquet parts with a JSON sidecar, atomic and resumable.
+
+Layout under ``out_dir``::
+
+    <table>/part-<utc>-<n>.parquet   rows, one part per append (atomic rename)
+    <table>.json                     sidecar: provenance + run config
+
+Every row is kept (matches, rejections, divergences). Summaries are recomputed from the
+rows by separate code (``read_records``), never written alongside them.
+"""
+from __future__ import annotations
+
+import fcntl
+import io
+import json
+import itertools
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ...contract import RecordsError, atomic_write_bytes, atomic_write_json, json_default, provenance
+
+_counter = itertools.count()
+_LOCKS: dict[str, int] = {}  # lock path -> fd held by this process for its lifetime
+
+
+def _lock_table(path: Path) -> None:
+    # One writer per (run folder, table): a second process appending the same units would
+    # duplicate rows. Stores opened again in the same process share the lock.
+    key = str(path.resolve())
+    if key in _LOCKS:
+        return
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise RecordsError(
+            f"stateremat records: another process is writing into {path.parent} (lock "
+            f"{path.name} is held). Tip: wait for it to finish, or use another --out folder."
+        ) from None
+    _LOCKS[key] = fd
+
+
+class RecordStore:
+    """Append-only, resumable store of raw rows for one table of one run.
+
+    Args:
+        out_dir: run folder (created if missing).
+        table: table name, e.g. ``"finite"``; rows go to ``out_dir/table/``.
+        key: columns identifying a unit of work; :meth:`done_keys` lets a resumed run skip
+            finished units.
+        meta: run configuration written into the sidecar (merged with :func:`provenance`).
+
+    Raises:
+        RecordsError: if an existing sidecar belongs to a different run configuration
+            (``config`` differs) — resuming into it would mix experiments.
+    """
+
+    def __init__(self, out_dir: str | os.PathLike, table: str, key: Sequence[str],
+                 meta: Mapping[str, Any] | None = None):
+        self.out_dir = Path(out_dir)
+        self.table = table
+        self.key = tuple(key)
+        self.dir = self.out_dir / table
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise RecordsError(f"stateremat records: --out {self.out_dir} is a file, not a folder. "
+                               "Tip: pass a folder path (it is created if missing).")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.sidecar = self.out_dir / f"{table}.json"
+        _lock_table(self.out_dir / f".{table}.lock")
+        config = dict(meta or {})
+        if self.sidecar.exists():
+            old = json.loads(self.sidecar.read_text())
+            new = json.loads(json.dumps(config, default=json_default))
+            if old.get("config") != new:
+                raise RecordsError(
+                    f"stateremat records: {self.sidecar} was written by a run with another "
+                    f"config ({_config_diff(old.get('config') or {}, new)}). Tip: use a new --out "
+                    "folder, or the same options as the interrupted run to resume it."
+                )
+            old.setdefault("resumed_utc", []).append(provenance()["created_utc"])
+            atomic_write_json(self.sidecar, old)
+        else:
+            atomic_write_json(self.sidecar, {"table": table, "key": list(self.key),
+                                             "config": config, "provenance": provenance()})
+
+    def done_keys(self) -> set[tuple]:
+        """Keys (tuples over ``key`` columns) of rows already written."""
+        df = self.read()
+        if df.empty:
+            return set()
+        return set(map(tuple, df[list(self.key)].itertuples(index=False, name=None)))
+
+    def append(self, rows: Iterable[Mapping[str, Any]]) -> int:
+        """Write ``rows`` as a new Parquet part atomically; returns the number written."""
+        rows = list(rows)
+        if not rows:
+            return 0
+        missing = [k for k in self.key if any(k not in r for r in rows)]
+        if missing:
+            raise RecordsError(f"stateremat records: rows for {self.table!r} lack key columns "
+                               f"{missing}. This is a bug in the caller, please report it.")
+        tbl = pa.Table.from_pylist([dict(r) for r in rows])
+        buf = io.BytesIO()
+        pq.write_table(tbl, buf)
+        name = f"part-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{next(_counter):06d}.parquet"
+        atomic_write_bytes(self.dir / name, buf.getvalue())
+        return len(rows)
+
+    def read(self) -> pd.DataFrame:
+        """All rows written so far (every part), as a DataFrame."""
+        return read_records(self.out_dir, self.table)
+
+
+def read_records(out_dir: str | os.PathLike, table: str) -> pd.DataFrame:
+    """Read every Parquet part of ``table`` under ``out_dir``; empty frame if none.
+
+    Raises:
+        RecordsError: if a part cannot be read.
+    """
+    d = Path(out_dir) / table
+    parts = sorted(d.glob("part-*.parquet")) if d.is_dir() else []
+    if not parts:
+        return pd.DataFrame()
+    frames = []
+    for p in parts:
+        try:
+            frames.append(pq.read_table(p).to_pandas())
+        except Exception as exc:  # corrupt part: say which file
+            raise RecordsError(f"stateremat records: cannot read {p}: {exc}. Tip: a part is "
+                               "written atomically, so this file was changed by something "
+                               "else; move it away and rerun to redo its rows.") from exc
+    return pd.concat(frames, ignore_index=True)
+
+
+def _config_diff(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 6) -> str:
+    """``key: old -> new`` for the top-level keys that differ (the first ``limit``)."""
+    keys = [k for k in dict.fromkeys([*old, *new]) if old.get(k) != new.get(k)]
+    parts = [f"{k}: {_short(old.get(k))} -> {_short(new.get(k))}" for k in keys[:limit]]
+    return "; ".join(parts) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
+def _short(v: Any, n: int = 160) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + "..."

@@ -1,0 +1,171 @@
+"""Every private torch symbol stateremat uses, behind one door.
+
+The segment frame follows ``torch.utils.checkpoint``'s non-reentrant design and needs a few
+of its private pieces (saved-tensor construction, graph-task ids, autocast capture, version
+counter reset, dispatch-mode control). They are imported here, once, and checked at import:
+on a torch without them, ``import stateremat.torch`` fails with one message naming the
+torch versions this package is tested with, instead of an ``AttributeError`` deep inside a
+backward pass. Other modules import these names from here, never from ``torch._C`` or
+``torch.utils._*`` directly.
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Callable, Iterator
+
+import torch
+
+#: torch releases this package is tested with (``pyproject.toml``'s ``torch`` extra).
+SUPPORTED_TORCH = ">=2.13,<2.14"
+
+
+def _missing(what: str, exc: BaseException) -> ImportError:
+    return ImportError(
+        f"stateremat.torch needs torch {SUPPORTED_TORCH} (found torch {torch.__version__}): a private "
+        f"torch symbol it relies on is missing ({type(exc).__name__}: {what}). Tip: pip install "
+        "'torch==2.13.0' (the version requirements.txt pins)."
+    )
+
+
+try:
+    from torch._C._autograd import SavedTensor, _make_saved_tensor
+    from torch._C._autograd import _top_saved_tensors_default_hooks, _unsafe_set_version_counter
+    from torch._C import DisableTorchFunction, DisableTorchFunctionSubclass, _current_graph_task_id
+    from torch.utils.checkpoint import (
+        CheckpointError,
+        GraphExecGroup,
+        _get_autocast_kwargs,
+        _infer_device_type,
+    )
+    import torch.utils.checkpoint as _tuc
+    from torch.utils._python_dispatch import (
+        TorchDispatchMode,
+        _pop_mode,
+        _push_mode,
+        is_traceable_wrapper_subclass,
+    )
+    from torch._C import _get_dispatch_stack_at, _len_torch_dispatch_stack
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    for _flag in ("_enable_checkpoint_early_stop", "_checkpoint_debug_enabled"):
+        getattr(_tuc, _flag)
+except (ImportError, AttributeError) as _exc:  # pragma: no cover - depends on the installed torch
+    raise _missing(str(_exc), _exc) from _exc
+
+__all__ = [
+    "CheckpointError", "DisableTorchFunction", "DisableTorchFunctionSubclass", "GraphExecGroup", "SavedTensor", "TorchDispatchMode",
+    "autocast_kwargs", "current_graph_id", "early_stop_override", "debug_override", "has_storage",
+    "in_foreign_recompute", "infer_device_type", "library_ops", "make_saved_tensor", "reset_versions",
+    "tree_flatten", "tree_unflatten", "is_traceable_wrapper_subclass",
+]
+
+
+def make_saved_tensor(x: torch.Tensor) -> SavedTensor:
+    """A saved tensor of ``x`` (packed by the current saved-tensor hooks, as torch's Rule 2)."""
+    return _make_saved_tensor(x, is_output=False)
+
+
+def infer_device_type(*tensors: torch.Tensor) -> str:
+    """Device type of the given tensors, as ``torch.utils.checkpoint`` infers it."""
+    return _infer_device_type(*tensors)
+
+
+def autocast_kwargs(device_type: str) -> tuple[dict, dict]:
+    """The current (device, cpu) autocast settings, to replay under the forward's autocast."""
+    return _get_autocast_kwargs(device_type=device_type)
+
+
+def current_graph_id() -> Any:
+    """Id of the running backward (graph task or exec group), or None outside backward."""
+    gid: Any = GraphExecGroup._get_current_group()
+    if gid is None:
+        gid = _current_graph_task_id()
+        if gid == -1:
+            return None
+    return gid
+
+
+def reset_versions(tensors: tuple[torch.Tensor, ...], versions: tuple[int, ...]) -> None:
+    """Set version counters back (reinstatement restores bytes the forward left, R5)."""
+    _unsafe_set_version_counter(tensors, versions)
+
+
+def early_stop_override() -> bool | None:
+    """``torch.utils.checkpoint.set_checkpoint_early_stop``'s setting (None: not set)."""
+    return _tuc._enable_checkpoint_early_stop
+
+
+def debug_override() -> bool | None:
+    """``torch.utils.checkpoint.set_checkpoint_debug_enabled``'s setting (None: not set)."""
+    return _tuc._checkpoint_debug_enabled
+
+
+def has_storage(t: torch.Tensor) -> bool:
+    """True for dense strided tensors with a real storage (not meta, not wrapper subclasses)."""
+    return (t.layout == torch.strided and not is_traceable_wrapper_subclass(t)
+            and t.device.type != "meta")
+
+
+def in_foreign_recompute() -> bool:
+    """True while ``torch.utils.checkpoint`` (not stateremat) recomputes a segment on this thread.
+
+    Detected by the saved-tensor hook on top of the stack: torch's recomputation hook.
+    """
+    hooks = _top_saved_tensors_default_hooks(True)
+    if not hooks:
+        return False
+    pack = hooks[0]
+    pack = getattr(pack, "__wrapped__", pack)
+    return "_recomputation_hook" in getattr(pack, "__qualname__", "")
+
+
+class _Hidden(threading.local):
+    def __init__(self) -> None:
+        self.modes: list[Any] = []  # dispatch modes pushed by context_fn contexts, innermost last
+
+
+_HIDDEN = _Hidden()
+
+
+@contextlib.contextmanager
+def entered_hiding(ctx: Any) -> Iterator[None]:
+    """Enter ``ctx`` (a ``context_fn`` context); the dispatch modes it pushes never see library ops."""
+    before = _len_torch_dispatch_stack()
+    with ctx:
+        pushed = [_get_dispatch_stack_at(i) for i in range(before, _len_torch_dispatch_stack())]
+        _HIDDEN.modes.extend(pushed)
+        try:
+            yield
+        finally:
+            del _HIDDEN.modes[len(_HIDDEN.modes) - len(pushed):]
+
+
+@contextlib.contextmanager
+def library_ops() -> Iterator[None]:
+    """Run stateremat's own tensor bookkeeping outside the user's checkpoint policy and graphs.
+
+    Snapshot copies, journal gathers and restores are not part of the user's program: the
+    dispatch modes a ``context_fn`` pushed (a selective-checkpoint policy caching the ops it
+    saves) must not see them, and they must not be recorded by autograd or reach marked
+    tensors' handlers. Other modes (memory trackers, tracing) keep seeing them: snapshot and
+    journal bytes are memory too.
+    """
+    hidden = _HIDDEN.modes
+    if not hidden:
+        with torch.no_grad(), DisableTorchFunction():
+            yield
+        return
+    n = _len_torch_dispatch_stack()
+    popped = [_pop_mode() for _ in range(n)]  # innermost first
+    kept = [m for m in reversed(popped) if not any(m is h for h in hidden)]
+    for m in kept:
+        _push_mode(m)
+    try:
+        with torch.no_grad(), DisableTorchFunction():
+            yield
+    finally:
+        for _ in kept:
+            _pop_mode()
+        for m in reversed(popped):
+            _push_mode(m)

@@ -1,0 +1,169 @@
+"""Marking: the tensors of a journaled storage carry a write handler, nothing else pays.
+
+A region journal must see every in-place write to its storage (R6) — inside a segment, in an
+eager part of the model, in an optimizer step — but ops that touch no declared state should
+run at full speed. So instead of a dispatch mode over every op, the declared tensors of a
+journaled storage are *marked*: their class is swapped, for as long as the journal lives, to
+a subclass whose ``__torch_function__`` runs the call under :class:`~._mode.WriteMode`, which
+sees the ATen ops and their write annotations. Views and other aliases a marked call returns
+are marked too, so ``queue[ptr:ptr + n].copy_(keys)`` is seen. When the journal is dropped,
+every marked tensor gets its class back; pickling and ``deepcopy`` see the original class.
+
+Danger:
+    Writes through an alias created *before* the mark (a view taken earlier) bypass the
+    handler; they still bump the shared version counter, which the journal reports as a gap
+    (R8), except for kernels that write without a version bump (``native_batch_norm``'s running
+    statistics given such an alias).
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+from torch import nn
+
+from ._compat import DisableTorchFunctionSubclass, has_storage
+from ._errors import UnsupportedError
+from ._storage import storage_key
+
+#: id(marked tensor) -> its DeclaredStorage.
+_OWNER: dict[int, Any] = {}
+
+_QUIET = {
+    *(getattr(torch.Tensor, n).__get__ for n in (
+        "shape", "dtype", "device", "requires_grad", "is_leaf", "grad_fn", "layout", "ndim", "_version",
+        "is_cuda", "is_meta", "is_sparse", "is_quantized", "is_nested", "output_nr", "itemsize", "nbytes")
+      if hasattr(torch.Tensor, n)),
+    *(getattr(torch.Tensor, n) for n in (
+        "size", "dim", "numel", "stride", "storage_offset", "element_size", "is_contiguous", "data_ptr",
+        "untyped_storage", "is_floating_point", "is_complex", "nelement", "ndimension", "get_device",
+        "__len__", "__hash__", "__format__", "__repr__", "__bool__", "item", "tolist")),
+}
+_AS_BASE = {torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__}
+
+
+def _handler(cls: type, func: Any, types: tuple, args: tuple = (), kwargs: dict | None = None) -> Any:
+    if kwargs is None:
+        kwargs = {}
+    with DisableTorchFunctionSubclass():
+        if func in _QUIET:
+            return func(*args, **kwargs)
+        if func in _AS_BASE:
+            return _as_base(func, args, kwargs)
+        known: dict = {}
+        _collect(args, known)
+        if kwargs:
+            _collect(kwargs.values(), known)
+        if not known:
+            return func(*args, **kwargs)
+        from ._mode import WriteMode
+
+        with WriteMode(known):
+            out = func(*args, **kwargs)
+        _mark_aliases(out, known)
+        return out
+
+
+def _collect(values: Any, known: dict) -> None:
+    for a in values:
+        if type(a) in _BASE_OF:
+            st = _OWNER.get(id(a))
+            if st is not None:
+                known[st.key] = st
+        elif type(a) in (list, tuple):
+            for x in a:
+                if type(x) in _BASE_OF:
+                    st = _OWNER.get(id(x))
+                    if st is not None:
+                        known[st.key] = st
+
+
+def _mark_aliases(out: Any, known: dict) -> None:
+    outs = out if type(out) in (tuple, list) else (out,)
+    for o in outs:
+        if isinstance(o, torch.Tensor) and type(o) in _MARKED_OF and has_storage(o):
+            st = known.get(storage_key(o))
+            if st is not None:
+                mark_tensor(o, st)
+
+
+def _as_base(func: Any, args: tuple, kwargs: dict) -> Any:
+    t = args[0]
+    cls = type(t)
+    t.__class__ = _BASE_OF[cls]
+    try:
+        return func(*args, **kwargs)
+    finally:
+        t.__class__ = cls
+
+
+class _MarkedTensor(torch.Tensor):
+    """A ``torch.Tensor`` on a journaled declared storage (class swapped in place)."""
+
+    __torch_function__ = classmethod(_handler)  # type: ignore[assignment]
+
+
+class _MarkedParameter(nn.Parameter):
+    """An ``nn.Parameter`` on a journaled declared storage (class swapped in place)."""
+
+    __torch_function__ = classmethod(_handler)  # type: ignore[assignment]
+
+
+_MARKED_OF: dict[type, type] = {torch.Tensor: _MarkedTensor, nn.Parameter: _MarkedParameter}
+_BASE_OF: dict[type, type] = {v: k for k, v in _MARKED_OF.items()}
+
+
+def is_marked(t: torch.Tensor) -> bool:
+    """True if ``t`` currently carries the write handler."""
+    return type(t) in _BASE_OF
+
+
+def mark_tensor(t: torch.Tensor, st: Any) -> bool:
+    """Mark ``t`` as a tensor of declared storage ``st``; False if its class cannot be marked.
+
+    Raises:
+        UnsupportedError: ``t`` is already marked for another runtime's storage (the same
+            tensor declared by segments running on two threads).
+    """
+    cls = type(t)
+    if cls in _BASE_OF:
+        owner = _OWNER.get(id(t))
+        if owner is st or owner is None:
+            _OWNER[id(t)] = st
+            return True
+        if owner.key == st.key and owner.rt is st.rt:
+            return True
+        raise UnsupportedError(
+            f"stateremat.torch: declared state {st.name()!r} is journaled by checkpointed segments on two "
+            "threads at once (expected each thread to declare its own tensors, got one tensor in two "
+            "runtimes). Tip: concurrent mutation from other threads is out of scope; give each thread its "
+            "own model, or use preserve='whole'."
+        )
+    marked = _MARKED_OF.get(cls)
+    if marked is None:
+        return False
+    t.__class__ = marked
+    _OWNER[id(t)] = st
+    st.marks.append((id(t), weakref.ref(t)))
+    return True
+
+
+def mark_storage(st: Any) -> None:
+    """Mark the declared tensors on storage ``st`` (its witnesses that live on it)."""
+    for t in list(st.witnesses.values()):
+        with DisableTorchFunctionSubclass():
+            on_it = has_storage(t) and storage_key(t) == st.key
+        if on_it and not mark_tensor(t, st):
+            st.unmarkable = True
+
+
+def unmark_storage(st: Any) -> None:
+    """Give every tensor marked for ``st`` its class back."""
+    for i, ref in st.marks:
+        t = ref()
+        if _OWNER.get(i) is st:
+            del _OWNER[i]
+            if t is not None and type(t) in _BASE_OF:
+                t.__class__ = _BASE_OF[type(t)]
+    st.marks.clear()

@@ -1,0 +1,184 @@
+"""``region``: a journal of the written regions of a declared storage (R6, paper §3.1).
+
+One journal per declared storage, shared by every segment that preserves it by region. Every
+in-place write to the storage — inside a segment's forward, in an eager part of the model, in
+an optimizer step — appends an entry holding the *old* bytes of the written runs, stamped with
+a sequence number. Writes are seen because the declared tensors (and their views) are
+*marked* while the journal lives (:mod:`stateremat.torch._mark`): only calls that touch them
+reach Python. A segment that started at sequence ``s0`` reconstructs ``B0`` from the entries
+with ``seq >= s0`` (its own writes and later writes that destroy state it needs), replays,
+then the visible bytes are reinstated.
+
+Writes the journal never saw (through a path that bypasses the marks) change version counters
+and are recorded as a *gap*; a segment that started before a gap is refused (R8).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import _mark
+from .._compat import library_ops
+from .._errors import ReplayError
+from .._runtime import DeclaredStorage
+from .._storage import _run_ids, gather, merge_runs, round_runs, scatter, write_runs
+from stateremat.contract import rule
+from ._base import Preserver, Restored
+
+
+@dataclass
+class _Entry:
+    seq: int
+    runs: np.ndarray  # (n, 2) byte runs
+    old: torch.Tensor  # uint8, old bytes of runs, concatenated
+    ids: np.ndarray | None = None  # granularity-chunk ids of runs (storages of whole chunks)
+
+
+class Journal:
+    """The write log of one declared storage.
+
+    Args:
+        storage: the declared storage.
+        granularity_bytes: chunk size in bytes (the first region declaration's).
+    """
+
+    def __init__(self, storage: DeclaredStorage, granularity_bytes: int) -> None:
+        self.storage = storage
+        self.granularity_bytes = granularity_bytes
+        self.entries: list[_Entry] = []
+        self.bytes = 0
+
+    def record(self, runs: np.ndarray) -> int:
+        """Keep the old bytes of ``runs`` before a write; return the bytes kept."""
+        st = self.storage
+        runs = round_runs(runs, self.granularity_bytes, st.nbytes)
+        if runs.shape[0] == 0:
+            return 0
+        with library_ops():
+            old = gather(st.flat, runs)
+        g = self.granularity_bytes
+        ids = None if st.nbytes % g else _run_ids(runs, g)
+        self.entries.append(_Entry(st.rt.next_seq(), runs, old, ids))
+        self._grow(old.numel())
+        return old.numel()
+
+    def _grow(self, n: int) -> None:
+        self.bytes += n
+        c = self.storage.rt.counters
+        c.journal_bytes += n
+        c.touch()
+
+    def restore(self, start_seq: int) -> Restored | None:
+        """Put back the bytes the storage had at ``start_seq``; return what was visible.
+
+        Each chunk takes the old bytes of the *first* entry covering it since ``start_seq``, so
+        a replay copies each written chunk once, not once per later write.
+        """
+        entries = [e for e in self.entries if e.seq >= start_seq]
+        if not entries:
+            return None
+        flat = self.storage.flat
+        union = merge_runs(np.concatenate([e.runs[:, 0] for e in entries]),
+                           np.concatenate([e.runs[:, 1] for e in entries]))
+        with library_ops():
+            visible = gather(flat, union)
+            g = self.granularity_bytes
+            if len(entries) == 1 or self.storage.nbytes % g:  # a partial last chunk: undo newest first
+                for e in reversed(entries):
+                    scatter(flat, e.runs, e.old)
+                return Restored(union, visible)
+            seen = np.zeros(self.storage.nbytes // g, dtype=bool)
+            ids, rows = [], []
+            for e in entries:  # oldest first: the first entry covering a chunk holds its B0 bytes
+                eids = e.ids
+                new = ~seen[eids]
+                if not new.any():
+                    continue
+                seen[eids] = True
+                old = e.old.view(-1, g)
+                if new.all():
+                    ids.append(eids)
+                    rows.append(old)
+                else:
+                    pos = np.flatnonzero(new)
+                    ids.append(eids[pos])
+                    rows.append(old.index_select(0, torch.from_numpy(pos).to(old.device)))
+            flat.view(-1, g).index_copy_(0, torch.from_numpy(np.concatenate(ids)).to(flat.device), torch.cat(rows))
+        return Restored(union, visible)
+
+    def prune(self, oldest: int | None) -> None:
+        """Drop entries no consumer can need (older than ``oldest``, all when None)."""
+        if self.entries and (oldest is None or self.entries[0].seq < oldest):
+            self.entries = [] if oldest is None else [e for e in self.entries if e.seq >= oldest]
+            kept = sum(e.old.numel() for e in self.entries)
+            self._grow(kept - self.bytes)
+
+
+class RegionPreserver(Preserver):
+    """Region journal of one declared storage (paper Table 1, "region journal")."""
+
+    name = "region"
+    captures_replay_writes = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.start_seq = 0
+        self.own_bytes = 0  # journal bytes written by this segment's own forward
+
+    def begin(self) -> None:
+        st = self.storage
+        if st.journal is None:
+            st.journal = Journal(st, self.granularity_bytes)
+            _mark.mark_storage(st)
+        st.observe(journaled=False)  # writes before now are B0 for this segment, not a gap
+        self.start_seq = st.rt.next_seq()
+        st.consumers[self.segment_id] = self.start_seq
+
+    @classmethod
+    def before_write(cls, storage: DeclaredStorage, func: Any, args: tuple, kwargs: dict,
+                     written: torch.Tensor) -> int:
+        j = storage.journal
+        if j is None or not storage.consumers:
+            return 0
+        return j.record(write_runs(func, args, kwargs, written))
+
+    def restore(self, segment_name: str) -> Restored | None:
+        st = self.storage
+        st.observe(journaled=False)
+        if st.gap_seq >= self.start_seq:
+            raise ReplayError(
+                f"stateremat.torch.checkpoint: cannot replay segment {segment_name!r}: declared state "
+                f"{st.gap_note} was written outside any checkpointed segment, or through an alias the region "
+                "journal does not see, after the segment's forward, so the journal does not hold the bytes the "
+                f"replay needs (expected an unbroken journal, got a version gap; {rule('R8')}). Tip: pass "
+                "preserve='whole' for this segment, or write the tensor through the declared tensor or views "
+                "taken after it was declared."
+            )
+        return st.journal.restore(self.start_seq)
+
+    def release(self) -> None:
+        st = self.storage
+        if st.consumers.pop(self.segment_id, None) is None:
+            return
+        j = st.journal
+        if j is None:
+            return
+        if st.consumers:
+            j.prune(min(st.consumers.values()))
+        else:
+            j.prune(None)
+            st.journal = None
+            _mark.unmark_storage(st)
+
+    def adopt(self, segment_id: int) -> "RegionPreserver":
+        p = RegionPreserver(self.storage, segment_id, self.granularity_bytes, owned=False)
+        p.start_seq, p.names = self.start_seq, list(self.names)
+        self.storage.consumers[segment_id] = self.start_seq
+        return p
+
+    @property
+    def retained_bytes(self) -> int:
+        return self.own_bytes

@@ -1,0 +1,161 @@
+"""The runtime: every piece of mutable bookkeeping of one thread, in one object.
+
+A thread that runs checkpointed forwards owns a :class:`Runtime`: the segments whose forward
+is running, the declared storages with live users (:class:`DeclaredStorage`), the sequence
+numbers that order journal entries, and the preservation counters. Two threads training two
+models never share one. A segment keeps a reference to the runtime it was created in, so a
+replay that autograd runs on another thread (CUDA's device threads) still finds its state;
+only the *replay stack* (what ``is_replaying()`` reports) belongs to the executing thread.
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+import torch
+
+from ._compat import library_ops
+from ._storage import StorageKey, flat_bytes
+
+
+class Counters:
+    """Bytes held for preservation and replay counts of one runtime (``preservation_stats``)."""
+
+    def __init__(self) -> None:
+        self.snapshot_bytes = 0
+        self.journal_bytes = 0
+        self.live_segments = 0
+        self.peak_retained = 0
+        self.peak_temporary = 0
+        self.recompute_count = 0
+
+    def retained(self) -> int:
+        return self.snapshot_bytes + self.journal_bytes
+
+    def touch(self) -> None:
+        """Update the retained peak (after every change of held bytes)."""
+        r = self.snapshot_bytes + self.journal_bytes
+        if r > self.peak_retained:
+            self.peak_retained = r
+
+
+class DeclaredStorage:
+    """One storage some live segment declared: its bytes, version witnesses and journal.
+
+    Args:
+        rt: the runtime that owns it.
+        key: storage identity (:func:`stateremat.torch._storage.storage_key`).
+        tensor: a declared tensor on the storage (keeps the storage alive while declared).
+
+    Attributes:
+        flat: ``uint8`` view of every byte of the storage (writes through it bump no version).
+        consumers: segment id -> start sequence number of region segments needing the journal.
+        journal: the storage's region journal (``_preserve.region``), or None.
+        gap_seq: sequence number of the last write no journal saw (version witnesses, R8).
+    """
+
+    def __init__(self, rt: "Runtime", key: StorageKey, tensor: torch.Tensor) -> None:
+        self.rt = rt
+        self.key = key
+        self.flat = flat_bytes(tensor)
+        self.nbytes = self.flat.numel()
+        self.users = 0
+        self.consumers: dict[int, int] = {}
+        self.journal: Any = None
+        self.witnesses: dict[int, torch.Tensor] = {}
+        self.synced: dict[int, int] = {}
+        self.names: dict[int, str] = {}
+        self.gap_seq = 0
+        self.gap_note = ""
+        self.marks: list[Any] = []  # weak references to tensors whose class was swapped (_mark)
+        self.unmarkable = False  # a declared tensor's class cannot carry the write handler
+
+    # -- version witnesses (R8) -----------------------------------------------------------
+    def add_witness(self, t: torch.Tensor, name: str) -> None:
+        """Watch ``t``'s version counter: a change no journal saw is a gap."""
+        if id(t) not in self.witnesses:
+            self.witnesses[id(t)] = t
+            self.synced[id(t)] = t._version
+            self.names[id(t)] = name
+
+    def observe(self, journaled: bool) -> None:
+        """Compare witnesses with the last synced versions; an unjournaled change is a gap."""
+        changed = [i for i, t in self.witnesses.items() if t._version != self.synced[i]]
+        if not changed:
+            return
+        if not journaled:
+            self.gap_seq = self.rt.next_seq()
+            i = changed[0]
+            self.gap_note = f"{self.names[i]!r} (version {self.synced[i]} -> {self.witnesses[i]._version})"
+        for i in changed:
+            self.synced[i] = self.witnesses[i]._version
+
+    def name(self) -> str:
+        """A declared name of this storage for messages."""
+        return next(iter(self.names.values()), f"a storage of {self.nbytes} bytes")
+
+    def snapshot(self) -> torch.Tensor:
+        """A copy of every byte of the storage."""
+        with library_ops():
+            return self.flat.clone()
+
+
+class Runtime:
+    """All mutable state of one thread's checkpointing (segments, storages, sequence, counters)."""
+
+    def __init__(self) -> None:
+        self.forward: list[Any] = []  # Segment frames whose original forward runs, innermost last
+        self.replay: list[Any] = []  # ReplayLog of replays running on this thread, innermost last
+        self.storages: dict[StorageKey, DeclaredStorage] = {}
+        self.strict_depth = 0  # a global write-interception mode is pushed on this thread
+        self.counters = Counters()
+        self._seq = itertools.count(1)
+
+    def next_seq(self) -> int:
+        """The next sequence number (orders journal entries, segment starts and gaps)."""
+        return next(self._seq)
+
+    def acquire(self, key: StorageKey, tensor: torch.Tensor) -> DeclaredStorage:
+        """The declared storage of ``key`` (created on first use), with one more user."""
+        st = self.storages.get(key)
+        if st is None:
+            st = self.storages[key] = DeclaredStorage(self, key, tensor)
+        st.users += 1
+        return st
+
+    def release(self, st: DeclaredStorage) -> None:
+        """One user fewer; forget the storage when nobody uses it."""
+        st.users -= 1
+        if st.users <= 0 and self.storages.get(st.key) is st:
+            del self.storages[st.key]
+
+
+class _Local(threading.local):
+    def __init__(self) -> None:
+        self.rt = Runtime()
+
+
+_LOCAL = _Local()
+
+
+def runtime() -> Runtime:
+    """This thread's runtime."""
+    return _LOCAL.rt
+
+
+def replaying() -> bool:
+    """True while a checkpointed segment is being replayed (recomputed) on this thread.
+
+    Public as ``stateremat.torch.is_replaying()``: code with Python side effects (a forward
+    hook that logs, counts or appends to a list) can skip them during the replay, so they
+    happen once per step as in eager execution::
+
+        def hook(module, inputs, output):
+            if not stateremat.torch.is_replaying():
+                seen.append(output.detach())
+
+    Returns:
+        bool.
+    """
+    return bool(_LOCAL.rt.replay)

@@ -1,0 +1,349 @@
+"""The two wings of DESIGN.md: import rules (an ``ast`` walk), import cost, the library without
+the paper's extras, and each package's public surface (issue 12)."""
+from __future__ import annotations
+
+import __future__
+import ast
+import importlib
+import inspect
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+PAPER_EXTRAS = ("pandas", "pyarrow", "matplotlib", "dask", "distributed")
+HEAVY = ("torch", "jax", "jaxlib") + PAPER_EXTRAS
+
+
+# --------------------------------------------------------------------------- the ast rules
+def _unit(module: str) -> str:
+    """The package a module belongs to for the private-module rule: ``stateremat.<layer>`` in the
+    library, ``stateremat.paper.<part>`` in the paper wing (subpackages share their layer's)."""
+    parts = module.split(".")
+    depth = 3 if parts[:2] == ["stateremat", "paper"] else 2
+    keep = []
+    for p in parts[:depth]:
+        if p.startswith("_"):
+            break
+        keep.append(p)
+    return ".".join(keep)
+
+
+def _private(module: str) -> bool:
+    return any(p.startswith("_") and not p.startswith("__") for p in module.split(".")[1:])
+
+
+def _imports(name: str, source: str, is_package: bool, known: set[str]):
+    """``(target module, inside a function, line)`` for every import of one module."""
+    out = []
+
+    def visit(node, in_func: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                out.extend((a.name, in_func, child.lineno) for a in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = name.split(".")[: len(name.split(".")) - child.level + is_package]
+                    mod = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    mod = child.module
+                if mod == "__future__":
+                    continue
+                out.append((mod, in_func, child.lineno))
+                # `from package import _module` imports a module too
+                out.extend((f"{mod}.{a.name}", in_func, child.lineno) for a in child.names
+                           if f"{mod}.{a.name}" in known)
+            visit(child, in_func or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+
+    visit(ast.parse(source), False)
+    return out
+
+
+def violations(modules: dict[str, tuple[str, bool]]) -> list[str]:
+    """Every breach of DESIGN.md's rules in ``modules`` (name -> (source, is_package))."""
+    stdlib = set(sys.stdlib_module_names)
+    known = set(modules)
+    bad = []
+    for name, (source, is_package) in sorted(modules.items()):
+        for target, in_func, line in _imports(name, source, is_package, known):
+            top = target.split(".")[0]
+            where = f"{name}:{line} imports {target}"
+            if target.startswith("stateremat.paper") and not name.startswith("stateremat.paper"):
+                if not (name.startswith("stateremat.cli") and in_func):
+                    bad.append(f"{where}: only the paper wing (and the CLI, inside a function) may")
+            if name.startswith("stateremat.contract"):
+                if not (top in stdlib or top == "numpy" or target.startswith("stateremat.contract")):
+                    bad.append(f"{where}: contract imports only numpy and the standard library")
+            if name.startswith("stateremat.reference"):
+                if not (top in stdlib or top == "numpy"
+                        or target.startswith(("stateremat.reference", "stateremat.contract"))):
+                    bad.append(f"{where}: the reference is NumPy only")
+            if name.startswith("stateremat.planner"):
+                if top == "scipy" and not in_func:
+                    bad.append(f"{where}: the planner loads scipy lazily (MILP only)")
+                elif not (top in stdlib or top in ("numpy", "scipy")
+                          or target.startswith(("stateremat.planner", "stateremat.contract"))):
+                    bad.append(f"{where}: the planner imports neither torch nor pandas")
+            if top == "stateremat" and _private(target) and _unit(target) != _unit(name):
+                bad.append(f"{where}: a private module of another package")
+    return bad
+
+
+def _tree() -> dict[str, tuple[str, bool]]:
+    out = {}
+    for path in sorted((SRC / "stateremat").rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        out[".".join(parts[:-1] if is_package else parts)] = (path.read_text(), is_package)
+    return out
+
+
+def test_the_source_tree_keeps_designs_import_rules():
+    tree = _tree()
+    assert {"stateremat.contract", "stateremat.reference", "stateremat.planner",
+            "stateremat.paper.bench._runner", "stateremat.cli._app"} <= set(tree)
+    assert violations(tree) == []
+
+
+def test_the_rule_checker_catches_each_kind_of_breach():
+    fake = {
+        "stateremat.planner._x": ("import torch\nfrom scipy import optimize\n", False),
+        "stateremat.contract._y": ("import pandas\nfrom ..planner import plan\n", False),
+        "stateremat.reference._z": ("import scipy\n", False),
+        "stateremat.torch._w": ("from stateremat.paper.bench import run_experiment\n", False),
+        "stateremat.cli._v": ("from stateremat.paper.cli import paper_app\n"
+                              "def f():\n    from stateremat.paper.cli import paper_app\n", False),
+        "stateremat.paper.bench._u": ("from ..profile._options import sync\nfrom .._progress import x\n"
+                                      "from ...contract import _io\nfrom ._v import y\n", False),
+        "stateremat.paper.profile._options": ("", False),
+        "stateremat.paper._progress": ("", False),
+        "stateremat.contract._io": ("", False),
+        "stateremat.paper.bench._v": ("", False),
+    }
+    got = violations(fake)
+    want = [
+        "stateremat.cli._v:1 imports stateremat.paper.cli: only the paper wing",
+        "stateremat.contract._y:1 imports pandas: contract imports only numpy",
+        "stateremat.contract._y:2 imports stateremat.planner: contract imports only numpy",
+        "stateremat.paper.bench._u:1 imports stateremat.paper.profile._options: a private module",
+        "stateremat.paper.bench._u:2 imports stateremat.paper._progress: a private module",
+        "stateremat.paper.bench._u:3 imports stateremat.contract._io: a private module",
+        "stateremat.planner._x:1 imports torch: the planner imports neither torch nor pandas",
+        "stateremat.planner._x:2 imports scipy: the planner loads scipy lazily",
+        "stateremat.reference._z:1 imports scipy: the reference is NumPy only",
+        "stateremat.torch._w:1 imports stateremat.paper.bench: only the paper wing",
+    ]
+    assert len(got) == len(want), got
+    for g, w in zip(got, want):
+        assert g.startswith(w), (g, w)
+
+
+# --------------------------------------------------------------------------- import cost
+def _run(code: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_import_stateremat_is_light_and_fast():
+    code = ("import sys, time\nt = time.perf_counter()\nimport stateremat\n"
+            "dt = time.perf_counter() - t\nimport json\n"
+            "print(json.dumps([dt, sorted(m for m in %r if m in sys.modules)]))" % (HEAVY,))
+    runs = []
+    for _ in range(5):
+        res = _run(code)
+        assert res.returncode == 0, res.stderr
+        runs.append(json.loads(res.stdout))
+    assert all(loaded == [] for _, loaded in runs), runs
+    assert min(dt for dt, _ in runs) < 0.3, runs
+
+
+def test_import_stateremat_torch_loads_no_paper_extras():
+    pytest.importorskip("torch")
+    res = _run("import sys, stateremat.torch\n"
+               "print(sorted(m for m in %r if m in sys.modules))" % (PAPER_EXTRAS,))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- `pip install .[torch]`
+LIBRARY_ONLY = textwrap.dedent('''
+    import importlib.machinery, json, sys
+
+    BLOCKED = {blocked!r}
+    PathFinder = importlib.machinery.PathFinder
+
+    class Uninstalled:
+        """The path finder, minus the [paper] extra: as if it were not installed."""
+
+        @classmethod
+        def find_spec(cls, name, path=None, target=None):
+            return None if name.split(".")[0] in BLOCKED else PathFinder.find_spec(name, path, target)
+
+        @classmethod
+        def invalidate_caches(cls):
+            PathFinder.invalidate_caches()
+
+    assert PathFinder in sys.meta_path
+    sys.meta_path[:] = [Uninstalled if f is PathFinder else f for f in sys.meta_path]
+    try:
+        import pandas
+    except ModuleNotFoundError:
+        pass
+    else:
+        raise AssertionError("the finder did not hide pandas")
+
+    import torch
+    from stateremat.torch import checkpoint
+
+    class Head(torch.nn.Module):  # enqueues in place inside the checkpointed segment
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("queue", torch.randn(16, 4, generator=torch.Generator().manual_seed(0)))
+
+        def forward(self, q, k):
+            loss = (q @ self.queue.clone().T).logsumexp(1).mean()
+            self.queue[: len(k)] = k
+            return loss
+
+    torch.manual_seed(0)
+    q, k = torch.randn(2, 4, requires_grad=True), torch.randn(2, 4)
+    eager, ckpt = Head(), Head()
+    g_ref = torch.autograd.grad(eager(q, k), q)[0]
+    g = torch.autograd.grad(checkpoint(ckpt, q, k, state=[ckpt]), q)[0]
+    assert torch.equal(g, g_ref) and torch.equal(ckpt.queue, eager.queue)
+
+    from stateremat.contract import save_card
+    from stateremat.planner import exhaustive, plan, random_card
+
+    card = random_card(8, 3)
+    floor = plan(card, 0).min_feasible_peak_bytes
+    budget = floor + (floor // 4)
+    res = plan(card, budget)
+    assert res.feasible and res.predicted_time_s == exhaustive(card, budget).predicted_time_s
+
+    card_path, plan_path = sys.argv[1], sys.argv[2]
+    save_card(card, card_path)
+    from stateremat.cli import main
+
+    for argv in (["plan", "--help"], ["plan", card_path, "--budget", str(budget), "--json", plan_path]):
+        sys.argv = ["stateremat", *argv]
+        try:
+            main()
+        except SystemExit as exc:
+            assert exc.code in (0, None), (argv, exc.code)
+    doc = json.load(open(plan_path))
+    assert doc["feasible"] and doc["options"] == res.options, doc
+    loaded = sorted(m for m in sys.modules if m.split(".")[0] in BLOCKED or m.startswith("stateremat.paper"))
+    print("library ok", loaded)
+''')
+
+
+def test_checkpoint_planner_and_plan_command_work_without_the_paper_extras(tmp_path):
+    pytest.importorskip("torch")
+    res = _run(LIBRARY_ONLY.format(blocked=set(PAPER_EXTRAS)), str(tmp_path / "card.json"),
+               str(tmp_path / "plan.json"))
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert res.stdout.strip().splitlines()[-1] == "library ok []"
+
+
+# --------------------------------------------------------------------------- public surfaces
+EXPECTED_ALL = {
+    "stateremat": ["OPTIONS", "Option", "Outcome", "PlanResult", "ProfileCard", "ProfileCardError",
+                   "RULES", "ReplayDivergenceError", "ReplayError", "UndeclaredStateError",
+                   "UnsupportedError", "__version__", "load_card", "plan", "save_card"],
+    "stateremat.contract": [
+        "OPTIONS", "Option", "OptionCost", "OptionRegistry", "Outcome", "ProfileCard",
+        "ProfileCardError", "RECOMPUTE_ONLY", "RULES", "RecordsError", "ReplayDivergenceError",
+        "ReplayError", "SegmentCard", "UndeclaredStateError", "UnsupportedError",
+        "atomic_write_bytes", "atomic_write_json", "card_options", "format_bytes",
+        "internal_assert", "json_default", "load_card", "loadavg", "package_version",
+        "parse_seed_range", "parse_size", "provenance", "rule", "save_card", "sha256_bytes",
+        "source_hash", "utc_now"],
+    "stateremat.reference": [
+        "DTYPES", "Node", "Op", "OpRecord", "Program", "RANDOM_KINDS", "Region", "Run", "View",
+        "check_supported", "complex_step_grad", "execute", "forward_jacobian_grad",
+        "forward_with_snapshot", "graph_output", "region_undo_replay", "reverse_grad",
+        "same_state", "scalar_output", "snapshot_replay", "unsupported_reason", "wrong_rng_state"],
+    "stateremat.reference.engines": [
+        "ENGINES", "EagerEngine", "Engine", "GuardedEngine", "ReadSetEngine", "Recovery",
+        "RegionEngine", "WholeEngine", "backward", "forward", "make_engine"],
+    "stateremat.planner": [
+        "CostTables", "PLANNERS", "PLAN_KEYS", "PlanResult", "PlannerSpec", "SPECS",
+        "activation_pressure_card", "all_eager", "all_region", "all_whole", "cost_tables",
+        "eager_fraction_budget", "eager_whole", "exhaustive", "joint", "milp", "plan",
+        "random_card", "state_agnostic"],
+    "stateremat.jax": ["checkpoint"],
+    "stateremat.integrations": [],
+    "stateremat.cli": ["app", "fail", "main"],
+    "stateremat.paper": ["NO_PROGRESS", "Progress", "Task", "as_progress"],
+    "stateremat.paper.records": ["RecordStore", "read_records"],
+    "stateremat.paper.verify": [
+        "ALIAS_DIMS", "ALIAS_PATTERNS", "ENGINE_NAMES", "FAMILIES", "SUITE_CODES",
+        "alias_failures", "alias_rows", "byte_program", "byte_segment", "check_recovery",
+        "derivative_program", "engine_rows", "engines_failures", "family_program",
+        "finite_failures", "finite_rows", "integer_write_variant", "run_alias", "run_engines",
+        "run_finite", "run_units", "summarise_alias", "summarise_engines", "summarise_finite"],
+    "stateremat.paper.bench": [
+        "Cell", "EXPERIMENTS", "ExperimentSpec", "FAIR_EAGER_FRACTION", "FROZEN_PROFILE_ENV",
+        "METHODS", "MethodRun", "SIX_METHODS", "TABLE", "budget_rule", "build_method",
+        "cell_card", "check_method", "experiment_spec", "method_plan", "policy_json",
+        "resolve_budget", "resolve_spec", "run_cell_methods", "run_experiment", "summarize",
+        "with_budget"],
+    "stateremat.paper.cohort": [
+        "EXPERIMENTS", "PRESPECIFIED", "STATUS_TABLE", "TIMING_TABLE", "cohort_config",
+        "freeze_profiles", "method_order", "prespecified_comparisons", "run_one_process",
+        "run_process_cohort", "worker_main"],
+    "stateremat.paper.moco": [
+        "KEY", "METHODS", "MocoPreset", "PRESETS", "TABLE", "check_threads", "failed_runs",
+        "resolve_device", "run_moco", "scores_path", "summarize", "write_summary"],
+    "stateremat.paper.semantics": [
+        "DTYPES", "EXTENSION_TABLE", "FAMILIES", "FLOAT32_RTOL", "HIDDEN_FAMILIES", "KEY",
+        "ProgramParams", "RunReport", "SEMANTICS_TABLE", "TABLE_ORDER", "cohort_units", "compare",
+        "program_data", "program_params", "resolve_device", "run_semantics", "summarize_frame",
+        "summarize_semantics"],
+    "stateremat.paper.stats": [
+        "Comparison", "FAMILY_ALPHA", "N_RESAMPLES", "RatioEstimate", "bonferroni_level",
+        "bootstrap_ratio", "compare", "comparisons_from", "family_size", "geometric_mean",
+        "method_table", "paired_ratios", "process_means"],
+    "stateremat.paper.report": [
+        "REPORTERS", "cohort_summary", "register_reporter", "render_bench", "report_bench",
+        "report_moco", "report_semantics", "report_semantics_extension", "tables_in",
+        "write_bench_tables"],
+    "stateremat.paper.workloads": [
+        "BasicBlock", "CPU_BYTES_FACTOR", "CPU_DIM_FACTOR", "FASHION_MNIST_DIR", "ImageData",
+        "MOCO_SEGMENTS", "MoCo", "PRESETS", "QueueHead", "ResNet18", "StateSegment",
+        "StatefulChain", "WORKLOADS", "WorkloadConfig", "detect_dataset", "fit_validation_split",
+        "load_dataset", "loss_fn", "make_batch", "preset_budget", "preset_config", "scale",
+        "two_views", "write_indices"],
+    "stateremat.paper.profile": [
+        "RecomputeOnly", "journal_scope", "preserved_now", "profile_workload", "sync",
+        "warm_chain", "workload_source_hash", "wrap_segment"],
+    "stateremat.paper.cli": ["paper_app", "progress_bar"],
+}
+NEEDS = {"stateremat.jax": "jax", "stateremat.paper.bench": "torch", "stateremat.paper.moco": "torch",
+         "stateremat.paper.workloads": "torch", "stateremat.paper.profile": "torch"}
+
+
+@pytest.mark.parametrize("package", sorted(EXPECTED_ALL))
+def test_public_names_are_exactly_the_listed_ones(package):
+    if package in NEEDS:
+        pytest.importorskip(NEEDS[package])
+    mod = importlib.import_module(package)
+    assert sorted(mod.__all__) == sorted(EXPECTED_ALL[package])
+    assert len(mod.__all__) == len(set(mod.__all__))
+    # every listed name exists, and every public, non-module attribute is listed
+    assert all(hasattr(mod, n) for n in mod.__all__)
+    public = {n for n, v in vars(mod).items() if not n.startswith("_") and not inspect.ismodule(v)
+              and not isinstance(v, __future__._Feature)}
+    assert public == {n for n in mod.__all__ if not n.startswith("_")}
+
+
+def test_every_public_package_has_an_expected_surface():
+    pkgs = {".".join(p.relative_to(SRC).parts[:-1]) for p in (SRC / "stateremat").rglob("__init__.py")}
+    public = {p for p in pkgs if not _private(p)}
+    # stateremat.torch is being rewritten (issue 12, items 3-4); its list comes with it
+    assert public - set(EXPECTED_ALL) <= {"stateremat.torch"}
