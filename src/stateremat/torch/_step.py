@@ -45,7 +45,8 @@ def make_step(model: nn.Module, step: Any) -> tuple[Callable[[], Any], list[torc
     Args:
         model: the model.
         step: a step function ``step_fn(model)`` that runs forward, backward (and the optimizer
-            step, if any), or a sample: a tensor, a tuple of positional arguments or a dict of
+            step, if any) — the tensors it captures (:func:`captured_tensors`) are its inputs —
+            or a sample: a tensor, a tuple of positional arguments or a dict of
             keyword arguments, for which a step is ``default_loss(model(sample)).backward()``.
 
     Raises:
@@ -55,7 +56,7 @@ def make_step(model: nn.Module, step: Any) -> tuple[Callable[[], Any], list[torc
         raise TypeError(f"{_API}: expected a step function step_fn(model) or a sample batch, got None. "
                         "Tip: profile(model, segments, sample_batch).")
     if callable(step) and not isinstance(step, (torch.Tensor, nn.Module)):
-        return (lambda: step(model)), []
+        return (lambda: step(model)), captured_tensors(step)
     if not isinstance(step, (torch.Tensor, Mapping, tuple, list)):
         _call(model, step)  # raises the TypeError naming what a sample may be
 
@@ -65,6 +66,27 @@ def make_step(model: nn.Module, step: Any) -> tuple[Callable[[], Any], list[torc
         return loss.detach()
 
     return run, [t for t in tree_flatten(step)[0] if isinstance(t, torch.Tensor)]
+
+
+def captured_tensors(fn: Any) -> list[torch.Tensor]:
+    """Tensors a step function reaches without arguments: its closure cells and the globals it
+    names (one level into tuples, lists and dicts) — typically its batch."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    values = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    glb = getattr(fn, "__globals__", {})
+    values += [glb[n] for n in code.co_names if n in glb]
+    out = []
+    for v in values:
+        items = list(v.values()) if isinstance(v, dict) else list(v) if isinstance(v, (tuple, list)) else [v]
+        out += [t for t in items if isinstance(t, torch.Tensor)]
+    return out
 
 
 def model_device(model: nn.Module, device: Any = None) -> torch.device:
