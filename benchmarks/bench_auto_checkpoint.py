@@ -33,7 +33,8 @@ import torch
 import torch.utils.checkpoint as tuc
 
 from stateremat.contract import format_bytes, loadavg
-from stateremat.torch import PeakMemory, auto_checkpoint, expected_peak_bytes
+from stateremat.planner import plan
+from stateremat.torch import PeakMemory, apply_plan, auto_checkpoint, expected_peak_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from _clients import import_timm, import_transformers  # noqa: E402  (torchvision stand-in for timm)
@@ -105,13 +106,14 @@ def run(name: str, pairs: int, device: torch.device) -> dict:
     budget_rule = "0.5 x eager measured peak"
     try:
         res = auto_checkpoint(ours, budget, step_fn=step_ours, segments=segments, optimizers=[opt_ours], repeats=3)
-    except ValueError as e:  # no plan fits: say so, then plan at the least budget any plan fits
-        least = int(str(e).split("smallest predicted peak is ")[1].split("(")[1].split(" B)")[0])
+    except ValueError as e:  # no plan fits: say so, then plan the same card at the least budget any plan fits
+        least = e.plan.min_feasible_peak_bytes
         print(f"{name}: 0.5 x eager's measured peak ({format_bytes(budget)}) is INFEASIBLE: the least predicted "
               f"peak of any plan is {format_bytes(least)} = {least / eager_peak:.3f} x eager's measured peak; "
               "planning at 1.02 x that instead", flush=True)
         budget, budget_rule = int(1.02 * least), "1.02 x the least predicted peak (0.5 x eager infeasible)"
-        res = auto_checkpoint(ours, budget, step_fn=step_ours, segments=segments, optimizers=[opt_ours], repeats=3)
+        res = plan(e.plan.card, budget, planner="joint")
+        apply_plan(ours, res)
     plan_s = time.perf_counter() - t0
     replayed = [n for n, o in zip(res.segment_names, res.options) if o != "eager"]
     ours_peak = measured_peak(ours, step_ours, opt_ours, inputs, device)

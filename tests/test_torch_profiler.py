@@ -186,9 +186,10 @@ def test_auto_checkpoint_profiles_plans_and_wraps_in_place():
     names = [n for n, _ in model.named_parameters()]
     keys = list(model.state_dict())
     x, y = _batch()
-    with pytest.raises(ValueError, match="no checkpoint plan fits the budget 1.00 KiB"):
+    with pytest.raises(ValueError, match="no checkpoint plan fits the budget 1.00 KiB") as info:
         auto_checkpoint(model, 1024, sample=(x, y), segments=SEGMENTS, repeats=1)
     assert all("forward" not in vars(m) for m in model.modules())  # left unwrapped
+    assert not info.value.plan.feasible and info.value.plan.card.segment_names[0] == "layer1.0"
     eager = all_eager(profile(model, SEGMENTS, (x, y), repeats=1), 1).predicted_peak_bytes
     res = auto_checkpoint(model, int(0.75 * eager), sample=(x, y), segments=SEGMENTS, repeats=1)
     assert res.feasible and "region" in res.options or "whole" in res.options

@@ -78,7 +78,8 @@ def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, 
 
     Raises:
         ValueError: no policy fits ``budget`` (the model is left unwrapped; the message gives the
-            minimum predicted peak), a bad budget, both or neither of ``sample``/``step_fn``, and
+            minimum predicted peak and the exception's ``plan`` attribute is the infeasible
+            :class:`~stateremat.planner.PlanResult`, ``plan.card`` the measured card), a bad budget, both or neither of ``sample``/``step_fn``, and
             the errors of :func:`profile`.
 
     References:
@@ -100,11 +101,13 @@ def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, 
                    repeats=repeats, state=state, optimizers=optimizers, **segment_options)
     res = make_plan(card, budget_bytes, planner=planner)
     if not res.feasible or res.options is None:
-        raise ValueError(f"{_API}: no checkpoint plan fits the budget {format_bytes(budget_bytes)} "
+        err = ValueError(f"{_API}: no checkpoint plan fits the budget {format_bytes(budget_bytes)} "
                          f"({budget_bytes} B); the smallest predicted peak is "
                          f"{format_bytes(res.min_feasible_peak_bytes)} ({res.min_feasible_peak_bytes} B) with "
                          f"{res.min_peak_options}. The model is unchanged. Tip: raise the budget, use smaller "
                          "segments or a smaller batch.")
+        err.plan = res  # the infeasible PlanResult, its card included (plan.card)
+        raise err
     expected = expected_peak_bytes(card, res.options)
     note = (f"expected peak {format_bytes(expected)} ({expected} B) when the segments run as a chain; "
             f"predicted_peak_bytes is eq. (3)'s bound P + Σ r + max q")

@@ -15,8 +15,8 @@ import weakref
 from typing import Any, Iterable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+
+from ._compat import TorchDispatchMode, tree_flatten
 
 CUDA_METHOD = "cuda_max_memory_allocated"
 CPU_METHOD = "cpu_live_storage_tracker"

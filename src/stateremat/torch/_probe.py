@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
+from ._compat import tree_flatten
 from ._memory import PeakMemory
 from ._step import sync
 
@@ -17,7 +17,8 @@ _API = "stateremat.torch.profile"
 
 @dataclass(frozen=True)
 class Event:
-    """One boundary: ``kind`` in start/fwd_enter/fwd_exit/bwd_start/bwd_end/end, segment index
+    """One boundary: ``kind`` in start/fwd_enter/fwd_exit/bwd_start/bwd_end/bwd_done (the
+    backward pass finished)/end, segment index
     (-1 for start/end), wall time (s), live bytes, peak bytes since the previous event and bytes
     held for state preservation (snapshots and journals, :func:`preservation_stats`)."""
 
@@ -84,6 +85,10 @@ class Probe:
             self._handles.append(t.register_hook(lambda g, i=i: self._start(i)))
 
     def _start(self, i: int) -> None:
+        if not self._started:  # the first gradient of the step: mark where its backward ends
+            engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+            if engine is not None and hasattr(engine, "queue_callback"):
+                engine.queue_callback(lambda: self.event("bwd_done"))
         if i not in self._started:
             self._started.add(i)
             self.event("bwd_start", i)

@@ -5,7 +5,8 @@ from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_flatten
+
+from ._compat import tree_flatten
 
 _API = "stateremat.torch"
 

@@ -85,9 +85,9 @@ def read_timeline(events: list[Event], n: int) -> StepCosts:
                                 max(0, exit_.preserved_bytes - entry.preserved_bytes)))
     enter0 = first[("fwd_enter", 0)]
     last_exit = max(first[("fwd_exit", i)] for i in range(n))
-    bwd = [k for k, e in enumerate(events) if e.kind in ("bwd_start", "bwd_end")]
+    bwd = [k for k, e in enumerate(events) if e.kind in ("bwd_start", "bwd_end", "bwd_done")]
     first_bwd = bwd[0] if bwd else end
-    last_bwd = bwd[-1] if bwd else end
+    last_bwd = bwd[-1] if bwd else end  # bwd_done when torch reports the backward's end
     base = events[0].live_bytes
     return StepCosts(
         segments=segs, base_bytes=base, entry_bytes=events[enter0].live_bytes,
