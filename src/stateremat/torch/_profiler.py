@@ -46,7 +46,8 @@ def _option_names(options: Iterable[Any]) -> list[str]:
 
 
 class _Runner:
-    """Runs steps of ``model`` with every segment under one option and a probe."""
+    """Runs steps of ``model`` with its segments under given options, a probe on each segment
+    and, for memory steps, the tracker (whose roots are what the step starts with)."""
 
     def __init__(self, model: nn.Module, names: list[str], run: Callable[[], Any], inputs: list[torch.Tensor],
                  device: torch.device, state: Any, opts: dict[str, Any], optimizers: tuple = ()) -> None:
@@ -57,7 +58,7 @@ class _Runner:
     def roots(self) -> list[Any]:
         m = self.model
         tensors = [*m.parameters(), *(p.grad for p in m.parameters() if p.grad is not None), *m.buffers(),
-                   *(t for m in m.modules() for t in vars(m).values() if isinstance(t, torch.Tensor)),
+                   *(t for mod in m.modules() for t in vars(mod).values() if isinstance(t, torch.Tensor)),
                    *self.inputs,
                    *(t for o in self.optimizers for s in o.state.values() for t in s.values()
                      if isinstance(t, torch.Tensor))]
