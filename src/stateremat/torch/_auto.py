@@ -34,6 +34,9 @@ def expected_peak_bytes(card: ProfileCard, options: list[str]) -> int:
 
     Raises:
         ValueError: ``options`` does not match the card's segments or names an unmeasured option.
+
+    References:
+        Paper §4, eq. (3) (the bound this refines for a chain of segments).
     """
     if len(options) != len(card.segments):
         raise ValueError(f"{_API}: {len(options)} options for {len(card.segments)} card segments. "
@@ -81,6 +84,13 @@ def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, 
             minimum predicted peak and the exception's ``plan`` attribute is the infeasible
             :class:`~stateremat.planner.PlanResult`, ``plan.card`` the measured card), a bad budget, both or neither of ``sample``/``step_fn``, and
             the errors of :func:`profile`.
+
+    Danger:
+        The plan is as good as the profiled step: a different batch size or sequence length
+        changes every byte. When segments share declared state (the same buffer in several
+        segments) a mixed plan needs :func:`stateremat.torch.journal_writes` around the forward
+        (R6), or the replay is refused. Python side effects inside a replayed segment repeat
+        unless guarded by :func:`stateremat.torch.is_replaying`.
 
     References:
         Paper §4 (profile, eq. 3, plan).
