@@ -135,8 +135,9 @@ def test_final_storage_control_diverges_when_a_nonlinear_read_is_overwritten(p, 
     assert np.abs(reverse_grad(run) - ref).max() <= 1e-13 * max(1.0, np.abs(ref).max())
     scale = float(np.abs(ref).max())
     assume(scale > 0.0)  # an all-zero gradient cannot show the difference
-    # relative: gradients can be tiny (~1e-8) when long affine chains shrink them
-    assert np.abs(reverse_grad(run, source="final") - ref).max() > 1e-6 * scale
+    # relative to the largest component, and far above the 1e-13 agreement of exact methods:
+    # the affected components can be tiny (~1e-5 of the largest) when affine chains shrink them
+    assert np.abs(reverse_grad(run, source="final") - ref).max() > 1e-9 * scale
 
 
 @SETTINGS

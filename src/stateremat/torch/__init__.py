@@ -10,6 +10,8 @@ from stateremat.contract import (
     UnsupportedError as UnsupportedError,
 )
 
+from . import _compat  # noqa: F401  (fails here, with the torch versions needed, on an unsupported torch)
+
 from ._checkpoint import Checkpointer as Checkpointer, checkpoint as checkpoint, journal_writes as journal_writes
 from ._runtime import replaying as is_replaying
 from ._memory import PeakMemory as PeakMemory, memory_method as memory_method, storage_bytes as storage_bytes  # issue 5
@@ -26,3 +28,11 @@ from ._stats import (
     preservation_stats as preservation_stats,
     reset_preservation_stats as reset_preservation_stats,
 )
+
+__all__ = [
+    "Checkpointer", "PeakMemory", "PreservationStats", "ReplayDivergenceError", "ReplayError",
+    "StatefulCheckpoint", "UndeclaredStateError", "UndeclaredStateWarning", "UnsupportedError",
+    "apply_plan", "auto_checkpoint", "checkpoint", "checkpoint_sequential", "expected_peak_bytes",
+    "is_replaying", "journal_writes", "memory_method", "preservation_stats", "profile",
+    "refuse_python_state", "reset_preservation_stats", "resolve_segments", "storage_bytes",
+]

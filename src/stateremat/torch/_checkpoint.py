@@ -14,6 +14,7 @@ from . import _mark, _rng
 from ._compat import (
     DisableTorchFunctionSubclass,
     debug_override,
+    eager_only,
     entered_hiding,
     early_stop_override,
     has_storage,
@@ -61,14 +62,23 @@ DETERMINISM_CHECKS = ("default", "none")
 OPTION_KEYWORDS = ("state", "preserve", "granularity_bytes", "on_undeclared", "verify")
 
 
-def _declared_keywords(fn: Any) -> set[str]:
+_KEYWORDS_OF: dict[Any, frozenset[str]] = {}  # code object / type -> declared parameter names
+
+
+def _declared_keywords(fn: Any) -> frozenset[str]:
     """Parameter names ``fn`` declares explicitly (empty when its signature is unknown)."""
     target = fn.forward if isinstance(fn, torch.nn.Module) else fn
+    code = getattr(getattr(target, "__func__", target), "__code__", None)
+    if code is not None and not isinstance(fn, functools.partial) and code in _KEYWORDS_OF:
+        return _KEYWORDS_OF[code]
     try:
         params = inspect.signature(target).parameters.values()
     except (TypeError, ValueError):
-        return set()
-    return {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        return frozenset()
+    names = frozenset(p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    if code is not None and not isinstance(fn, functools.partial):
+        _KEYWORDS_OF[code] = names
+    return names
 
 
 class Checkpointer:
@@ -110,6 +120,7 @@ class Checkpointer:
         return (f"Checkpointer(state={self.state!r}, preserve={self.preserve!r}, granularity_bytes="
                 f"{self.granularity_bytes}, on_undeclared={self.on_undeclared!r}, verify={self.verify})")
 
+    @eager_only
     def __call__(self, function: Callable, *args: Any, use_reentrant: bool | None = None,
                  context_fn: Callable[[], tuple[Any, Any]] | None = None, determinism_check: str = "default",
                  debug: bool = False, early_stop: bool = True, **kwargs: Any) -> Any:
@@ -121,6 +132,7 @@ class Checkpointer:
                     early_stop=early_stop)
 
 
+@eager_only
 def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "region",
                granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False,
                use_reentrant: bool | None = None, context_fn: Callable[[], tuple[Any, Any]] | None = None,
@@ -284,8 +296,9 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
         seg.expected = {id(t): v for _, t, v in seg.scan}
         probes = {i: v for i, v in r.norm_stats.items() if i not in declared_ids}
         probes.update({i: (n, t) for i, (n, t) in r.tensors.items() if i not in declared_ids and _stat_like(t)})
-        with library_ops():
-            seg.norm_probes = [(n, t, t.clone()) for n, t in probes.values()]
+        if probes:
+            with library_ops():
+                seg.norm_probes = [(n, t, t.clone()) for n, t in probes.values()]
     _mark_reachable_aliases(seg)
     for enclosing in rt.forward:
         enclosing.check_inner_declaration(seg)
@@ -333,8 +346,8 @@ def _stat_like(t: torch.Tensor) -> bool:
 
 
 def _mark_reachable_aliases(seg: Segment) -> None:
-    """Reachable tensors on a journaled storage (the base of a declared view) are marked too."""
-    journaled = {k: p.storage for k, p in seg.txn.items.items() if p.storage.journal is not None}
+    """Reachable tensors on a declared storage (the base of a declared view) are marked too."""
+    journaled = {k: p.storage for k, p in seg.txn.items.items()}
     if not journaled:
         return
     with DisableTorchFunctionSubclass():

@@ -11,6 +11,7 @@ backward pass. Other modules import these names from here, never from ``torch._C
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from typing import Any, Callable, Iterator
 
@@ -55,10 +56,21 @@ except (ImportError, AttributeError) as _exc:  # pragma: no cover - depends on t
 
 __all__ = [
     "CheckpointError", "DisableTorchFunction", "DisableTorchFunctionSubclass", "GraphExecGroup", "SavedTensor", "TorchDispatchMode",
-    "autocast_kwargs", "current_graph_id", "early_stop_override", "debug_override", "has_storage",
+    "autocast_kwargs", "eager_only", "current_graph_id", "early_stop_override", "debug_override", "has_storage",
     "in_foreign_recompute", "infer_device_type", "library_ops", "make_saved_tensor", "reset_versions",
     "tree_flatten", "tree_unflatten", "is_traceable_wrapper_subclass",
 ]
+
+
+def eager_only(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``fn`` (and what it calls) eagerly under ``torch.compile``.
+
+    The transaction's bookkeeping (saved-tensor hooks, snapshots, journal, version counters)
+    is Python that graphs cannot hold; compiling a model that contains a checkpointed segment
+    breaks the graph once at the segment and runs the segment eagerly, instead of tracing into
+    the library and recompiling it.
+    """
+    return torch.compiler.disable(fn, recursive=True)
 
 
 def make_saved_tensor(x: torch.Tensor) -> SavedTensor:
@@ -107,17 +119,28 @@ def has_storage(t: torch.Tensor) -> bool:
             and t.device.type != "meta")
 
 
+_REENTRANT_BACKWARD = _tuc.CheckpointFunction.backward.__code__
+
+
 def in_foreign_recompute() -> bool:
     """True while ``torch.utils.checkpoint`` (not stateremat) recomputes a segment on this thread.
 
-    Detected by the saved-tensor hook on top of the stack: torch's recomputation hook.
+    Non-reentrant: the saved-tensor hook on top of the stack is torch's recomputation hook.
+    Reentrant: inside a backward, ``CheckpointFunction.backward`` is on the Python stack.
     """
     hooks = _top_saved_tensors_default_hooks(True)
-    if not hooks:
+    if hooks:
+        pack = getattr(hooks[0], "__wrapped__", hooks[0])
+        if "_recomputation_hook" in getattr(pack, "__qualname__", ""):
+            return True
+    if _current_graph_task_id() == -1:
         return False
-    pack = hooks[0]
-    pack = getattr(pack, "__wrapped__", pack)
-    return "_recomputation_hook" in getattr(pack, "__qualname__", "")
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code is _REENTRANT_BACKWARD:
+            return True
+        f = f.f_back
+    return False
 
 
 class _Hidden(threading.local):

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._compat import DisableTorchFunctionSubclass, has_storage
+from ._compat import DisableTorchFunctionSubclass, eager_only, has_storage
 from ._errors import UnsupportedError
 from ._storage import storage_key
 
@@ -46,9 +46,15 @@ _AS_BASE = {torch.Tensor.__deepcopy__, torch.Tensor.__reduce_ex__}
 def _handler(cls: type, func: Any, types: tuple, args: tuple = (), kwargs: dict | None = None) -> Any:
     if kwargs is None:
         kwargs = {}
-    with DisableTorchFunctionSubclass():
-        if func in _QUIET:
+    if func in _QUIET:  # metadata: no write, no alias
+        with DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
+    return _handle(func, args, kwargs)
+
+
+@eager_only
+def _handle(func: Any, args: tuple, kwargs: dict) -> Any:
+    with DisableTorchFunctionSubclass():
         if func in _AS_BASE:
             return _as_base(func, args, kwargs)
         known: dict = {}

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ._checkpoint import _validate, run_segment
+from ._compat import eager_only
 from ._scan import Declared, check_state, resolve_state
 from ._segment import RecomputeSink
 
@@ -103,6 +104,7 @@ class StatefulCheckpoint(nn.Module):
             return resolve_state(self.block, self.block, prefix)
         return resolve_state(self.state, self.block, prefix)
 
+    @eager_only
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.block(*args, **kwargs)

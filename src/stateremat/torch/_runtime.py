@@ -58,8 +58,9 @@ class DeclaredStorage:
     def __init__(self, rt: "Runtime", key: StorageKey, tensor: torch.Tensor) -> None:
         self.rt = rt
         self.key = key
-        self.flat = flat_bytes(tensor)
-        self.nbytes = self.flat.numel()
+        self._tensor = tensor
+        self._flat: torch.Tensor | None = None
+        self.nbytes = tensor.untyped_storage().nbytes()
         self.users = 0
         self.consumers: dict[int, int] = {}
         self.journal: Any = None
@@ -71,13 +72,22 @@ class DeclaredStorage:
         self.marks: list[Any] = []  # weak references to tensors whose class was swapped (_mark)
         self.unmarkable = False  # a declared tensor's class cannot carry the write handler
 
+    @property
+    def flat(self) -> torch.Tensor:
+        """``uint8`` view of every byte of the storage (made on first use)."""
+        if self._flat is None:
+            self._flat = flat_bytes(self._tensor)
+        return self._flat
+
     # -- version witnesses (R8) -----------------------------------------------------------
-    def add_witness(self, t: torch.Tensor, name: str) -> None:
-        """Watch ``t``'s version counter: a change no journal saw is a gap."""
-        if id(t) not in self.witnesses:
-            self.witnesses[id(t)] = t
-            self.synced[id(t)] = t._version
-            self.names[id(t)] = name
+    def add_witness(self, t: torch.Tensor, name: str) -> bool:
+        """Watch ``t``'s version counter: a change no journal saw is a gap. True if new."""
+        if id(t) in self.witnesses:
+            return False
+        self.witnesses[id(t)] = t
+        self.synced[id(t)] = t._version
+        self.names[id(t)] = name
+        return True
 
     def observe(self, journaled: bool) -> None:
         """Compare witnesses with the last synced versions; an unjournaled change is a gap."""
@@ -129,6 +139,9 @@ class Runtime:
         st.users -= 1
         if st.users <= 0 and self.storages.get(st.key) is st:
             del self.storages[st.key]
+            from ._mark import unmark_storage  # _mark's handler imports this module's users
+
+            unmark_storage(st)
 
 
 class _Local(threading.local):

@@ -217,14 +217,16 @@ class Segment:
         """Reachable undeclared tensors written since the forward began (versions and norm bytes)."""
         own = {k for k, p in self.txn.items.items() if p.owned}
         found: dict[str, str] = {}
+        expected = self.expected
         with DisableTorchFunctionSubclass():
             for n, t, _ in self.scan:
-                if t._version != self.expected.get(id(t), t._version) and storage_key(t) not in own:
+                if t._version != expected.get(id(t), t._version) and storage_key(t) not in own:
                     found.setdefault(describe(n), "version counter")
-            with library_ops():
-                for n, t, before in self.norm_probes:
-                    if not _same_bytes(t, before) and storage_key(t) not in own:
-                        found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
+            if self.norm_probes:
+                with library_ops():
+                    for n, t, before in self.norm_probes:
+                        if not _same_bytes(t, before) and storage_key(t) not in own:
+                            found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
         return list(found)
 
     def report_undeclared(self, names: list[str], when: str) -> None:
@@ -264,14 +266,19 @@ class Segment:
 
     # -- inputs (Rule 2 of torch's note: inputs are saved tensors of the enclosing segment) --
     def save_inputs(self, args: tuple, kwargs: dict) -> None:
-        leaves, self._spec = tree_flatten((args, kwargs))
+        if not kwargs and all(type(a) is torch.Tensor for a in args):
+            leaves, self._spec = list(args), None  # the common case, without pytree
+        else:
+            leaves, self._spec = tree_flatten((args, kwargs))
         self._saved = [
             x if isinstance(x, torch.Tensor) and self._restored_by_txn(x)
             else make_saved_tensor(x) if isinstance(x, torch.Tensor) else x
             for x in leaves
         ]
         device_type = infer_device_type(*[x for x in leaves if isinstance(x, torch.Tensor)])
-        self._autocast = (device_type, *autocast_kwargs(device_type))
+        on = torch.is_autocast_enabled(device_type) or torch.is_autocast_enabled("cpu")
+        # None: the forward ran without autocast (the replay then makes sure it does too)
+        self._autocast = (device_type, *autocast_kwargs(device_type)) if on else (device_type, None, None)
 
     def _restored_by_txn(self, x: torch.Tensor) -> bool:
         """True if the transaction restores every byte of input ``x`` (then it is held as is).
@@ -293,7 +300,7 @@ class Segment:
 
     def inputs(self) -> tuple[tuple, dict]:
         leaves = [x.unpack() if isinstance(x, SavedTensor) else x for x in self._saved]
-        return tree_unflatten(leaves, self._spec)
+        return (tuple(leaves), {}) if self._spec is None else tree_unflatten(leaves, self._spec)
 
     # -- hooks ---------------------------------------------------------------------------
     def forward_hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
@@ -377,10 +384,14 @@ class Segment:
         """Re-run the segment once for backward ``gid`` inside the replay transaction."""
         args, kwargs = self.inputs()
         device_type, device_kw, cpu_kw = self._autocast
-        device_ac = (
-            torch.amp.autocast(device_type=device_type, **device_kw)
-            if torch.amp.is_autocast_available(device_type) else contextlib.nullcontext()
-        )
+        if device_kw is None and not (torch.is_autocast_enabled(device_type) or torch.is_autocast_enabled("cpu")):
+            device_ac = cpu_ac = contextlib.nullcontext()  # autocast off then and now
+        else:
+            if device_kw is None:
+                device_kw = cpu_kw = {"enabled": False}
+            device_ac = (torch.amp.autocast(device_type=device_type, **device_kw)
+                         if torch.amp.is_autocast_available(device_type) else contextlib.nullcontext())
+            cpu_ac = torch.amp.autocast("cpu", **cpu_kw)
         strict = StrictMode(self.rt, "replay", self) if self.strict else contextlib.nullcontext()
         oplog = _OpLog(self.debug_ops[1]) if self.debug_ops is not None else contextlib.nullcontext()
         if self.debug_ops is not None:
@@ -389,8 +400,8 @@ class Segment:
             versions = [(n, t, t._version) for n, t, _ in self.scan]
         bindings = self.bindings.as_of_forward_start() if self.bindings is not None else contextlib.nullcontext()
         with self.txn.replay(self), bindings, _rng.replayed(self.rng):
-            with self._recompute_hooks(gid), torch.autograd.enable_grad(), device_ac, \
-                    torch.amp.autocast("cpu", **cpu_kw), entered_hiding(self.recompute_context), strict, oplog:
+            with self._recompute_hooks(gid), torch.autograd.enable_grad(), device_ac, cpu_ac, \
+                    entered_hiding(self.recompute_context), strict, oplog:
                 try:
                     self.fn(*args, **kwargs)
                 except _StopRecomputation:

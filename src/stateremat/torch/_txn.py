@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from . import _mark
 from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops, reset_versions
 from ._errors import UnsupportedError
 from ._preserve import PRESERVERS, Preserver, Restored, WholePreserver
@@ -77,15 +78,21 @@ class Bindings:
     def __init__(self, modules: list[tuple[str, nn.Module]], tensors: list[torch.Tensor]) -> None:
         self.slots = [(m, d, k, v) for _, mod in modules for m in mod.modules()
                       for d in ("_buffers", "_parameters") for k, v in getattr(m, d).items()]
-        with library_ops():
-            self.data = [(t, t.detach(), storage_key(t)) for t in tensors if has_storage(t)]
+        with DisableTorchFunctionSubclass():  # where each declared tensor's bytes live now
+            self.data = [(t, t.untyped_storage(), t.storage_offset(), t.size(), t.stride(), t.data_ptr())
+                         for t in tensors if has_storage(t)]
         self.rebound: list[tuple[nn.Module, str, str, Any]] = []
         self.swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def settle(self) -> None:
         """After the forward: note what changed (nothing kept when nothing did)."""
         self.rebound = [(m, d, k, v) for m, d, k, v in self.slots if getattr(m, d).get(k, None) is not v]
-        self.swapped = [(t, orig) for t, orig, key in self.data if storage_key(t) != key]
+        with DisableTorchFunctionSubclass():
+            moved = [e for e in self.data if e[0].data_ptr() != e[5] or e[0].untyped_storage().data_ptr()
+                     != e[1].data_ptr()]
+        with library_ops():
+            self.swapped = [(t, torch.empty(0, dtype=t.dtype, device=t.device).set_(st, off, size, stride))
+                            for t, st, off, size, stride, _ in moved]
         self.slots, self.data = [], []
 
     @contextlib.contextmanager
@@ -157,7 +164,8 @@ class Transaction:
         for key, members in by_key.items():
             st = self.runtime.acquire(key, members[0][1])
             for name, t in members:  # every declared tensor on the storage watches its version (R8)
-                st.add_witness(t, name)
+                if st.add_witness(t, name) and not _mark.mark_tensor(t, st):
+                    st.unmarkable = True  # writes to it reach on_write from now on, or via StrictMode
             self._add(key, st, [n for n, _ in members], cls)
 
     def _add(self, key: StorageKey, st: DeclaredStorage, names: list[str], cls: type[Preserver]) -> Preserver:
@@ -171,7 +179,8 @@ class Transaction:
         """Declare ``t`` now, before its first write, with a whole snapshot (``on_undeclared="declare"``)."""
         key = storage_key(t)
         st = self.runtime.acquire(key, t)
-        st.add_witness(t, name)
+        if st.add_witness(t, name) and not _mark.mark_tensor(t, st):
+            st.unmarkable = True
         self._add(key, st, [name], WholePreserver)
 
     def adopt(self, inner: "Transaction") -> None:

@@ -5,7 +5,8 @@ in-place write to the storage — inside a segment's forward, in an eager part o
 an optimizer step — appends an entry holding the *old* bytes of the written runs, stamped with
 a sequence number. Writes are seen because the declared tensors (and their views) are
 *marked* while the journal lives (:mod:`stateremat.torch._mark`): only calls that touch them
-reach Python. A segment that started at sequence ``s0`` reconstructs ``B0`` from the entries
+reach Python (``whole`` storages are marked too, which is how writes by a foreign recomputation
+are refused). A segment that started at sequence ``s0`` reconstructs ``B0`` from the entries
 with ``seq >= s0`` (its own writes and later writes that destroy state it needs), replays,
 then the visible bytes are reinstated.
 
@@ -20,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _mark
 from .._compat import library_ops
 from .._errors import ReplayError
 from .._runtime import DeclaredStorage
@@ -132,7 +132,6 @@ class RegionPreserver(Preserver):
         st = self.storage
         if st.journal is None:
             st.journal = Journal(st, self.granularity_bytes)
-            _mark.mark_storage(st)
         st.observe(journaled=False)  # writes before now are B0 for this segment, not a gap
         self.start_seq = st.rt.next_seq()
         st.consumers[self.segment_id] = self.start_seq
@@ -171,7 +170,6 @@ class RegionPreserver(Preserver):
         else:
             j.prune(None)
             st.journal = None
-            _mark.unmark_storage(st)
 
     def adopt(self, segment_id: int) -> "RegionPreserver":
         p = RegionPreserver(self.storage, segment_id, self.granularity_bytes, owned=False)

@@ -1,0 +1,392 @@
+"""Issue 13: every pattern that gave a silent wrong result, with its neighbours.
+
+Each small input from the issue is a test with the right value (eager autograd, float64,
+bitwise unless stated); each kind is parametrized over both preservers and, where it applies,
+nesting and other write ops. A pattern ends either exactly right or in a clear error.
+"""
+from __future__ import annotations
+
+import functools
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as tuc
+from torch import nn
+
+import stateremat
+from stateremat.torch import (
+    Checkpointer,
+    ReplayError,
+    StatefulCheckpoint,
+    UndeclaredStateError,
+    UndeclaredStateWarning,
+    checkpoint,
+    is_replaying,
+)
+
+PRESERVERS = ["region", "whole"]
+D = torch.float64
+
+
+# ---- 1. library keywords never swallow the function's own keywords -------------------------
+def _cell(x, state=None):
+    return torch.tanh(x if state is None else x + state)
+
+
+def test_configured_checkpoint_passes_state_on_to_fn():
+    x = torch.tensor([0.5, -1.0, 2.0], dtype=D, requires_grad=True)
+    h = torch.tensor(2.0, dtype=D)
+    y = Checkpointer()(_cell, x, state=h)
+    assert torch.allclose(y, torch.tensor([0.9866, 0.7616, 0.9993], dtype=D), atol=1e-4)
+    assert torch.equal(y, _cell(x, state=h))
+    (g,) = torch.autograd.grad(y.sum(), x)
+    (g_ref,) = torch.autograd.grad(_cell(x, state=h).sum(), x)
+    assert torch.equal(g, g_ref)
+
+
+@pytest.mark.parametrize("kw", ["state", "preserve", "verify", "granularity_bytes", "on_undeclared"])
+def test_checkpoint_refuses_fn_that_declares_a_stateremat_keyword(kw):
+    fn = eval(f"lambda x, {kw}=None: x * 2")  # noqa: S307 - builds a signature
+    x = torch.ones(2, requires_grad=True)
+    with pytest.raises(TypeError, match=rf"declares parameter\(s\) \['{kw}'\].*Checkpointer"):
+        checkpoint(fn, x)
+    # torch's signature: every keyword torch does not reserve reaches fn
+    y = Checkpointer()(fn, x, **{kw: None})
+    assert torch.equal(y, x * 2)
+
+
+def test_module_forward_keywords_and_partials():
+    class Cell(nn.Module):
+        def forward(self, x, state=None):
+            return _cell(x, state)
+
+    x = torch.tensor([0.5, -1.0, 2.0], dtype=D, requires_grad=True)
+    h = torch.tensor(2.0, dtype=D)
+    with pytest.raises(TypeError, match="Checkpointer"):
+        checkpoint(Cell(), x, state=h)
+    assert torch.equal(StatefulCheckpoint(Cell())(x, state=h), _cell(x, h))
+    assert torch.equal(Checkpointer()(functools.partial(_cell, state=h), x), _cell(x, h))
+
+
+def test_torch_reserved_keywords_are_not_passed_to_fn():
+    seen = {}
+
+    def fn(x, **kwargs):
+        seen.update(kwargs)
+        return x * 2
+
+    x = torch.ones(2, requires_grad=True)
+    for ck in (checkpoint, Checkpointer()):
+        seen.clear()
+        ck(fn, x, early_stop=False, preserve_rng_state=True, debug=False, use_reentrant=False,
+           determinism_check="default", other=1).sum().backward()
+        assert seen == {"other": 1}
+
+
+# ---- 2. state reached by rebinding ---------------------------------------------------------
+class _Rebind(nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+        self.w = nn.Parameter(torch.ones((), dtype=D))
+        self.register_buffer("m", torch.zeros((), dtype=D))
+
+    def forward(self, x):
+        y = self.w * x * (1 + self.m)
+        if self.how == "assign":
+            self.m = self.m + 1
+        elif self.how == "data":
+            self.m.data = self.m + 1
+        elif self.how == "register":
+            self.register_buffer("m", self.m + 1)
+        return y
+
+
+@pytest.mark.parametrize("how", ["assign", "data", "register"])
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("wrap", ["function", "module", "nested"])
+def test_rebinding_a_declared_buffer_replays_the_forward_binding(how, preserve, wrap):
+    m = _Rebind(how)
+    x = torch.tensor(3.0, dtype=D)
+    if wrap == "function":
+        y = checkpoint(m, x, state="buffers", preserve=preserve)
+    elif wrap == "module":
+        y = StatefulCheckpoint(m, preserve=preserve)(x)
+    else:
+        y = checkpoint(lambda t: checkpoint(m, t, state="buffers", preserve=preserve) * 1.0, x, state=[m],
+                       preserve=preserve)
+    y.backward()
+    assert m.w.grad.item() == 3.0  # d(w x (1 + m0))/dw with m0 = 0
+    assert m.m.item() == 1.0  # rebound once
+
+
+# ---- 3. nesting ----------------------------------------------------------------------------
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_inner_declaration_does_not_cover_the_outer_segments_own_write(preserve):
+    b = torch.zeros((), dtype=D)
+    w = torch.ones((), dtype=D, requires_grad=True)
+    x = torch.tensor(3.0, dtype=D)
+
+    def inner(h):
+        y = h * (1 + b)
+        b.add_(1)
+        return y
+
+    def outer(x):
+        h = w * x * (1 + b)
+        b.add_(1)
+        return checkpoint(inner, h, state=[b], preserve=preserve)
+
+    with pytest.raises(UndeclaredStateError, match=r"captured variable 'b'.*before the inner segment"):
+        checkpoint(outer, x, state=[])
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_torch_checkpoint_inside_a_stateful_segment_is_refused_not_doubled(preserve, reentrant):
+    bn = nn.BatchNorm1d(3).double()
+    x = torch.randn(4, 3, dtype=D, requires_grad=True)
+
+    def body(h):
+        return tuc.checkpoint(bn, h * 2, use_reentrant=reentrant)
+
+    y = checkpoint(body, x, state=[bn], preserve=preserve)
+    # torch's frame replays bn again during backward, outside our transaction: refused there
+    with pytest.raises(ReplayError, match="torch.utils.checkpoint recomputes"):
+        y.sum().backward()
+
+
+def test_stateful_segment_inside_torch_checkpoint_is_refused():
+    bn = nn.BatchNorm1d(3).double()
+    x = torch.randn(4, 3, dtype=D, requires_grad=True)
+    y = tuc.checkpoint(lambda h: checkpoint(bn, h, state=[bn]) * 2, x, use_reentrant=False)
+    with pytest.raises(ReplayError, match="recomputed by torch.utils.checkpoint"):
+        y.sum().backward()
+
+
+@pytest.mark.parametrize("outer_preserve", PRESERVERS)
+@pytest.mark.parametrize("inner_preserve", PRESERVERS)
+def test_nested_stateful_segments_update_once(outer_preserve, inner_preserve):
+    torch.manual_seed(0)
+    ref = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.Dropout(0.3)).double()
+    net = nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3), nn.Dropout(0.3)).double()
+    net.load_state_dict(ref.state_dict())
+    x = torch.randn(6, 3, dtype=D, requires_grad=True)
+    torch.manual_seed(1)
+    (g_ref,) = torch.autograd.grad(ref(x).pow(2).sum(), x)
+
+    def outer(t):
+        h = net[0](t)
+        return checkpoint(lambda u: net[2](net[1](u)), h, state=[net[1]], preserve=inner_preserve)
+
+    torch.manual_seed(1)
+    (g,) = torch.autograd.grad(checkpoint(outer, x, state=[net], preserve=outer_preserve).pow(2).sum(), x)
+    assert torch.equal(g, g_ref)
+    assert torch.equal(net[1].running_mean, ref[1].running_mean)
+    assert int(net[1].num_batches_tracked) == 1
+
+
+# ---- 4. writes that bump no version counter, outside any segment ----------------------------
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_batch_norm_outside_any_segment_is_journaled(preserve):
+    W = torch.ones((), dtype=D, requires_grad=True)
+    rm, rv = torch.zeros((), dtype=D).reshape(1), torch.ones(1, dtype=D)
+    x = torch.tensor([3.0], dtype=D)
+    y = checkpoint(lambda x: W * x * (1 + rm), x, state=[rm, rv], preserve=preserve)
+    z = torch.tensor([[5.0], [7.0]], dtype=D)
+    F.batch_norm(z, rm, rv, training=True, momentum=1.0)  # sets rm = 6 without a version bump
+    assert rm.item() == 6.0
+    y.sum().backward()
+    assert W.grad.item() == 3.0
+    assert rm.item() == 6.0
+
+
+# ---- 5. the region journal below the default granularity ------------------------------------
+@pytest.mark.parametrize("granularity", [8, 64, 100, 256, 4096])
+def test_scattered_index_fill_below_the_default_granularity(granularity):
+    buf = torch.zeros(4096, dtype=D)
+    w = torch.ones((), dtype=D, requires_grad=True)
+
+    def f(w):
+        y = (w * buf).sum() + 2 * w
+        buf.index_fill_(0, torch.arange(0, 4096, 97), 1.0)
+        return y
+
+    y = checkpoint(f, w, state=[buf], preserve="region", granularity_bytes=granularity)
+    y.backward()
+    assert w.grad.item() == 2.0
+    assert buf.sum().item() == 43.0
+
+
+# ---- 6. library ops never leak into the user's dispatch modes --------------------------------
+def _sac():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op is torch.ops.aten.mm.default else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_selective_checkpoint_policy_with_batch_norm_state(preserve):
+    x = torch.randn(6, 4, dtype=D, requires_grad=True)
+    W = torch.randn(4, 4, dtype=D, requires_grad=True)
+    rm, rv = torch.zeros(4, dtype=D), torch.ones(4, dtype=D)
+    ref_rm, ref_rv = rm.clone(), rv.clone()
+    g_ref = torch.autograd.grad(F.batch_norm(x @ W, ref_rm, ref_rv, training=True).pow(2).sum(), (x, W))
+    y = checkpoint(lambda a: F.batch_norm(a @ W, rm, rv, training=True), x, state=[rm, rv], preserve=preserve,
+                   context_fn=_sac)
+    g = torch.autograd.grad(y.pow(2).sum(), (x, W))
+    assert all(torch.equal(a, b) for a, b in zip(g, g_ref))
+    assert torch.equal(rm, ref_rm) and torch.equal(rv, ref_rv)
+
+
+def test_selective_checkpoint_policy_with_verify():
+    x = torch.randn(5, dtype=D, requires_grad=True)
+    y = checkpoint(lambda a: a.sin().cos(), x, context_fn=_sac, verify=True)
+    (g,) = torch.autograd.grad(y.sum(), x)
+    (g_ref,) = torch.autograd.grad(x.sin().cos().sum(), x)
+    assert torch.equal(g, g_ref)
+
+
+# ---- 8. tensor subclasses without a data pointer ---------------------------------------------
+def test_wrapper_subclass_input_without_declared_state():
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    x = TwoTensor(torch.zeros(1), torch.zeros(1)).requires_grad_()
+    (g,) = torch.autograd.grad(checkpoint(torch.exp, x).sum(), x)
+    assert torch.equal(g.a, torch.ones(1)) and torch.equal(g.b, torch.ones(1))
+
+
+# ---- 9. random draws from a user-owned generator ---------------------------------------------
+@pytest.mark.parametrize("how", ["captured", "argument", "declared", "module attribute"])
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_user_generator_is_replayed(how, preserve):
+    x = torch.ones(8, dtype=D, requires_grad=True)
+    g_ref = torch.Generator().manual_seed(7)
+    mask = torch.rand(8, generator=g_ref) >= 0.5
+    g = torch.Generator().manual_seed(7)
+    holder = nn.Module()
+    holder.gen = g
+
+    def draw(x, gen):
+        return x * (torch.rand(x.shape, generator=gen) >= 0.5)
+
+    if how == "captured":
+        y = checkpoint(lambda x: draw(x, g), x, preserve=preserve)
+    elif how == "argument":
+        y = checkpoint(draw, x, g, preserve=preserve)
+    elif how == "declared":
+        y = checkpoint(functools.partial(_draw_from_global, gen_box=[g]), x, state=[g], preserve=preserve)
+    else:
+        y = checkpoint(lambda x: draw(x, holder.gen), x, preserve=preserve)
+    y.sum().backward()
+    assert torch.equal(x.grad, mask.to(D))
+    assert torch.equal(g.get_state(), g_ref.get_state())
+
+
+def _draw_from_global(x, gen_box):
+    return x * (torch.rand(x.shape, generator=gen_box[0]) >= 0.5)
+
+
+# ---- 10. Python side effects know they are being replayed ------------------------------------
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_forward_hook_guarded_by_is_replaying_fires_once(preserve):
+    calls, guarded = [], []
+    lin = nn.Linear(3, 3).double()
+    lin.register_forward_hook(lambda m, i, o: calls.append(1))
+    lin.register_forward_hook(lambda m, i, o: None if is_replaying() else guarded.append(1))
+    assert not is_replaying()
+    x = torch.randn(2, 3, dtype=D, requires_grad=True)
+    checkpoint(lambda t: lin(t).sin(), x, preserve=preserve).sum().backward()
+    assert len(calls) == 2 and len(guarded) == 1  # the plain hook fires again at replay
+
+
+# ---- 11. on_undeclared="warn" warns every time it lets a repeated write through -------------
+def test_warn_mode_warns_in_forward_and_at_replay():
+    Dict = {"t": torch.zeros(())}
+    x = torch.ones(2, requires_grad=True)
+
+    def seg(x):
+        Dict["t"].add_(1)
+        return x.exp()
+
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        checkpoint(seg, x, on_undeclared="warn").sum().backward()
+    msgs = [str(w.message) for w in rec if issubclass(w.category, UndeclaredStateWarning)]
+    assert len(msgs) == 2 and all("captured variable 'Dict'['t']" in m or "global 'Dict'['t']" in m for m in msgs)
+    assert Dict["t"].item() == 2.0  # the replay repeated it, as the warning says
+
+
+# ---- 12. drop-in parity with torch's non-reentrant checkpoint ---------------------------------
+def test_early_stop_is_honoured():
+    counts = []
+
+    def fn(x):
+        a = x.sin().exp()  # the last saved tensor is packed inside exp
+        counts.append(1)  # reached at recomputation only without early stop
+        return a
+
+    x = torch.ones(2, requires_grad=True)
+    for early, expected in [(True, 1), (False, 2)]:
+        counts.clear()
+        checkpoint(fn, x, early_stop=early).sum().backward()
+        assert len(counts) == expected
+        counts.clear()
+        Checkpointer()(fn, x, early_stop=early).sum().backward()
+        assert len(counts) == expected
+    counts.clear()
+    with tuc.set_checkpoint_early_stop(False):
+        y = checkpoint(fn, x)
+    y.sum().backward()
+    assert len(counts) == 2
+
+
+def test_debug_lists_the_operators_of_both_runs():
+    flag = [True]
+
+    def fn(x):
+        y = x.sin()
+        if flag[0]:
+            y = y.cos()
+        return y
+
+    x = torch.ones(2, requires_grad=True)
+    y = checkpoint(fn, x, debug=True)
+    flag[0] = False
+    with pytest.raises(ReplayError, match=r"(?s)different number.*original forward.*aten\.cos.*recomputation"):
+        y.sum().backward()
+    flag[0] = True
+    with tuc.set_checkpoint_debug_enabled(True):
+        y = checkpoint(fn, x)
+    flag[0] = False
+    with pytest.raises(ReplayError, match=r"(?s)aten\.cos"):
+        y.sum().backward()
+
+
+def test_every_replay_error_is_a_torch_checkpoint_error():
+    x = torch.ones(2, requires_grad=True)
+    flag = [True]
+    y = checkpoint(lambda t: t.sin().cos() if flag[0] else t.sin(), x)
+    flag[0] = False
+    with pytest.raises(tuc.CheckpointError):
+        y.sum().backward()
+    assert issubclass(stateremat.torch._errors.UndeclaredStateError, tuc.CheckpointError)
+    with pytest.raises(tuc.CheckpointError):
+        checkpoint(lambda t: Dict0["t"].add_(1) * t, x)
+    assert isinstance(UndeclaredStateError("x"), stateremat.ReplayError)
+
+
+Dict0 = {"t": torch.zeros(2)}
+
+
+@pytest.mark.parametrize("state", [[1], "bufers", [torch.zeros(1), "x"], object()])
+def test_bad_state_is_refused_at_construction(state):
+    with pytest.raises((TypeError, ValueError), match="state"):
+        StatefulCheckpoint(nn.Linear(2, 2), state=state)
+    with pytest.raises((TypeError, ValueError), match="state"):
+        Checkpointer(state=state)
