@@ -46,9 +46,9 @@ def test_retained_bytes_match_what_each_option_holds(card):
         assert o["recompute_only"].retained_bytes == act_y
         # whole adds exactly one snapshot of the declared buffer
         assert o["whole"].retained_bytes - o["recompute_only"].retained_bytes == CFG.state_bytes
-        # region adds its journal: whole 4 KiB regions, fewer bytes than the snapshot
+        # region adds its journal: exactly the written rows (whole rows), fewer bytes than the snapshot
         extra = o["region"].retained_bytes - o["recompute_only"].retained_bytes
-        assert extra > 0 and extra % 4096 == 0 and extra < CFG.state_bytes
+        assert extra > 0 and extra % (CFG.width * 4) == 0 and extra < CFG.state_bytes
         assert extra == s.meta["region_preserved_bytes"]
         # eager keeps tanh's output (batch, hidden) and the output (batch, width), plus scores
         assert act_h + act_y <= o["eager"].retained_bytes < act_h + act_y + 4096

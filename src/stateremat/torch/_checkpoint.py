@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-from stateremat.contract import OPTIONS, rule
+from stateremat.contract import rule
 
 from . import _mark, _rng
 from ._compat import (
@@ -35,21 +35,22 @@ from ._txn import Bindings, Transaction
 UNDECLARED_OPTIONS = ("raise", "warn", "declare")
 
 
-def _validate(fn: Any, preserve: str, granularity_bytes: int, on_undeclared: str) -> None:
+def _validate(fn: Any, preserve: str, granularity_bytes: int | None, on_undeclared: str) -> None:
     if not callable(fn):
         raise TypeError(f"stateremat.torch.checkpoint: fn must be callable, got {type(fn).__name__}. "
                         "Tip: pass the function or module to run, then its arguments.")
     _validate_options(preserve, granularity_bytes, on_undeclared)
 
 
-def _validate_options(preserve: str, granularity_bytes: int, on_undeclared: str) -> None:
+def _validate_options(preserve: str, granularity_bytes: int | None, on_undeclared: str) -> None:
     if preserve not in PRESERVERS:
         raise ValueError(f"stateremat.torch.checkpoint: preserve must be one of {tuple(PRESERVERS)} (the "
                          f"replaying options of stateremat.contract.OPTIONS), got {preserve!r}. Tip: 'region' "
                          "journals only written bytes; for 'eager' simply do not checkpoint the segment.")
-    if isinstance(granularity_bytes, bool) or not isinstance(granularity_bytes, int) or granularity_bytes <= 0:
-        raise ValueError("stateremat.torch.checkpoint: granularity_bytes must be a positive int, got "
-                         f"{granularity_bytes!r}. Tip: 4096 is a good default.")
+    if granularity_bytes is not None and (isinstance(granularity_bytes, bool) or not isinstance(
+            granularity_bytes, int) or granularity_bytes <= 0):
+        raise ValueError("stateremat.torch.checkpoint: granularity_bytes must be a positive int or None, got "
+                         f"{granularity_bytes!r}. Tip: None (the default) keeps exactly the written bytes.")
     if on_undeclared not in UNDECLARED_OPTIONS:
         raise ValueError(f"stateremat.torch.checkpoint: on_undeclared must be one of {UNDECLARED_OPTIONS}, "
                          f"got {on_undeclared!r}. Tip: keep 'raise' unless you know the write is benign.")
@@ -95,7 +96,9 @@ class Checkpointer:
             module ``fn`` belongs to (``fn`` a module, a bound method such as ``layer.__call__``,
             or a ``functools.partial`` of one).
         preserve: ``"region"`` (journal written bytes) or ``"whole"`` (snapshot every byte).
-        granularity_bytes: region journal chunk size in bytes.
+        granularity_bytes: region journal rounding: ``None`` (default) keeps exactly the bytes
+            each write changes (runs closer than 16 bytes merged); an int rounds every write out
+            to multiples of that many bytes.
         on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"`` (see :func:`checkpoint`).
         verify: compare recomputed saved tensors with the forward's bit for bit.
 
@@ -106,7 +109,7 @@ class Checkpointer:
         Paper §3.1, §5.
     """
 
-    def __init__(self, *, state: Any = None, preserve: str = "region", granularity_bytes: int = 4096,
+    def __init__(self, *, state: Any = None, preserve: str = "region", granularity_bytes: int | None = None,
                  on_undeclared: str = "raise", verify: bool = False) -> None:
         _validate_options(preserve, granularity_bytes, on_undeclared)
         check_state(state)
@@ -134,7 +137,7 @@ class Checkpointer:
 
 @eager_only
 def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "region",
-               granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False,
+               granularity_bytes: int | None = None, on_undeclared: str = "raise", verify: bool = False,
                use_reentrant: bool | None = None, context_fn: Callable[[], tuple[Any, Any]] | None = None,
                determinism_check: str = "default", debug: bool = False, early_stop: bool = True,
                **kwargs: Any) -> Any:
@@ -158,7 +161,9 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
             snapshots, when the forward begins, every byte of each declared tensor's storage
             (a declared view of a larger tensor costs the whole storage: its other bytes may be
             read and written through aliases).
-        granularity_bytes: region journal chunk size in bytes.
+        granularity_bytes: region journal rounding: ``None`` (default) keeps exactly the bytes
+            each write changes (runs closer than 16 bytes merged); an int rounds every write out
+            to multiples of that many bytes.
         on_undeclared: an in-place write inside the segment to a pre-existing tensor that is not
             declared: ``"raise"`` :class:`UndeclaredStateError`, ``"warn"`` (the replay repeats
             the write) or ``"declare"`` (snapshot it whole before the first write).
@@ -215,7 +220,7 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
                 debug=debug, early_stop=early_stop)
 
 
-def _run(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, granularity_bytes: int,
+def _run(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, granularity_bytes: int | None,
          on_undeclared: str, verify: bool, preserve_rng_state: bool, use_reentrant: bool | None,
          context_fn: Any, determinism_check: str, debug: bool, early_stop: bool) -> Any:
     _validate(fn, preserve, granularity_bytes, on_undeclared)
@@ -255,7 +260,7 @@ def _segment_name(fn: Any) -> str:
     return getattr(fn, "__qualname__", None) or type(fn).__name__
 
 
-def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, granularity_bytes: int,
+def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, granularity_bytes: int | None,
                 on_undeclared: str, verify: bool, preserve_rng_state: bool, name: str | None = None,
                 module_prefix: str = "", sink: RecomputeSink | None = None,
                 declared: Declared | None = None, on_done: dict | None = None,

@@ -37,7 +37,9 @@ class StatefulCheckpoint(nn.Module):
         state: ``"buffers"`` (all buffers of ``block``, the default), ``None`` (nothing), or a
             tensor / module / list of them.
         preserve: ``"region"`` or ``"whole"`` (snapshots every byte of each declared storage).
-        granularity_bytes: region journal chunk size in bytes.
+        granularity_bytes: region journal rounding: ``None`` (default) keeps exactly the bytes
+            each write changes (runs closer than 16 bytes merged); an int rounds every write out
+            to multiples of that many bytes.
         on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"``.
         verify: compare recomputed saved tensors with the forward's bit for bit.
         preserve_rng_state: replay with the forward's RNG state.
@@ -58,7 +60,7 @@ class StatefulCheckpoint(nn.Module):
     """
 
     def __init__(self, block: nn.Module, state: Any = "buffers", preserve: str = "region",
-                 granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False,
+                 granularity_bytes: int | None = None, on_undeclared: str = "raise", verify: bool = False,
                  preserve_rng_state: bool = True, name: str | None = None) -> None:
         super().__init__()
         _validate(block, preserve, granularity_bytes, on_undeclared)

@@ -2,7 +2,10 @@
 
 A declared tensor is tracked at the level of its *storage*: every view of it shares the
 bytes, so restoring bytes restores every alias (R2). Writes are described as sorted,
-disjoint byte runs ``[lo, hi)`` inside the storage, rounded out to the journal granularity.
+disjoint byte runs ``[lo, hi)`` inside the storage: exactly the elements an op writes where
+its arguments say which (index, scatter and mask writes), the written view's elements
+otherwise. This module is the run algebra of the region journal (merge, subtract, gather,
+scatter).
 """
 from __future__ import annotations
 
@@ -19,66 +22,54 @@ _MAX_ENUMERATED_ELEMENTS = 1 << 22
 
 def gather(flat: torch.Tensor, runs: np.ndarray) -> torch.Tensor:
     """Copy the bytes of ``runs`` (shape ``(n, 2)``) out of ``flat`` into one ``uint8`` tensor."""
-    if runs.shape[0] == 1:
+    n = runs.shape[0]
+    if n == 0:
+        return flat.new_empty(0)
+    if n == 1:
         return flat[int(runs[0, 0]) : int(runs[0, 1])].clone()
-    if runs.shape[0] <= 32:
+    if n <= _FEW_RUNS:
         return torch.cat([flat[int(a) : int(b)] for a, b in runs])
-    ch = _chunks(runs, flat.numel())
-    if ch is None:
-        return flat.index_select(0, _byte_index(runs, flat.device))
-    ids, c, full, tail = ch
+    ids, c, full, tail = _chunks(runs, flat.numel())
     rows = flat[:full].view(-1, c).index_select(0, ids.to(flat.device)).reshape(-1)
     return torch.cat([rows, flat[full:]]) if tail else rows
 
 
 def scatter(flat: torch.Tensor, runs: np.ndarray, data: torch.Tensor) -> None:
     """Write ``data`` (as produced by :func:`gather`) back into ``flat`` at ``runs``."""
-    if runs.shape[0] <= 32:
+    n = runs.shape[0]
+    if n == 0:
+        return
+    if n <= _FEW_RUNS:
         off = 0
         for a, b in runs:
-            n = int(b - a)
-            flat[int(a) : int(b)].copy_(data[off : off + n])
-            off += n
+            k = int(b - a)
+            flat[int(a) : int(b)].copy_(data[off : off + k])
+            off += k
         return
-    ch = _chunks(runs, flat.numel())
-    if ch is None:
-        flat.index_copy_(0, _byte_index(runs, flat.device), data)
-        return
-    ids, c, full, tail = ch
+    ids, c, full, tail = _chunks(runs, flat.numel())
     k = ids.numel() * c
     flat[:full].view(-1, c).index_copy_(0, ids.to(flat.device), data[:k].view(-1, c))
     if tail:
         flat[full:].copy_(data[k:])
 
 
-#: Smallest common chunk worth a row-wise copy (below it, per-byte indexing is as good).
-_MIN_CHUNK = 256
+#: Up to this many runs, one slice copy per run; beyond, one indexed copy of common-size chunks.
+_FEW_RUNS = 32
 
 
 def _chunks(runs: np.ndarray, n: int):
-    """Runs whose boundaries share a chunk size ``c`` as row ids of ``flat[:full].view(-1, c)``.
+    """Runs as row ids of ``flat[:full].view(-1, c)``, ``c`` the largest common chunk of their bounds.
 
-    Region-journal runs are granularity-aligned (:func:`round_runs`), so one row copy replaces
-    ``c`` byte-index entries. Returns ``(ids, c, full, tail)`` — ``full = n // c * c`` and
-    ``tail``: the last run also covers the partial chunk ``[full, n)`` — or None when the runs
-    share no chunk of at least :data:`_MIN_CHUNK` bytes.
+    Element-scattered writes of float32 share ``c = 4``; granularity-rounded runs share the
+    granularity. Returns ``(ids, c, full, tail)`` — ``full = n // c * c`` and ``tail``: the last
+    run also covers the partial chunk ``[full, n)``.
     """
     b = runs.reshape(-1)
     inner = b[b != n]
-    c = int(np.gcd.reduce(inner)) if inner.size else 0
-    if c < _MIN_CHUNK:
-        return None
+    c = max(1, int(np.gcd.reduce(inner))) if inner.size else max(1, n)
     full = n // c * c
     ids = _run_ids(np.minimum(runs, full), c)
     return torch.from_numpy(ids), c, full, bool(full < n and runs[-1, 1] == n)
-
-
-def _byte_index(runs: np.ndarray, device: torch.device) -> torch.Tensor:
-    """Every byte offset covered by ``runs`` (shape ``(n, 2)``), in run order, as an int64 tensor."""
-    lengths = runs[:, 1] - runs[:, 0]
-    starts = runs[:, 0] - np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    idx = np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(starts, lengths)
-    return torch.from_numpy(idx).to(device)
 
 
 def _run_ids(runs: np.ndarray, c: int) -> np.ndarray:
@@ -88,6 +79,55 @@ def _run_ids(runs: np.ndarray, c: int) -> np.ndarray:
     return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(
         lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
 
+
+def run_bytes(runs: np.ndarray) -> int:
+    """Total bytes covered by disjoint ``runs``."""
+    return int((runs[:, 1] - runs[:, 0]).sum()) if runs.size else 0
+
+
+def merge_close(runs: np.ndarray, gap_bytes: int) -> np.ndarray:
+    """Merge sorted disjoint runs separated by fewer than ``gap_bytes`` bytes.
+
+    A run costs 16 bytes of metadata (two int64), so bridging a gap below 16 bytes keeps fewer
+    bytes in all: the journal's automatic granularity.
+    """
+    if runs.shape[0] <= 1:
+        return runs
+    gaps = runs[1:, 0] - runs[:-1, 1]
+    new = np.ones(runs.shape[0], dtype=bool)
+    new[1:] = gaps >= gap_bytes
+    idx = np.flatnonzero(new)
+    ends = np.append(runs[idx[1:] - 1, 1], runs[-1, 1])
+    return np.stack([runs[idx, 0], ends], axis=1)
+
+
+def _inside(runs: np.ndarray, points: np.ndarray) -> np.ndarray:
+    """For each point, is it inside one of the sorted disjoint ``runs``?"""
+    if runs.shape[0] == 0:
+        return np.zeros(points.shape, dtype=bool)
+    i = np.searchsorted(runs[:, 0], points, side="right") - 1
+    return (i >= 0) & (points < runs[np.maximum(i, 0), 1])
+
+
+def subtract_runs(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Runs of ``a`` not covered by ``b`` (both sorted and disjoint), sorted and disjoint."""
+    if a.shape[0] == 0 or b.shape[0] == 0:
+        return a
+    pts = np.unique(np.concatenate([a.reshape(-1), b.reshape(-1)]))
+    lo, hi = pts[:-1], pts[1:]
+    keep = _inside(a, lo) & ~_inside(b, lo)
+    if not keep.any():
+        return np.zeros((0, 2), dtype=np.int64)
+    return merge_runs(lo[keep], hi[keep])
+
+
+def offsets_in(runs: np.ndarray, pieces: np.ndarray) -> np.ndarray:
+    """Where ``pieces`` (each inside one run of ``runs``) sit in ``gather(flat, runs)``'s output."""
+    lengths = runs[:, 1] - runs[:, 0]
+    base = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    i = np.searchsorted(runs[:, 0], pieces[:, 0], side="right") - 1
+    start = base[i] + (pieces[:, 0] - runs[i, 0])
+    return np.stack([start, start + (pieces[:, 1] - pieces[:, 0])], axis=1)
 
 
 def storage_key(t: torch.Tensor) -> StorageKey:
@@ -175,7 +215,7 @@ def _index_runs(self_t: torch.Tensor, dim: int, index: torch.Tensor) -> np.ndarr
         return None
     item = self_t.element_size()
     dim = dim % max(self_t.dim(), 1)
-    idx = index.detach().reshape(-1).to("cpu", torch.int64).numpy() % max(self_t.shape[dim], 1)
+    idx = _np_index(index) % max(self_t.shape[dim], 1)
     rest_shape = [s for d, s in enumerate(self_t.shape) if d != dim]
     rest_stride = [st for d, st in enumerate(self_t.stride()) if d != dim]
     starts, run = _element_runs(rest_shape, rest_stride, item)
@@ -184,28 +224,96 @@ def _index_runs(self_t: torch.Tensor, dim: int, index: torch.Tensor) -> np.ndarr
     return merge_runs(all_starts, all_starts + run)
 
 
-def write_runs(func: torch._ops.OpOverload, args: tuple, kwargs: dict, written: torch.Tensor) -> np.ndarray:
-    """Byte runs of ``written``'s storage that ``func`` may write, conservative where unsure.
+def _np_index(index: torch.Tensor) -> np.ndarray:
+    return index.detach().reshape(-1).to("cpu", torch.int64).numpy()
 
-    Index writes (``index_put_`` with one leading index tensor, ``index_copy_``/``index_add_``/
-    ``index_fill_``) are resolved to the indexed rows; every other write is the full set of
-    elements of the written view (exact for slices and strided views).
+
+def _element_offsets(t: torch.Tensor, coords: list[np.ndarray]) -> np.ndarray:
+    """Byte offsets in the storage of the elements of ``t`` at ``coords`` (one array per dim)."""
+    item = t.element_size()
+    off = np.full(coords[0].shape, t.storage_offset(), dtype=np.int64)
+    for d, c in enumerate(coords):
+        off += (c % max(t.shape[d], 1)) * t.stride(d)
+    return off * item
+
+
+def _runs_of(offsets: np.ndarray, item: int) -> np.ndarray:
+    offsets = np.unique(offsets)
+    return merge_runs(offsets, offsets + item)
+
+
+def _scatter_runs(t: torch.Tensor, dim: int, index: torch.Tensor) -> np.ndarray | None:
+    """``scatter_``-family: element ``p`` of ``index`` writes ``t[p with p[dim] = index[p]]``."""
+    if index.numel() > _MAX_ENUMERATED_ELEMENTS or index.dim() != t.dim() or t.dim() == 0:
+        return None
+    dim = dim % t.dim()
+    idx = index.detach().to("cpu", torch.int64).numpy()
+    coords = [np.broadcast_to(np.arange(n).reshape([-1 if k == d else 1 for k in range(idx.ndim)]), idx.shape)
+              for d, n in enumerate(idx.shape)]
+    coords[dim] = idx
+    return _runs_of(_element_offsets(t, [c.reshape(-1) for c in coords]).reshape(-1), t.element_size())
+
+
+def _mask_runs(t: torch.Tensor, mask: torch.Tensor) -> np.ndarray | None:
+    """``masked_fill_``/``masked_scatter_``: the elements where the broadcast mask is true."""
+    if t.numel() > _MAX_ENUMERATED_ELEMENTS or mask.dtype != torch.bool:
+        return None
+    m = torch.broadcast_to(mask.detach().to("cpu"), t.shape).numpy()
+    coords = [c.astype(np.int64) for c in np.nonzero(m)]
+    if not coords or coords[0].size == 0:
+        return np.zeros((0, 2), dtype=np.int64)
+    return _runs_of(_element_offsets(t, coords), t.element_size())
+
+
+def _index_put_runs(t: torch.Tensor, indices: list) -> np.ndarray | None:
+    """``index_put_`` with index tensors on the leading dims (broadcast together), the rest whole."""
+    k = len(indices)
+    if k == 0 or k > t.dim() or any(i is None for i in indices):
+        return None
+    if k == 1 and indices[0].dtype in (torch.int64, torch.int32):
+        return _index_runs(t, 0, indices[0])
+    expanded: list[torch.Tensor] = []
+    for i in indices:
+        if i.dtype == torch.bool:  # a mask over as many dims as it has
+            expanded.extend(torch.nonzero(i.detach().to("cpu"), as_tuple=True))
+        elif i.dtype in (torch.int64, torch.int32):
+            expanded.append(i.detach().to("cpu", torch.int64))
+        else:
+            return None
+    if len(expanded) > t.dim():
+        return None
+    lead = [x.numpy().reshape(-1) for x in torch.broadcast_tensors(*expanded)]
+    rest_shape, rest_stride = list(t.shape[len(lead):]), list(t.stride()[len(lead):])
+    if lead[0].size * max(1, int(np.prod(rest_shape))) > _MAX_ENUMERATED_ELEMENTS:
+        return None
+    item = t.element_size()
+    base = _element_offsets(t, lead)
+    starts, run = _element_runs(rest_shape, rest_stride, item)
+    all_starts = (np.unique(base)[:, None] + starts[None, :]).reshape(-1)
+    return merge_runs(all_starts, all_starts + run)
+
+
+_SCATTER_OPS = {"scatter_", "scatter_add_", "scatter_reduce_", "scatter", "scatter_add", "scatter_reduce"}
+_MASK_OPS = {"masked_fill_", "masked_scatter_", "masked_fill", "masked_scatter"}
+
+
+def write_runs(func: torch._ops.OpOverload, args: tuple, kwargs: dict, written: torch.Tensor) -> np.ndarray:
+    """Byte runs of ``written``'s storage that ``func`` may write, exact where it can tell.
+
+    Index writes (``index_copy_``/``index_add_``/``index_fill_``, ``index_put_`` with index
+    tensors or masks on the leading dims, ``scatter_``/``scatter_add_``/``scatter_reduce_``,
+    ``masked_fill_``/``masked_scatter_``) are resolved to the elements they write; every other
+    write is the full set of elements of the written view (exact for slices and strided views).
     """
     name = func._schema.name.split("::")[-1]
+    runs = None
     if args and args[0] is written:
         if name in _INDEX_DIM_OPS and len(args) >= 3:
             runs = _index_runs(written, int(args[1]), args[2])
-            if runs is not None:
-                return runs
-        if name in ("index_put_", "index_put", "_index_put_impl_") and len(args) >= 2:
-            indices = list(args[1])
-            if (
-                len(indices) == 1
-                and isinstance(indices[0], torch.Tensor)
-                and indices[0].dtype in (torch.int64, torch.int32)
-                and written.dim() >= 1
-            ):
-                runs = _index_runs(written, 0, indices[0])
-                if runs is not None:
-                    return runs
-    return view_runs(written)
+        elif name in ("index_put_", "index_put", "_index_put_impl_") and len(args) >= 2:
+            runs = _index_put_runs(written, list(args[1]))
+        elif name in _SCATTER_OPS and len(args) >= 3 and isinstance(args[2], torch.Tensor):
+            runs = _scatter_runs(written, int(args[1]), args[2])
+        elif name in _MASK_OPS and len(args) >= 2 and isinstance(args[1], torch.Tensor):
+            runs = _mask_runs(written, args[1])
+    return view_runs(written) if runs is None else runs

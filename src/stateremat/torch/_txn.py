@@ -133,7 +133,7 @@ class Transaction:
     """
 
     def __init__(self, rt: Runtime, segment_id: int, declared: list[tuple[str, torch.Tensor, int]],
-                 preserve: str, granularity_bytes: int) -> None:
+                 preserve: str, granularity_bytes: int | None) -> None:
         self.runtime = rt
         self.segment_id = segment_id
         self.preserve = preserve

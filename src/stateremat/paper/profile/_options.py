@@ -33,7 +33,7 @@ class RecomputeOnly(nn.Module):
         return tcheckpoint(self.module, *args, use_reentrant=False, **kwargs)
 
 
-def wrap_segment(module: nn.Module, option: str, *, granularity_bytes: int = 4096) -> nn.Module:
+def wrap_segment(module: nn.Module, option: str, *, granularity_bytes: int | None = None) -> nn.Module:
     """``module`` under checkpoint ``option`` (``eager`` returns it unwrapped).
 
     Args:

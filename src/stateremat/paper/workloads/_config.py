@@ -4,9 +4,11 @@ The ``cpu`` preset keeps every shape of the paper's H100 experiments and divides
 quantity by :data:`CPU_BYTES_FACTOR` = 1024: state buffers (1,024 MiB -> 1 MiB, 64 MiB -> 64 KiB),
 activations (width and batch each divided by 32, so one ``(batch, width)`` float32 activation is
 1 GiB / 1024 = 1 MiB in the large cell) and logical budgets (20/32/44 GiB -> 20/32/44 MiB).
-Counts are not scaled: segments, live versions, write fractions, warmups. The region granularity
-stays 4,096 bytes (a page, not a shape), so at the cpu scale a sparse write touches relatively
-more of the buffer than on the H100 (1 region of 256 per segment instead of 256 of 262,144).
+Counts are not scaled: segments, live versions, write fractions, warmups. The region journal
+keeps exactly the bytes each write changes (``granularity_bytes=None``, the library's default
+since issue 15); ``granularity_bytes=4096`` gives the paper's 4,096-byte pages, which at the cpu
+scale touch relatively more of the buffer than on the H100 (1 region of 256 per segment instead
+of 256 of 262,144).
 """
 from __future__ import annotations
 
@@ -36,7 +38,8 @@ class WorkloadConfig:
         segments: number of segments in the chain (``>= live_versions``).
         width: feature width of activations and state rows.
         batch: rows of the input batch; activations are ``(batch, width)``.
-        granularity_bytes: region granularity of the region journal, bytes.
+        granularity_bytes: region journal rounding, bytes; ``None`` keeps exactly the written
+            bytes (runs closer than 16 bytes merged).
         dtype: ``"float32"`` or ``"float64"``.
         dropout: dropout probability inside each segment (exercises RNG replay, R3).
         seed: seed for parameters, inputs and index choices.
@@ -55,7 +58,7 @@ class WorkloadConfig:
     segments: int = 16
     width: int = 128
     batch: int = 2048
-    granularity_bytes: int = 4096
+    granularity_bytes: int | None = None
     dtype: str = "float32"
     dropout: float = 0.1
     seed: int = 0
@@ -67,8 +70,9 @@ class WorkloadConfig:
         if not 0 < self.write_fraction <= 1:
             raise ValueError(f"WorkloadConfig: write_fraction must be in (0, 1], got "
                              f"{self.write_fraction}. Tip: 0.001 is sparse, 1 is dense.")
-        for name in ("state_bytes", "live_versions", "segments", "width", "batch",
-                     "granularity_bytes"):
+        for name in ("state_bytes", "live_versions", "segments", "width", "batch", "granularity_bytes"):
+            if name == "granularity_bytes" and self.granularity_bytes is None:
+                continue
             if getattr(self, name) <= 0:
                 raise ValueError(f"WorkloadConfig: {name} must be positive, got "
                                  f"{getattr(self, name)}. Tip: sizes are bytes, counts integers.")

@@ -52,7 +52,7 @@ class Preserver(abc.ABC):
     name: ClassVar[str]
     captures_replay_writes: ClassVar[bool] = True
 
-    def __init__(self, storage: DeclaredStorage, segment_id: int, granularity_bytes: int,
+    def __init__(self, storage: DeclaredStorage, segment_id: int, granularity_bytes: int | None,
                  owned: bool = True) -> None:
         self.storage = storage
         self.segment_id = segment_id

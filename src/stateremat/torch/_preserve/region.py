@@ -24,17 +24,20 @@ import torch
 from .._compat import library_ops
 from .._errors import ReplayError
 from .._runtime import DeclaredStorage
-from .._storage import _run_ids, gather, merge_runs, round_runs, scatter, write_runs
+from .._storage import gather, merge_close, merge_runs, offsets_in, round_runs, scatter, subtract_runs, write_runs
 from stateremat.contract import rule
 from ._base import Preserver, Restored
+
+
+#: Automatic granularity: runs closer than this are merged (a run costs 16 bytes of metadata).
+MERGE_GAP_BYTES = 16
 
 
 @dataclass
 class _Entry:
     seq: int
-    runs: np.ndarray  # (n, 2) byte runs
-    old: torch.Tensor  # uint8, old bytes of runs, concatenated
-    ids: np.ndarray | None = None  # granularity-chunk ids of runs (storages of whole chunks)
+    runs: np.ndarray  # (n, 2) int64 byte runs, sorted and disjoint
+    old: torch.Tensor  # uint8: the old bytes of runs, concatenated
 
 
 class Journal:
@@ -42,31 +45,38 @@ class Journal:
 
     Args:
         storage: the declared storage.
-        granularity_bytes: chunk size in bytes (the first region declaration's).
+        granularity_bytes: ``None`` (default): keep exactly the written bytes, merging runs
+            closer than :data:`MERGE_GAP_BYTES`; an int: round every write out to multiples of
+            it (the first region declaration's setting wins).
+
+    Attributes:
+        bytes: old bytes kept (device memory).
+        meta_bytes: bytes of the run tables (host memory, 16 per run).
     """
 
-    def __init__(self, storage: DeclaredStorage, granularity_bytes: int) -> None:
+    def __init__(self, storage: DeclaredStorage, granularity_bytes: int | None) -> None:
         self.storage = storage
         self.granularity_bytes = granularity_bytes
         self.entries: list[_Entry] = []
         self.bytes = 0
+        self.meta_bytes = 0
 
     def record(self, runs: np.ndarray) -> int:
-        """Keep the old bytes of ``runs`` before a write; return the bytes kept."""
+        """Keep the old bytes of ``runs`` (exact written runs) before a write; return bytes kept."""
         st = self.storage
-        runs = round_runs(runs, self.granularity_bytes, st.nbytes)
+        g = self.granularity_bytes
+        runs = merge_close(runs, MERGE_GAP_BYTES) if g is None else round_runs(runs, g, st.nbytes)
         if runs.shape[0] == 0:
             return 0
         with library_ops():
             old = gather(st.flat, runs)
-        g = self.granularity_bytes
-        ids = None if st.nbytes % g else _run_ids(runs, g)
-        self.entries.append(_Entry(st.rt.next_seq(), runs, old, ids))
-        self._grow(old.numel())
+        self.entries.append(_Entry(st.rt.next_seq(), runs, old))
+        self._grow(old.numel(), runs.nbytes)
         return old.numel()
 
-    def _grow(self, n: int) -> None:
+    def _grow(self, n: int, meta: int) -> None:
         self.bytes += n
+        self.meta_bytes += meta
         c = self.storage.rt.counters
         c.journal_bytes += n
         c.touch()
@@ -74,47 +84,38 @@ class Journal:
     def restore(self, start_seq: int) -> Restored | None:
         """Put back the bytes the storage had at ``start_seq``; return what was visible.
 
-        Each chunk takes the old bytes of the *first* entry covering it since ``start_seq``, so
-        a replay copies each written chunk once, not once per later write.
+        Each byte takes its old value from the *first* entry covering it since ``start_seq``
+        (its ``B0``): entries are walked oldest first, each scattering only the pieces no older
+        entry covered, so a replay copies each written byte once, whatever the number of later
+        writes, with no temporary beyond the visible bytes and one entry's pieces.
         """
         entries = [e for e in self.entries if e.seq >= start_seq]
         if not entries:
             return None
         flat = self.storage.flat
-        union = merge_runs(np.concatenate([e.runs[:, 0] for e in entries]),
-                           np.concatenate([e.runs[:, 1] for e in entries]))
+        union = entries[0].runs if len(entries) == 1 else merge_runs(
+            np.concatenate([e.runs[:, 0] for e in entries]), np.concatenate([e.runs[:, 1] for e in entries]))
         with library_ops():
             visible = gather(flat, union)
-            g = self.granularity_bytes
-            if len(entries) == 1 or self.storage.nbytes % g:  # a partial last chunk: undo newest first
-                for e in reversed(entries):
-                    scatter(flat, e.runs, e.old)
-                return Restored(union, visible)
-            seen = np.zeros(self.storage.nbytes // g, dtype=bool)
-            ids, rows = [], []
-            for e in entries:  # oldest first: the first entry covering a chunk holds its B0 bytes
-                eids = e.ids
-                new = ~seen[eids]
-                if not new.any():
+            covered = np.zeros((0, 2), dtype=np.int64)
+            for e in entries:  # oldest first: the first entry covering a byte holds its B0
+                new = subtract_runs(e.runs, covered)
+                if new.shape[0] == 0:
                     continue
-                seen[eids] = True
-                old = e.old.view(-1, g)
-                if new.all():
-                    ids.append(eids)
-                    rows.append(old)
+                if new is e.runs or (new.shape == e.runs.shape and np.array_equal(new, e.runs)):
+                    scatter(flat, e.runs, e.old)
                 else:
-                    pos = np.flatnonzero(new)
-                    ids.append(eids[pos])
-                    rows.append(old.index_select(0, torch.from_numpy(pos).to(old.device)))
-            flat.view(-1, g).index_copy_(0, torch.from_numpy(np.concatenate(ids)).to(flat.device), torch.cat(rows))
+                    scatter(flat, new, gather(e.old, offsets_in(e.runs, new)))
+                covered = e.runs if covered.shape[0] == 0 else merge_runs(
+                    np.concatenate([covered[:, 0], e.runs[:, 0]]), np.concatenate([covered[:, 1], e.runs[:, 1]]))
         return Restored(union, visible)
 
     def prune(self, oldest: int | None) -> None:
         """Drop entries no consumer can need (older than ``oldest``, all when None)."""
         if self.entries and (oldest is None or self.entries[0].seq < oldest):
             self.entries = [] if oldest is None else [e for e in self.entries if e.seq >= oldest]
-            kept = sum(e.old.numel() for e in self.entries)
-            self._grow(kept - self.bytes)
+            self._grow(sum(e.old.numel() for e in self.entries) - self.bytes,
+                       sum(e.runs.nbytes for e in self.entries) - self.meta_bytes)
 
 
 class RegionPreserver(Preserver):

@@ -1,0 +1,220 @@
+"""Benchmark of the region journal's cost (issue 15), printed as ratios measured in one process.
+
+Every comparison interleaves its methods step by step (A B C, C B A, ...) after warm-ups and
+prints medians of per-pair ratios, with ``/proc/loadavg`` before and after (the machine is
+shared). Targets are the issue's; the script reports what it measures, met or not.
+
+1. ``tiny_ops``: a segment of 100 tiny ops (16 floats) with a declared, never-written 4 KiB
+   buffer: ours (region, whole) / ``torch.utils.checkpoint(use_reentrant=False)``. Target:
+   region <= 1.10.
+2. ``no_state``: 16-block MLP (width 1024, batch 256): ours without declared state / torch.
+   Target <= 1.05.
+3. ``queue``: a 64 MiB float32 queue, 0.1 % of rows enqueued in place per step inside the
+   segment: step time region / whole. Target <= 0.45.
+4. ``journal_bytes``: bytes the journal keeps for contiguous, strided (every 7th element) and
+   scattered (random 1 %) float32 element writes, against the bytes written: kept /
+   (1.1 x written + 16 x runs). Target <= 1 for every pattern.
+5. ``resnet``: the project's CIFAR ResNet-18 (width 16, batch 32, BatchNorm in every block),
+   every BasicBlock checkpointed: ``StatefulCheckpoint(block, state="buffers",
+   preserve="region")`` / torch's checkpoint of the same blocks. Target <= 1.05.
+
+Usage: ``.venv/bin/python benchmarks/bench_journal.py [--pairs 20] [--threads 2]``.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint as tuc
+from torch import nn
+
+from stateremat.contract import loadavg
+from stateremat.torch import StatefulCheckpoint, checkpoint, preservation_stats, reset_preservation_stats
+
+
+def _sync() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _interleaved(steps: dict[str, Callable[[], None]], pairs: int, warmups: int = 3) -> dict[str, list[float]]:
+    for _ in range(warmups):
+        for f in steps.values():
+            f()
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for i in range(pairs):
+        for k in (list(steps) if i % 2 == 0 else list(reversed(steps))):
+            _sync()
+            t0 = time.perf_counter()
+            steps[k]()
+            _sync()
+            times[k].append(time.perf_counter() - t0)
+    return times
+
+
+def _ratio(times: dict[str, list[float]], num: str, den: str) -> float:
+    return statistics.median(a / b for a, b in zip(times[num], times[den]))
+
+
+def tiny_ops(pairs: int, device: torch.device) -> dict:
+    x = torch.randn(16, device=device, requires_grad=True)
+    buf = torch.zeros(1024, device=device)
+
+    def body(h):
+        for _ in range(100):
+            h = h * 1.0001
+        return h
+
+    steps = {
+        "torch": lambda: tuc.checkpoint(body, x, use_reentrant=False).sum().backward(),
+        "region": lambda: checkpoint(body, x, state=[buf], preserve="region").sum().backward(),
+        "whole": lambda: checkpoint(body, x, state=[buf], preserve="whole").sum().backward(),
+    }
+    t = _interleaved(steps, 10 * pairs, warmups=20)
+    return {"region_over_torch": _ratio(t, "region", "torch"), "whole_over_torch": _ratio(t, "whole", "torch"),
+            "torch_step_s": statistics.median(t["torch"])}
+
+
+def no_state(pairs: int, device: torch.device) -> dict:
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([nn.Sequential(nn.Linear(1024, 1024), nn.ReLU()) for _ in range(16)]).to(device)
+    x = torch.randn(256, 1024, device=device)
+
+    def run(ckpt) -> Callable[[], None]:
+        def step() -> None:
+            h = x
+            for b in blocks:
+                h = ckpt(b, h)
+            h.square().mean().backward()
+            for p in blocks.parameters():
+                p.grad = None
+        return step
+
+    t = _interleaved({"torch": run(lambda b, h: tuc.checkpoint(b, h, use_reentrant=False)),
+                      "ours": run(lambda b, h: checkpoint(b, h))}, pairs)
+    return {"ours_over_torch": _ratio(t, "ours", "torch"), "torch_step_s": statistics.median(t["torch"])}
+
+
+def queue(pairs: int, device: torch.device, K: int = 65536, D: int = 256) -> dict:
+    torch.manual_seed(0)
+    q_buf = F.normalize(torch.randn(K, D, device=device), dim=1)  # 64 MiB float32
+    enc = nn.Linear(D, D).to(device)
+    rows = math.ceil(0.001 * K)
+    ptr = [0]
+
+    def segment(x, k):
+        q = F.normalize(enc(x), dim=1)
+        logits = torch.cat([(q * k).sum(1, keepdim=True), q @ q_buf.T], dim=1) / 0.2
+        loss = F.cross_entropy(logits, torch.zeros(len(x), dtype=torch.long, device=device))
+        q_buf[ptr[0]: ptr[0] + len(k)] = k
+        return loss
+
+    x = torch.randn(rows, D, device=device)
+    k = F.normalize(torch.randn(rows, D, device=device), dim=1)
+    kept: dict[str, int] = {}
+
+    def run(preserve: str) -> Callable[[], None]:
+        def step() -> None:
+            reset_preservation_stats()
+            loss = checkpoint(segment, x, k, state=[q_buf], preserve=preserve)
+            kept[preserve] = preservation_stats().retained_state_bytes
+            loss.backward()
+            ptr[0] = (ptr[0] + rows) % (K - rows)
+        return step
+
+    t = _interleaved({"whole": run("whole"), "region": run("region")}, pairs)
+    return {"region_over_whole_time": _ratio(t, "region", "whole"), "whole_step_s": statistics.median(t["whole"]),
+            "region_kept_bytes": kept["region"], "whole_kept_bytes": kept["whole"],
+            "written_bytes": rows * D * 4}
+
+
+def journal_bytes(device: torch.device) -> dict:
+    out = {}
+    n = 1 << 20  # 4 MiB of float32
+    g = torch.Generator().manual_seed(0)
+    patterns = {
+        "contiguous": torch.arange(1000, 1000 + n // 1000),
+        "strided": torch.arange(0, n, 7),
+        "scattered": torch.sort(torch.randperm(n, generator=g)[: n // 100]).values,
+    }
+    for name, idx in patterns.items():
+        buf = torch.zeros(n, device=device)
+        idx = idx.to(device)
+        w = torch.ones((), device=device, requires_grad=True)
+        reset_preservation_stats()
+
+        def seg(w):
+            y = (w * buf).sum()
+            buf.index_fill_(0, idx, 1.0)
+            return y
+
+        y = checkpoint(seg, w, state=[buf], preserve="region")
+        kept = preservation_stats().journal_bytes
+        written = 4 * len(idx)
+        d = idx.diff()
+        runs = 1 + int((d != 1).sum())
+        out[name] = {"kept_bytes": kept, "written_bytes": written, "runs": runs,
+                     "kept_over_bound": kept / (1.1 * written + 16 * runs), "kept_over_written": kept / written}
+        y.backward()
+    return out
+
+
+def resnet(pairs: int, device: torch.device) -> dict:
+    from stateremat.paper.workloads import ResNet18
+
+    torch.manual_seed(0)
+    base = ResNet18(width=16).to(device)
+    x = torch.randn(32, 3, 32, 32, device=device)
+
+    def model_step(blocks_fn) -> Callable[[], None]:
+        def step() -> None:
+            h = base.stem(x)
+            for layer in (base.layer1, base.layer2, base.layer3, base.layer4):
+                for b in layer:
+                    h = blocks_fn(b, h)
+            h.mean().backward()
+            for p in base.parameters():
+                p.grad = None
+        return step
+
+    wrapped = {id(b): StatefulCheckpoint(b, state="buffers", preserve="region")
+               for layer in (base.layer1, base.layer2, base.layer3, base.layer4) for b in layer}
+    t = _interleaved({"torch": model_step(lambda b, h: tuc.checkpoint(b, h, use_reentrant=False)),
+                      "region": model_step(lambda b, h: wrapped[id(b)](h))}, pairs)
+    return {"region_over_torch": _ratio(t, "region", "torch"), "torch_step_s": statistics.median(t["torch"])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pairs", type=int, default=20, help="interleaved rounds per comparison")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    print(f"device={device} threads={args.threads} torch={torch.__version__} loadavg_before='{loadavg()}'")
+    t = tiny_ops(args.pairs, device)
+    print(f"tiny_ops: region/torch={t['region_over_torch']:.3f} (target <= 1.10) whole/torch="
+          f"{t['whole_over_torch']:.3f}; torch step {t['torch_step_s'] * 1e3:.3f} ms")
+    n = no_state(args.pairs, device)
+    print(f"no_state: ours/torch={n['ours_over_torch']:.3f} (target <= 1.05); torch step {n['torch_step_s']:.4f} s")
+    q = queue(args.pairs, device)
+    print(f"queue: region/whole time={q['region_over_whole_time']:.3f} (target <= 0.45); whole step "
+          f"{q['whole_step_s']:.4f} s; kept region={q['region_kept_bytes']} whole={q['whole_kept_bytes']} "
+          f"written={q['written_bytes']} bytes")
+    for name, j in journal_bytes(device).items():
+        print(f"journal_bytes[{name}]: kept={j['kept_bytes']} written={j['written_bytes']} runs={j['runs']} "
+              f"kept/written={j['kept_over_written']:.3f} kept/(1.1 written + 16 runs)={j['kept_over_bound']:.3f} "
+              "(target <= 1)")
+    r = resnet(max(4, args.pairs // 2), device)
+    print(f"resnet18 w16 b32: region/torch={r['region_over_torch']:.3f} (target <= 1.05); torch step "
+          f"{r['torch_step_s']:.3f} s")
+    print(f"loadavg_after='{loadavg()}'")
+
+
+if __name__ == "__main__":
+    main()
