@@ -18,3 +18,29 @@ def test_readme_why_example_prints_documented_values():
     lines = out.stdout.strip().splitlines()
     assert lines[0] == expected[0].split(":")[0].strip()
     assert lines[1] == "tensor(0.) True"
+
+
+def _section(title):
+    text = README.read_text()
+    start = text.index(f"## {title}")
+    end = text.index("\n## ", start + 3)
+    return text[start:end]
+
+
+def test_readme_your_own_model_blocks_run_and_print_what_they_say(capsys):
+    from _clients import import_timm, import_transformers
+
+    import_timm()
+    import_transformers()
+    blocks = re.findall(r"```python\n(.*?)```", _section("Your own model"), re.S)
+    assert len(blocks) == 4
+    namespace: dict = {}
+    for block in blocks:  # the blocks build on each other (the second reuses the first's model)
+        exec(compile(block, str(README), "exec"), namespace)
+        printed = capsys.readouterr().out
+        for line, expected in re.findall(r"^(print\(.*\))\s+# (.*)$", block, re.M):
+            if line == "print(res.explain())":
+                assert "(fits budget;" in printed and all(f"\n  {i} " in printed for i in range(1, 7)), printed[:300]
+                continue
+            value = expected.split(" (")[0]
+            assert value in printed.splitlines(), (line, value, printed[-500:])

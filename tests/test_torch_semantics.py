@@ -266,20 +266,24 @@ def _model():
 
 def test_apply_plan_wraps_named_segments_and_stays_exact():
     ref, model = _model(), _model()
+    names = [n for n, _ in model.named_parameters()]
+    keys = list(model.state_dict())
     plan = {"options": ["eager", "whole", "region"], "segment_names": ["0", "1", "2"]}
-    model = apply_plan(model, plan)
-    assert not isinstance(model[0], StatefulCheckpoint)
-    assert (model[1].preserve, model[2].preserve) == ("whole", "region")
+    assert apply_plan(model, plan) is model
+    assert [n for n, _ in model.named_parameters()] == names  # wrapped in place: no .block infix
+    assert list(model.state_dict()) == keys
+    assert "forward" not in vars(model[0])
+    assert (model[1].forward.option, model[2].forward.option) == ("whole", "region")
     x = torch.randn(8, 4)
     ref(x).sum().backward()
     model(x).sum().backward()
-    torch.testing.assert_close(model[2].block[0].weight.grad, ref[2][0].weight.grad)
-    torch.testing.assert_close(model[1].block[1].running_mean, ref[1][1].running_mean)
+    torch.testing.assert_close(model[2][0].weight.grad, ref[2][0].weight.grad)
+    torch.testing.assert_close(model[1][1].running_mean, ref[1][1].running_mean)
 
     class Plan:
         options, segment_names = ["eager"], ["1"]
 
-    assert not isinstance(apply_plan(model, Plan())[1], StatefulCheckpoint)  # re-planned to eager
+    assert "forward" not in vars(apply_plan(model, Plan())[1])  # re-planned to eager: unwrapped
 
 
 def test_apply_plan_errors():

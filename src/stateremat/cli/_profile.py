@@ -1,7 +1,9 @@
 """CLI command ``stateremat profile`` (registered on import).
 
-The built-in workloads (``feature_queue``, ``prototype_memory``, ``unrolled_recurrence``) and
-their profiler belong to the paper wing; they are loaded inside the command, when it runs.
+A target ``pkg.module:factory`` (a user's own model) is profiled by the library's
+:func:`stateremat.torch.profile` (``_target.py``). The built-in workloads (``feature_queue``,
+``prototype_memory``, ``unrolled_recurrence``) and their profiler belong to the paper wing; they
+are loaded inside the command, when it runs.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from ._app import app, fail
 
 @app.command("profile")
 def profile_cmd(
-    workload: str = typer.Argument(..., help="feature_queue, prototype_memory or unrolled_recurrence"),
+    workload: str = typer.Argument(..., help="pkg.module:factory (your model: the factory returns {'model', "
+                                   "'sample' or 'step_fn', optional 'optimizers', 'segments'}), or a built-in "
+                                   "workload: feature_queue, prototype_memory or unrolled_recurrence"),
     out: Path = typer.Option(..., "--out", help="profile card JSON to write"),
     preset: str = typer.Option("cpu", help="cpu (paper shapes / 1024) or h100 (paper shapes)"),
     activations: str = typer.Option("large", help="large (4096/65536) or small (256/256), paper units"),
@@ -23,9 +27,15 @@ def profile_cmd(
     live: int = typer.Option(16, help="live versions = segments writing the buffer"),
     dtype: str = typer.Option("float32", help="float32 or float64"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
-    repeats: int = typer.Option(3, help="least timed runs per segment and option (minimum kept)"),
+    repeats: int = typer.Option(3, help="least timed runs per segment and option (minimum kept); "
+                                        "for a target: timed steps per option (median kept)"),
+    segments: str = typer.Option(None, help="target only: segment paths (comma-separated) or a pattern "
+                                            "such as 'model.layers.*'; default: the factory's, else the "
+                                            "model's repeated block"),
 ) -> None:
     """Measure a profile card (r, q, c per segment and option; P) on this device (paper §4)."""
+    if ":" in workload:
+        return _profile_target(workload, out, segments, device, repeats)
     from stateremat.paper.cli import progress_bar  # lazy: the built-in workloads are the paper's
     from stateremat.paper.profile import profile_workload
     from stateremat.paper.workloads import preset_config
@@ -57,3 +67,19 @@ def profile_cmd(
     for o, c in seg.options.items():
         typer.echo(f"  {seg.name}.{o}: r = {format_bytes(c.retained_bytes)}, "
                    f"q = {format_bytes(c.temp_bytes)}, c = {c.time_s * 1e3:.2f} ms")
+
+
+def _profile_target(target: str, out: Path, segments: str | None, device: str, repeats: int) -> None:
+    from ..contract import format_bytes, save_card
+    from ._target import profile_target
+
+    if repeats < 1:
+        raise fail(f"stateremat profile: --repeats must be >= 1, got {repeats}. Tip: 3 to 5 timed steps.")
+    card = profile_target(target, segments, device, repeats)
+    save_card(card, out)
+    typer.echo(f"wrote {out}: {len(card.segments)} segments of {card.meta['model']}, "
+               f"P = {format_bytes(card.persistent_bytes)}, memory: {card.meta['memory_method']}")
+    for seg in card.segments:
+        typer.echo(f"  {seg.name}: " + ", ".join(
+            f"{o} r={format_bytes(c.retained_bytes)} q={format_bytes(c.temp_bytes)} c={c.time_s * 1e3:.2f} ms"
+            for o, c in seg.options.items()))

@@ -17,7 +17,12 @@ from ._runtime import replaying as is_replaying
 from ._memory import PeakMemory as PeakMemory, memory_method as memory_method, storage_bytes as storage_bytes  # issue 5
 from ._mode import UndeclaredStateWarning as UndeclaredStateWarning
 from ._module import StatefulCheckpoint as StatefulCheckpoint
+from ._auto import auto_checkpoint as auto_checkpoint, expected_peak_bytes as expected_peak_bytes
 from ._plan import apply_plan as apply_plan
+from ._profiler import profile as profile
+from ._pystate import refuse_python_state as refuse_python_state
+from ._segments import resolve_segments as resolve_segments
+from ._sequential import checkpoint_sequential as checkpoint_sequential
 from ._stats import (
     PreservationStats as PreservationStats,
     preservation_stats as preservation_stats,
@@ -27,6 +32,7 @@ from ._stats import (
 __all__ = [
     "Checkpointer", "PeakMemory", "PreservationStats", "ReplayDivergenceError", "ReplayError",
     "StatefulCheckpoint", "UndeclaredStateError", "UndeclaredStateWarning", "UnsupportedError",
-    "apply_plan", "checkpoint", "is_replaying", "journal_writes", "memory_method",
-    "preservation_stats", "reset_preservation_stats", "storage_bytes",
+    "apply_plan", "auto_checkpoint", "checkpoint", "checkpoint_sequential", "expected_peak_bytes",
+    "is_replaying", "journal_writes", "memory_method", "preservation_stats", "profile",
+    "refuse_python_state", "reset_preservation_stats", "resolve_segments", "storage_bytes",
 ]

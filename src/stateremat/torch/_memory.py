@@ -15,6 +15,7 @@ import weakref
 from typing import Any, Iterable
 
 import torch
+
 from ._compat import TorchDispatchMode, tree_flatten
 
 CUDA_METHOD = "cuda_max_memory_allocated"
@@ -27,6 +28,8 @@ def _storages(tensors: Iterable[Any]) -> dict[int, torch.UntypedStorage]:
         if isinstance(t, torch.Tensor) and t.device.type != "meta":
             st = t.untyped_storage()
             out[id(st)] = st
+        elif isinstance(t, torch.UntypedStorage) and t.device.type != "meta":
+            out[id(t)] = t
     return out
 
 
@@ -34,7 +37,7 @@ def storage_bytes(tensors: Iterable[Any]) -> int:
     """Bytes of the unique storages behind ``tensors`` (views of one storage count once).
 
     Args:
-        tensors: any iterable; non-tensors are ignored.
+        tensors: any iterable of tensors or ``torch.UntypedStorage``; anything else is ignored.
 
     Returns:
         Sum of ``untyped_storage().nbytes()`` over distinct storages, in bytes.
@@ -43,7 +46,11 @@ def storage_bytes(tensors: Iterable[Any]) -> int:
 
 
 class _StorageTracker(TorchDispatchMode):
-    """Counts bytes of live storages first produced by an op while the mode is active."""
+    """Counts bytes of live storages first produced by an op while the mode is active.
+
+    ``current_bytes`` is relative to the baseline (the ``known`` storages): a known storage
+    freed inside the block (``zero_grad(set_to_none=True)`` frees gradients) lowers it.
+    """
 
     def __init__(self, known: dict[int, torch.UntypedStorage]):
         super().__init__()
@@ -53,10 +60,14 @@ class _StorageTracker(TorchDispatchMode):
         self._lock = threading.Lock()
         self.current_bytes = 0
         self.peak_bytes = 0
+        for key, st in known.items():  # a baseline storage freed inside the block leaves the count
+            self._size[key] = st.nbytes()
+            self._finalizers.append(weakref.finalize(st, self._free, key))
 
     def _free(self, key: int) -> None:
         with self._lock:
             self.current_bytes -= self._size.pop(key, 0)
+            self._known.discard(key)  # a freed root's id may be reused by a new storage
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -81,6 +92,15 @@ class _StorageTracker(TorchDispatchMode):
                 self.peak_bytes = max(self.peak_bytes, self.current_bytes)
         return out
 
+    def new_storages(self) -> list[torch.UntypedStorage]:
+        """Live storages first produced inside the block (not the baseline's)."""
+        out = []
+        for f in self._finalizers:
+            got = f.peek()
+            if got is not None and got[2][0] not in self._known:
+                out.append(got[0])
+        return out
+
     def detach_all(self) -> None:
         for f in self._finalizers:
             f.detach()
@@ -99,8 +119,9 @@ class PeakMemory:
 
     Args:
         device: ``"cpu"`` or a CUDA device (``"cuda"``, ``"cuda:0"``, ``torch.device``).
-        roots: tensors alive before the block that belong to the step's footprint (parameters,
-            their ``.grad``, declared state, input batch).
+        roots: tensors (or ``torch.UntypedStorage``) alive before the block that belong to the
+            step's footprint (parameters, their ``.grad``, declared state, input batch,
+            optimizer state). On CPU a root freed inside the block stops counting.
 
     Attributes (after exit):
         peak_bytes: peak bytes during the block, including the baseline.
@@ -137,6 +158,8 @@ class PeakMemory:
             known = _storages(self.roots)
             self.baseline_bytes = sum(st.nbytes() for st in known.values())
             self._tracker = _StorageTracker(known)
+            del known
+            self.roots = []  # hold no root: one the block frees must leave the count
             self._tracker.__enter__()
         return self
 
@@ -159,6 +182,18 @@ class PeakMemory:
             assert self._tracker is not None
             with self._tracker._lock:
                 self._tracker.peak_bytes = self._tracker.current_bytes
+
+    def new_storages(self) -> list[torch.UntypedStorage]:
+        """CPU: live storages first produced inside the block so far (e.g. the gradients and
+        optimizer state a first training step creates), to pass as ``roots`` of a later block.
+
+        Raises:
+            RuntimeError: on CUDA (the allocator does not list storages) or outside the block.
+        """
+        if self._tracker is None:
+            raise RuntimeError("PeakMemory.new_storages: available on CPU inside the with-block only "
+                               f"(device {self.device}). Tip: on CUDA the allocator counts every storage.")
+        return self._tracker.new_storages()
 
     @property
     def current_bytes(self) -> int:

@@ -1,13 +1,15 @@
-"""``apply_plan``: wrap the segments a plan names with the preservation option it chose (§4)."""
+"""``apply_plan``: checkpoint the segments a plan names with the option it chose, in place (§4)."""
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from torch import nn
 
-from ._module import StatefulCheckpoint
+from stateremat.contract import OPTIONS
 
-PLAN_OPTIONS = ("eager", "whole", "region")
+from ._module import StatefulCheckpoint
+from ._segments import check_submodules
+from ._wrap import unwrap_module, wrap_module
 
 
 def _plan_fields(plan: Any) -> tuple[list[str], list[str]]:
@@ -16,30 +18,52 @@ def _plan_fields(plan: Any) -> tuple[list[str], list[str]]:
         if missing:
             raise ValueError(f"apply_plan: plan dict lacks {missing} (expected keys 'options' and "
                              f"'segment_names', got {sorted(plan)}). Tip: pass the PLAN.json the planner wrote.")
-        return list(plan["options"]), list(plan["segment_names"])
-    if not (hasattr(plan, "options") and hasattr(plan, "segment_names")):
+        options, names = plan["options"], plan["segment_names"]
+    elif not (hasattr(plan, "options") and hasattr(plan, "segment_names")):
         raise TypeError(f"apply_plan: plan must have .options and .segment_names, got {type(plan).__name__}. "
                         "Tip: pass a PlanResult or its PLAN.json dict.")
-    return list(plan.options), list(plan.segment_names)
+    else:
+        options, names = plan.options, plan.segment_names
+    if options is None:
+        raise ValueError("apply_plan: the plan is infeasible (options is None: no policy fits its budget). "
+                         "Tip: print plan.explain() for the minimum peak, then raise the budget.")
+    return list(options), list(names)
 
 
-def apply_plan(model: nn.Module, plan: Any, *, state: Any = "buffers", **wrapper_kwargs: Any) -> nn.Module:
-    """Wrap each named segment of ``model`` with :class:`StatefulCheckpoint` using the plan's option.
+def apply_plan(model: nn.Module, plan: Any, *, state: Any = "buffers", **segment_options: Any) -> nn.Module:
+    """Checkpoint each named segment of ``model`` in place with the option the plan chose.
+
+    A segment is wrapped by giving the module an instance ``forward`` that runs its class
+    forward under the option (see ``stateremat/torch/_wrap.py``): no wrapper module is inserted,
+    so ``named_parameters()`` names, ``state_dict`` keys, attribute access and module hooks stay
+    those of the unwrapped model, and hooks run outside the checkpoint (once per step).
+    Applying another plan re-wraps; ``"eager"`` unwraps.
 
     Args:
         model: the model; segment names are module paths (``model.get_submodule(name)``).
-        plan: an object with ``.options`` (one of ``"eager" | "whole" | "region"`` per segment) and
-            ``.segment_names``, or a dict with those keys (``PLAN.json``).
-        state: declared state of every wrapped segment (default: all its buffers).
-        **wrapper_kwargs: passed to :class:`StatefulCheckpoint` (``granularity_bytes``, ``verify``...).
+        plan: an object with ``.options`` (option names from
+            :data:`stateremat.contract.OPTIONS`, one per segment) and ``.segment_names``, or a
+            dict with those keys (``PLAN.json``).
+        state: declared state of every checkpointed segment: ``"buffers"`` (each segment's own
+            buffers, the default) or tensors/modules.
+        **segment_options: ``granularity_bytes`` (region journal chunk, bytes),
+            ``on_undeclared``, ``verify``, ``preserve_rng_state``.
 
     Returns:
-        ``model`` with segments replaced in place (``"eager"`` segments are left unwrapped; a
-        segment already wrapped is re-wrapped with the new option). If a segment name is
-        ``""`` (the whole model) the wrapper is returned instead.
+        ``model`` itself (segments changed in place). A segment that is a
+        :class:`StatefulCheckpoint` (the older wrapper module) is replaced by the block it wraps,
+        which keeps its names.
 
     Raises:
-        ValueError: lengths differ, an option is unknown, or a name is missing from ``model``.
+        ValueError: lengths differ, an option is unknown, the plan is infeasible, a name is not a
+            submodule, or the segment is the whole model (name ``""``).
+        TypeError: ``plan`` has no options/segment names; an unknown segment option.
+        UnsupportedError: at the first forward, a checkpointed segment received a transformers
+            KV cache (train with ``use_cache=False``).
+
+    Danger:
+        Python side effects in a segment's forward (appending to a list, counters in plain
+        attributes) repeat when it replays; see ``stateremat.torch.checkpoint``.
 
     References:
         Paper §4 (options eager / whole / region per segment).
@@ -48,25 +72,22 @@ def apply_plan(model: nn.Module, plan: Any, *, state: Any = "buffers", **wrapper
     if len(options) != len(names):
         raise ValueError(f"apply_plan: plan has {len(options)} options but {len(names)} segment names "
                          "(expected one option per segment). Tip: regenerate the plan for this model.")
-    bad = [o for o in options if o not in PLAN_OPTIONS]
+    bad = [o for o in options if o not in OPTIONS]
     if bad:
-        raise ValueError(f"apply_plan: options must be in {PLAN_OPTIONS}, got {bad}. "
+        raise ValueError(f"apply_plan: options must be in {list(OPTIONS.names)}, got {bad}. "
                          "Tip: 'functional' is a fixed method, not a per-segment option.")
-    for name in names:
-        try:
-            model.get_submodule(name)
-        except AttributeError as e:
-            raise ValueError(f"apply_plan: segment {name!r} is not a submodule of {type(model).__name__} "
-                             f"({e}). Tip: segment names are module paths as in model.named_modules().") from e
+    if "" in names:
+        raise ValueError("apply_plan: segment '' is the whole model; expected submodule paths. "
+                         "Tip: checkpoint a whole model with stateremat.torch.checkpoint(model, x).")
+    check_submodules(model, names, "apply_plan")
     for option, name in zip(options, names):
         sub = model.get_submodule(name)
-        block = sub.block if isinstance(sub, StatefulCheckpoint) else sub
-        new = block if option == "eager" else StatefulCheckpoint(
-            block, state=state, preserve=option, name=name, **wrapper_kwargs)
-        if name == "":
-            model = new
-            continue
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, new)
+        if isinstance(sub, StatefulCheckpoint):  # the older wrapper module: put the block back
+            parent_name, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent_name) if parent_name else model, child, sub.block)
+            sub = sub.block
+        if OPTIONS[option].replays:
+            wrap_module(sub, option, name, state, **segment_options)
+        else:
+            unwrap_module(sub)
     return model

@@ -113,6 +113,9 @@ def unwrap(model: nn.Module, originals: dict[str, nn.Module]) -> None:
     """Put the original segment modules back (after training, before the probe)."""
     for p, m in originals.items():
         _set(model, p, m)
+    from stateremat.torch import apply_plan  # planner methods checkpoint segments in place: undo that too
+
+    apply_plan(model, {"options": ["eager"] * len(originals), "segment_names": list(originals)})
 
 
 def segment_paths() -> Sequence[str]:

@@ -1,0 +1,111 @@
+"""stateremat checkpointing for timm models: the blocks timm checkpoints, state-aware.
+
+timm's ``set_grad_checkpointing()`` makes a model call ``torch.utils.checkpoint.checkpoint`` on
+its blocks (``checkpoint_seq`` over a ResNet's stages, ``checkpoint(blk, x)`` over a ViT's
+blocks). torch's replay runs each block's BatchNorm a second time, so running statistics are
+updated twice per step. Rather than patching torch, :func:`enable` turns timm's own switch off
+and checkpoints the same blocks in place with :func:`stateremat.torch.apply_plan` (each block's
+buffers declared; BatchNorm updated once per step; dropout and drop-path masks replayed).
+:func:`checkpoint_seq` is timm's helper with the same signature, for forwards written by hand.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from stateremat.torch import Checkpointer, apply_plan, resolve_segments
+
+_API = "stateremat.integrations.timm"
+
+
+def enable(model: nn.Module, segments: Any = None, *, preserve: str = "region", state: Any = "buffers",
+           granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False) -> nn.Module:
+    """Checkpoint ``model``'s blocks with stateremat instead of timm's ``set_grad_checkpointing``.
+
+    Args:
+        model: a timm model (any ``nn.Module`` works).
+        segments: the blocks: ``None`` (the model's repeated block — a ResNet's ``layer{1..4}.{j}``,
+            a ViT's ``blocks.{i}``), a pattern such as ``"stages.*.blocks.*"``, or module paths.
+        preserve: an option that replays: ``"region"`` or ``"whole"``.
+        state: ``"buffers"`` (each block's buffers) or tensors/modules.
+        granularity_bytes: region journal chunk size in bytes.
+        on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"``.
+        verify: compare recomputed saved tensors bit for bit (debugging).
+
+    Returns:
+        ``model``, its blocks checkpointed in place (names and ``state_dict`` keys unchanged) and
+        timm's own checkpointing switched off (it would replay the blocks under torch's checkpoint).
+
+    Raises:
+        ValueError: no blocks found or bad segment paths (see
+            :func:`stateremat.torch.resolve_segments`), a bad option.
+
+    References:
+        Paper §3.1 (BatchNorm statistics updated once per forward), §5.
+    """
+    names = resolve_segments(model, segments)
+    if hasattr(model, "set_grad_checkpointing"):
+        model.set_grad_checkpointing(False)
+    apply_plan(model, {"options": [preserve] * len(names), "segment_names": names}, state=state,
+               granularity_bytes=granularity_bytes, on_undeclared=on_undeclared, verify=verify)
+    return model
+
+
+def disable(model: nn.Module, segments: Any = None) -> nn.Module:
+    """Undo :func:`enable` for the same ``segments``; returns ``model``."""
+    names = resolve_segments(model, segments)
+    return apply_plan(model, {"options": ["eager"] * len(names), "segment_names": names})
+
+
+def _run(functions: list, start: int, end: int) -> Callable[[Any], Any]:
+    def forward(x: Any) -> Any:
+        for j in range(start, end + 1):
+            x = functions[j](x)
+        return x
+    return forward
+
+
+def checkpoint_seq(functions: Any, x: torch.Tensor, every: int = 1, flatten: bool = False, skip_last: bool = False,
+                   use_reentrant: bool | None = None, *, preserve: str = "region", state: Any = "buffers",
+                   granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False) -> Any:
+    """timm's ``checkpoint_seq`` with a state transaction per chunk of ``every`` functions.
+
+    Args:
+        functions: an ``nn.Sequential`` or a list of modules/functions run in order.
+        x: the input tensor.
+        every: functions per checkpointed chunk (int ≥ 1).
+        flatten: flatten an ``nn.Sequential`` of ``nn.Sequential`` s (timm's ResNet stages).
+        skip_last: run the last function without checkpointing.
+        use_reentrant: ``None``/``False`` only.
+        preserve, state, granularity_bytes, on_undeclared, verify: as in :func:`enable`;
+            ``state="buffers"`` declares the buffers of the modules in each chunk.
+
+    Returns:
+        The output of the last function.
+
+    Raises:
+        ValueError: ``every < 1``, ``use_reentrant=True`` or a bad option.
+    """
+    if use_reentrant:
+        raise ValueError(f"{_API}.checkpoint_seq: use_reentrant must be False or None, got True. "
+                         "Tip: drop the argument.")
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise ValueError(f"{_API}.checkpoint_seq: every must be a positive int, got {every!r}. Tip: every=1.")
+    if isinstance(functions, nn.Sequential):
+        functions = functions.children()
+    if flatten:
+        functions = [f for seq in functions for f in seq]
+    functions = list(functions)
+    n = len(functions) - 1 if skip_last else len(functions)
+    end = -1
+    for start in range(0, n, every):
+        end = min(start + every - 1, n - 1)
+        chunk = functions[start:end + 1]
+        declared = [f for f in chunk if isinstance(f, nn.Module)] or None if state == "buffers" else state
+        x = Checkpointer(state=declared, preserve=preserve, granularity_bytes=granularity_bytes,
+                         on_undeclared=on_undeclared, verify=verify)(_run(functions, start, end), x)
+    if skip_last:
+        return _run(functions, end + 1, len(functions) - 1)(x)
+    return x

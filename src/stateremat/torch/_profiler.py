@@ -1,0 +1,282 @@
+"""``profile``: measure a profile card of any ``nn.Module`` on this device (paper §4).
+
+Every segment is measured *in context*: one whole training step per option with every segment
+under that option, a :class:`~stateremat.torch._probe.Probe` recording live bytes and peaks at
+each segment's forward entry/exit and backward start/end (``_timeline.py`` turns that into
+``r``, ``q``, ``c``). Time is the median over rounds that interleave the options (A B C A B C
+...), measured without the memory tracker. ``P`` covers everything outside the segments; see
+:func:`profile`.
+"""
+from __future__ import annotations
+
+import contextlib
+import platform
+import statistics
+import weakref
+from typing import Any, Callable, Iterable
+
+import torch
+from torch import nn
+
+from stateremat.contract import (OPTIONS, RECOMPUTE_ONLY, OptionCost, ProfileCard, SegmentCard, loadavg,
+                                 source_hash)
+
+from ._memory import PeakMemory, memory_method
+from ._probe import Probe
+from ._segments import resolve_segments
+from ._snapshot import ModelSnapshot
+from ._step import make_step, model_device
+from ._timeline import StepCosts, read_timeline
+from ._wrap import unwrap_module, wrap_module
+
+_API = "stateremat.torch.profile"
+
+
+def _option_names(options: Iterable[Any]) -> list[str]:
+    names = [getattr(o, "name", o) for o in options]
+    for o in names:
+        if o != RECOMPUTE_ONLY and o not in OPTIONS:
+            raise ValueError(f"{_API}: unknown option {o!r}; expected names from stateremat.contract.OPTIONS "
+                             f"{list(OPTIONS.names)} or {RECOMPUTE_ONLY!r}. Tip: options=OPTIONS measures all.")
+    required = [o.name for o in OPTIONS if o.required and o.name not in names]
+    if required:
+        raise ValueError(f"{_API}: options must include {required} (every card segment needs them), got "
+                         f"{names}. Tip: keep the default options=OPTIONS.")
+    return list(dict.fromkeys(names))
+
+
+class _Runner:
+    """Runs steps of ``model`` with its segments under given options, a probe on each segment
+    and, for memory steps, the tracker (whose roots are what the step starts with)."""
+
+    def __init__(self, model: nn.Module, names: list[str], run: Callable[[], Any], inputs: list[torch.Tensor],
+                 device: torch.device, state: Any, opts: dict[str, Any], optimizers: tuple = ()) -> None:
+        self.model, self.names, self.run, self.inputs = model, names, run, inputs
+        self.device, self.state, self.opts, self.optimizers = device, state, opts, optimizers
+        self.carried: list[weakref.ref] = []  # storages a step created that outlive it (grads, optimizer state)
+
+    def roots(self) -> list[Any]:
+        m = self.model
+        tensors = [*m.parameters(), *(p.grad for p in m.parameters() if p.grad is not None), *m.buffers(),
+                   *(t for mod in m.modules() for t in vars(mod).values() if isinstance(t, torch.Tensor)),
+                   *self.inputs,
+                   *(t for o in self.optimizers for s in o.state.values() for t in s.values()
+                     if isinstance(t, torch.Tensor))]
+        return tensors + [st for ref in self.carried if (st := ref()) is not None]
+
+    def warm_up(self) -> None:
+        """One plain step; on CPU, what it creates and keeps (gradients, optimizer state) is carried."""
+        if self.device.type == "cuda":
+            self.run()
+            return
+        with PeakMemory(self.device, roots=self.roots()) as pm:
+            self.run()
+            self.carried += [weakref.ref(st) for st in pm.new_storages()]
+
+    def step(self, option: str | list[str], memory: bool, journal: bool = False) -> StepCosts:
+        """One step with segment ``i`` under ``option`` (or ``option[i]``); ``journal``: inside
+        :func:`journal_writes` (writes outside segments are journaled, R6)."""
+        options = [option] * len(self.names) if isinstance(option, str) else option
+        for name, o in zip(self.names, options):
+            wrap_module(self.model.get_submodule(name), o, name, self.state, **self.opts)
+        pm = PeakMemory(self.device, roots=self.roots()) if memory else None
+        probe = Probe(self.names, self.device, pm)
+        for name in self.names:
+            self.model.get_submodule(name).forward.probe = probe
+        try:
+            if pm is not None:
+                pm.__enter__()
+            try:
+                probe.event("start")
+                from stateremat.torch import journal_writes
+
+                with journal_writes() if journal else contextlib.nullcontext():
+                    self.run()
+                probe.event("end")
+                if pm is not None and self.device.type != "cuda":
+                    self.carried += [weakref.ref(st) for st in pm.new_storages()]
+            finally:
+                if pm is not None:
+                    pm.__exit__(None, None, None)
+                probe.close()
+        finally:
+            for name in self.names:
+                unwrap_module(self.model.get_submodule(name))
+        return read_timeline(probe.events, len(self.names))
+
+
+def _has_state(module: nn.Module, state: Any) -> bool:
+    return state != "buffers" or any(True for _ in module.buffers())
+
+
+def _shares_state(model: nn.Module, name: str, state: Any) -> bool:
+    """True if another part of the model can write what segment ``name`` declares (R6): with
+    ``state="buffers"``, one of its buffers' storages is also a buffer outside it."""
+    if state != "buffers":
+        return True
+    inside = {b.untyped_storage().data_ptr() for b in model.get_submodule(name).buffers() if b.numel()}
+    outside = {b.untyped_storage().data_ptr() for n, m in model.named_modules() if n != name
+               and not n.startswith(name + ".") for b in m.buffers(recurse=False) if b.numel()}
+    return bool(inside & outside)
+
+
+def _chain_journal(runner: "_Runner", names: list[str], stateful: list[bool]) -> dict[int, int]:
+    """Journal bytes of each region segment whose state others also write, held inside the chain
+    after every forward (later segments eager, their writes journaled: R6, paper §3.1)."""
+    out = {}
+    for i, name in enumerate(names):
+        if stateful[i] and _shares_state(runner.model, name, runner.state):
+            plan = ["eager"] * len(names)
+            plan[i] = "region"
+            out[i] = runner.step(plan, memory=True, journal=True).preserved_at_backward_bytes
+    return out
+
+
+def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Iterable[Any] = OPTIONS,
+            device: Any = None, repeats: int = 5, state: Any = "buffers", optimizers: Iterable[Any] = (),
+            **segment_options: Any) -> ProfileCard:
+    """Measure the profile card of ``model``'s segments for one training step on this device.
+
+    Per segment and option (all segments under that option in one step, in context): retained
+    bytes ``r`` (live at its forward exit − at its entry), temporary bytes ``q`` (its forward or
+    backward peak, replay included, above that exit level) and seconds ``c`` (its forward +
+    backward, median of ``repeats`` rounds that interleave the options). ``P`` = the bytes live
+    when the first segment starts (parameters, gradients, buffers, optimizer state, the batch and
+    what the part before the first segment holds, such as stem activations) + an allowance so that
+    ``P + Σ r + max q`` also covers the peaks before the first segment and after the backward
+    (the stem's backward, the optimizer step) for every plan. The head and loss, which run with
+    every segment's ``r`` live, are charged as the last segment's ``q``. The card's
+    ``meta["persistent"]`` says how ``P`` and that ``q`` were made up. Profiling leaves the model as it was: every parameter, gradient,
+    buffer and attribute (bytes and bindings), the generator states and the given optimizers'
+    state are restored afterwards.
+
+    Args:
+        model: any ``nn.Module`` (on CPU or one CUDA device).
+        segments: module paths (list), a pattern (``"model.layers.*"``: every child of
+            ``model.layers``), a container module, or ``None`` (the repeated block); see
+            :func:`stateremat.torch._segments.resolve_segments`.
+        step: ``step_fn(model)`` running one whole training step (forward, ``backward()``,
+            optimizer step), or a sample batch (a tensor, a tuple of positional arguments or a dict
+            of keyword arguments; the step is then ``loss.backward()`` with the output's ``.loss``
+            or the mean of its first floating tensor).
+        options: option names or :class:`~stateremat.contract.Option` s from
+            :data:`~stateremat.contract.OPTIONS` (the required ones included), optionally
+            ``"recompute_only"`` (plain ``torch.utils.checkpoint``, for the state-agnostic control).
+            ``region`` is measured only for segments with declared state.
+        device: where memory is measured; default the model's (CUDA: allocator peaks; CPU: the
+            live-storage tracker, see :class:`PeakMemory`).
+        repeats: timed rounds per option (int ≥ 1), after the two warm-up steps.
+        state: declared state of each segment: ``"buffers"`` (its buffers) or tensors/modules.
+        optimizers: optimizers ``step_fn`` steps: their state counts in ``P`` (on CPU, state that
+            exists before profiling is seen only through them) and their ``state_dict`` is
+            restored afterwards.
+        **segment_options: ``granularity_bytes`` (bytes), ``on_undeclared``, ``verify``,
+            ``preserve_rng_state``, as in :func:`apply_plan`.
+
+    Returns:
+        A validated :class:`~stateremat.contract.ProfileCard` (sizes in bytes, times in seconds)
+        whose ``meta`` records the device, dtype, memory and timing methods, the make-up of ``P``,
+        the segments' declared-state bytes and the load average.
+
+    Raises:
+        ValueError: bad segments (see ``resolve_segments``), an unknown option or one missing
+            that every card needs, ``repeats < 1``, a segment that does not run or runs twice.
+        TypeError: ``step`` is neither a function nor a batch.
+        ReplayError: from the checkpoint while a segment runs under a replaying option.
+
+    Danger:
+        ``step_fn`` should do the same work every call; objects it changes other than the model
+        and ``optimizers`` (learning-rate schedulers, data iterators) are advanced by the
+        ``2 + (1 + repeats) × len(options)`` steps profiling runs (plus one per segment whose
+        buffers are shared with other parts of the model). On CPU, bytes allocated outside
+        torch's dispatcher are not seen (see :class:`PeakMemory`). A region journal also covers
+        later writes to the state it declared (R6): for a segment whose buffers other modules
+        also hold, ``r`` of ``region`` is its journal after a whole forward with only it under
+        ``region`` and later writes journaled (``meta["region_chain_journal_bytes"]``); a plan
+        then needs ``stateremat.torch.journal_writes()`` around the forward, and several region
+        segments on one state share one journal, so their summed ``r`` over-counts.
+
+    References:
+        Paper §4 (profile cards: r, q, c and P; eq. 3).
+    """
+    names = resolve_segments(model, segments)
+    option_names = _option_names(options)
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"{_API}: repeats must be a positive int, got {repeats!r}. Tip: 5 is a good default.")
+    run, inputs = make_step(model, step)
+    device = model_device(model, device)
+    snapshot = ModelSnapshot(model, tuple(optimizers))
+    try:
+        runner = _Runner(model, names, run, inputs, device, state, segment_options, tuple(optimizers))
+        runner.warm_up()  # gradients, optimizer state, lazily built buffers
+        runner.step("eager", memory=True)  # what a step creates and keeps (carried as roots)
+        mem = {o: runner.step(o, memory=True) for o in option_names}
+        stateful = [_has_state(model.get_submodule(n), state) for n in names]
+        chain = _chain_journal(runner, names, stateful) if "region" in option_names else {}
+        secs: dict[str, list[list[float]]] = {o: [] for o in option_names}
+        for rep in range(repeats + 1):
+            for o in option_names:
+                costs = runner.step(o, memory=False)
+                if rep:  # the first round is a warm-up
+                    secs[o].append([s.time_s for s in costs.segments])
+    finally:
+        for name in names:
+            unwrap_module(model.get_submodule(name))
+        snapshot.restore()
+    return _card(model, names, option_names, mem, secs, device, state, repeats, stateful, chain)
+
+
+def _card(model: nn.Module, names: list[str], option_names: list[str], mem: dict[str, StepCosts],
+          secs: dict[str, list[list[float]]], device: torch.device, state: Any, repeats: int,
+          stateful: list[bool], chain: dict[int, int]) -> ProfileCard:
+    runs = list(mem.values())
+    head = max(c.head_bytes for c in runs)
+    cards = []
+    for i, name in enumerate(names):
+        costs = {}
+        for o in option_names:
+            if o == "region" and not stateful[i]:
+                continue
+            seg = mem[o].segments[i]
+            r = seg.retained_bytes
+            if o == "region" and i in chain:  # its journal inside the chain, later writes included (R6)
+                r = max(0, r - seg.preserved_bytes + chain[i])
+            # The head and loss run right after the last segment's forward, with every segment's
+            # r still live: charge them as that segment's temporary bytes (eq. 3 then covers them).
+            q = max(seg.temp_bytes, head) if i == len(names) - 1 else seg.temp_bytes
+            costs[o] = OptionCost(r, q, statistics.median(t[i] for t in secs[o]))
+        sub = model.get_submodule(name)
+        meta = {"state_bytes": sum(b.nbytes for b in sub.buffers()),
+                "parameter_bytes": sum(p.nbytes for p in sub.parameters())}
+        if i in chain:
+            meta["region_chain_journal_bytes"] = chain[i]
+        cards.append(SegmentCard(name, costs, meta))
+    base = max(c.base_bytes for c in runs)
+    entry = max(c.entry_bytes for c in runs)
+    q_floor = max(min(c.options[o].temp_bytes for o in c.options) for c in cards)
+    r_floor = sum(min(c.options[o].retained_bytes for o in c.options) for c in cards)
+    outside = max(c.pre_peak_bytes for c in runs), max(c.post_peak_bytes for c in runs)
+    allowance = max(0, *(p - entry - r_floor - q_floor for p in outside))
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
+    meta = {
+        "model": type(model).__qualname__,
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu",
+        "dtype": dtypes[0] if len(dtypes) == 1 else dtypes,
+        "method": memory_method(device),
+        "memory_method": memory_method(device),
+        "time_method": f"median of {repeats} synchronized steps per option, options interleaved, after "
+                       "1 warm-up round; per segment: forward entry to exit + backward start to end",
+        "persistent": {"step_start_bytes": base, "first_segment_entry_bytes": entry,
+                       "outside_peak_allowance_bytes": allowance, "head_bytes": head,
+                       "head_rule": "the last segment's temp_bytes include the head and loss (head_bytes)",
+                       "before_first_segment_peak_bytes": outside[0], "after_backward_peak_bytes": outside[1]},
+        "measured_step_peak_bytes": {o: c.peak_bytes for o, c in mem.items()},
+        "segments_rule": "in-context: every segment under one option per measured step",
+        "torch_version": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "loadavg": loadavg(),
+        "source_hash": source_hash({"model": repr(model), "segments": names,
+                                    "shapes": [list(p.shape) for p in model.parameters()]}),
+    }
+    return ProfileCard(entry + allowance, cards, meta)

@@ -1,0 +1,64 @@
+"""Save and restore everything a profiling run may change: module state, gradients, RNG, optimizers."""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+
+
+def _clone(v: Any) -> Any:
+    return v.detach().clone() if isinstance(v, torch.Tensor) else v
+
+
+class ModelSnapshot:
+    """Every module's attributes (parameters, buffers, plain attributes, tensor contents and which
+    object each name is bound to), every gradient, the CPU/CUDA generator states and the
+    ``state_dict`` of the given optimizers; :meth:`restore` puts all of it back, byte for byte,
+    into the same tensor objects (so optimizers keep referring to the model's parameters).
+    """
+
+    def __init__(self, model: nn.Module, optimizers: tuple = ()) -> None:
+        self.modules = list(model.modules())
+        self.attrs = [dict(vars(m)) for m in self.modules]
+        self.tables = [{k: dict(getattr(m, k)) for k in ("_parameters", "_buffers", "_modules")}
+                       for m in self.modules]
+        self.data: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.grads: dict[int, tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]] = {}
+        for m in self.modules:
+            for v in list(m._parameters.values()) + list(m._buffers.values()) + list(vars(m).values()):
+                if isinstance(v, torch.Tensor) and id(v) not in self.data:
+                    self.data[id(v)] = (v, _clone(v))
+            for p in m._parameters.values():
+                if p is not None:
+                    self.grads[id(p)] = (p, p.grad, _clone(p.grad))
+        self.cpu_rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+        self.optimizers = [(o, copy.deepcopy(o.state_dict())) for o in optimizers]
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        """Put every saved binding, byte, gradient, generator state and optimizer state back."""
+        for m, attrs, tables in zip(self.modules, self.attrs, self.tables):
+            for k in set(vars(m)) - set(attrs):
+                delattr(m, k)
+            vars(m).update(attrs)
+            for k, table in tables.items():
+                getattr(m, k).clear()
+                getattr(m, k).update(table)
+        for t, saved in self.data.values():
+            if t.shape != saved.shape:
+                t.data = saved.clone()
+            else:
+                t.copy_(saved)
+        for p, grad, saved in self.grads.values():
+            if grad is not None and grad.shape == saved.shape:
+                grad.copy_(saved)
+            p.grad = grad
+        torch.set_rng_state(self.cpu_rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+        for opt, state in self.optimizers:
+            opt.load_state_dict(copy.deepcopy(state))

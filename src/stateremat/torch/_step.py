@@ -1,0 +1,105 @@
+"""One training step of a user's model, from a step function or a sample batch."""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+from ._compat import tree_flatten
+
+_API = "stateremat.torch"
+
+
+def default_loss(out: Any) -> torch.Tensor:
+    """The loss of a model output: its ``.loss`` if set (transformers), else the mean of its first
+    floating-point tensor that requires grad.
+
+    Raises:
+        ValueError: no such tensor in ``out``.
+    """
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    for t in tree_flatten(out.to_tuple() if hasattr(out, "to_tuple") else out)[0]:
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.requires_grad:
+            return t.mean()
+    raise ValueError(f"{_API}: the model's output ({type(out).__name__}) has no floating-point tensor that "
+                     "requires grad to take a loss from. Tip: pass a step function, "
+                     "step_fn(model) -> runs forward, loss.backward() and the optimizer step.")
+
+
+def _call(model: nn.Module, sample: Any) -> Any:
+    if isinstance(sample, torch.Tensor):
+        return model(sample)
+    if isinstance(sample, Mapping):
+        return model(**sample)
+    if isinstance(sample, (tuple, list)):
+        return model(*sample)
+    raise TypeError(f"{_API}: sample must be a tensor, a tuple of positional arguments or a dict of keyword "
+                    f"arguments, got {type(sample).__name__}. Tip: or pass step_fn(model).")
+
+
+def make_step(model: nn.Module, step: Any) -> tuple[Callable[[], Any], list[torch.Tensor]]:
+    """``(run, inputs)``: ``run()`` performs one full training step; ``inputs`` are the sample's tensors.
+
+    Args:
+        model: the model.
+        step: a step function ``step_fn(model)`` that runs forward, backward (and the optimizer
+            step, if any) — the tensors it captures (:func:`captured_tensors`) are its inputs —
+            or a sample: a tensor, a tuple of positional arguments or a dict of
+            keyword arguments, for which a step is ``default_loss(model(sample)).backward()``.
+
+    Raises:
+        TypeError: ``step`` is neither.
+    """
+    if step is None:
+        raise TypeError(f"{_API}: expected a step function step_fn(model) or a sample batch, got None. "
+                        "Tip: profile(model, segments, sample_batch).")
+    if callable(step) and not isinstance(step, (torch.Tensor, nn.Module)):
+        return (lambda: step(model)), captured_tensors(step)
+    if not isinstance(step, (torch.Tensor, Mapping, tuple, list)):
+        _call(model, step)  # raises the TypeError naming what a sample may be
+
+    def run() -> Any:
+        loss = default_loss(_call(model, step))
+        loss.backward()
+        return loss.detach()
+
+    return run, [t for t in tree_flatten(step)[0] if isinstance(t, torch.Tensor)]
+
+
+def captured_tensors(fn: Any) -> list[torch.Tensor]:
+    """Tensors a step function reaches without arguments: its closure cells and the globals it
+    names (one level into tuples, lists and dicts) — typically its batch."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return []
+    values = []
+    for cell in getattr(fn, "__closure__", None) or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            continue
+    glb = getattr(fn, "__globals__", {})
+    values += [glb[n] for n in code.co_names if n in glb]
+    out = []
+    for v in values:
+        items = list(v.values()) if isinstance(v, dict) else list(v) if isinstance(v, (tuple, list)) else [v]
+        out += [t for t in items if isinstance(t, torch.Tensor)]
+    return out
+
+
+def model_device(model: nn.Module, device: Any = None) -> torch.device:
+    """``device`` if given, else the device of the model's first parameter or buffer (CPU if none)."""
+    if device is not None:
+        return torch.device(device)
+    for t in list(model.parameters()) + list(model.buffers()):
+        return t.device
+    return torch.device("cpu")
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued device work (wall time is synchronized on CUDA)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

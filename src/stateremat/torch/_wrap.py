@@ -1,0 +1,124 @@
+"""Checkpoint a submodule in place: its instance ``forward`` runs the class forward under an option.
+
+``apply_plan``, ``auto_checkpoint``, the profiler and the integrations wrap a segment by setting
+an instance attribute ``forward`` (a :class:`SegmentForward`) instead of replacing the module with
+a wrapper module, so parameter names, ``state_dict`` keys, attribute access, module hooks
+(which run outside the checkpoint, once per step) and ``isinstance`` checks are those of the
+unwrapped model. ``del module.forward`` (:func:`unwrap_module`) restores it exactly.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from stateremat.contract import OPTIONS, RECOMPUTE_ONLY
+
+from ._pystate import refuse_python_state
+
+#: Keyword options of a checkpointed segment (everything but the option itself).
+SEGMENT_OPTIONS = ("state", "granularity_bytes", "on_undeclared", "verify", "preserve_rng_state")
+
+
+def _checkpoint_call(option: str, state: Any, opts: dict[str, Any]) -> Callable[..., Any]:
+    """A function with ``torch.utils.checkpoint.checkpoint``'s signature running ``option``."""
+    rng = {"preserve_rng_state": opts["preserve_rng_state"]} if "preserve_rng_state" in opts else {}
+    if option == RECOMPUTE_ONLY:  # profiling only: replay with nothing preserved
+        from torch.utils.checkpoint import checkpoint as torch_checkpoint
+
+        return lambda fn, *a, **kw: torch_checkpoint(fn, *a, use_reentrant=False, **rng, **kw)
+    from ._checkpoint import Checkpointer
+
+    ckpt = Checkpointer(state=state, preserve=option,
+                        **{k: v for k, v in opts.items() if k != "preserve_rng_state"})
+    return (lambda fn, *a, **kw: ckpt(fn, *a, **rng, **kw)) if rng else ckpt
+
+
+class SegmentForward:
+    """The instance ``forward`` of a module checkpointed in place.
+
+    Args:
+        module: the segment.
+        option: an option name from :data:`stateremat.contract.OPTIONS` (``"eager"`` runs the
+            forward as is) or ``"recompute_only"`` (plain ``torch.utils.checkpoint``, profiling).
+        name: the segment's module path (errors name it).
+        state: declared state, ``"buffers"`` (every buffer of ``module``) or tensors/modules.
+        inner: the instance ``forward`` the module had before (kept and restored on unwrap).
+        **opts: ``granularity_bytes``, ``on_undeclared``, ``verify``, ``preserve_rng_state``.
+
+    Attributes:
+        probe: ``None`` or an object with ``enter(name, args, kwargs)`` and
+            ``exit(name, args, kwargs, out)`` called around every forward (the profiler's).
+    """
+
+    def __init__(self, module: nn.Module, option: str, name: str, state: Any = "buffers",
+                 inner: Callable | None = None, **opts: Any) -> None:
+        unknown = sorted(set(opts) - set(SEGMENT_OPTIONS))
+        if unknown:
+            raise TypeError(f"stateremat.torch: unknown segment option(s) {unknown}; expected a subset "
+                            f"of {list(SEGMENT_OPTIONS)[1:]}. Tip: check the spelling.")
+        if option != RECOMPUTE_ONLY:
+            OPTIONS[option]  # raises naming the registered options
+        self.module = module
+        self.option = option
+        self.name = name
+        self.state = state
+        self.inner = inner
+        self.opts = opts
+        self.probe: Any = None
+
+    def original(self) -> Callable[..., Any]:
+        """The forward this wrapper runs: the previous instance forward or the class's."""
+        if self.inner is not None:
+            return self.inner
+        return types.MethodType(type(self.module).forward, self.module)
+
+    def replays(self) -> bool:
+        """True if this option drops activations and replays the segment in backward."""
+        return self.option == RECOMPUTE_ONLY or OPTIONS[self.option].replays
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        fwd = self.original()
+        if self.probe is not None:
+            self.probe.enter(self.name, args, kwargs)
+        if not (self.replays() and torch.is_grad_enabled()):
+            out = fwd(*args, **kwargs)
+        else:
+            refuse_python_state("stateremat.torch.apply_plan", self.name, args, kwargs)
+            state = self.module if self.state == "buffers" else self.state
+            out = _checkpoint_call(self.option, state, self.opts)(fwd, *args, **kwargs)
+        if self.probe is not None:
+            self.probe.exit(self.name, args, kwargs, out)
+        return out
+
+    def __repr__(self) -> str:
+        return f"SegmentForward({self.name!r}, option={self.option!r})"
+
+
+def segment_forward(module: nn.Module) -> SegmentForward | None:
+    """The :class:`SegmentForward` installed on ``module``, or ``None``."""
+    f = module.__dict__.get("forward")
+    return f if isinstance(f, SegmentForward) else None
+
+
+def wrap_module(module: nn.Module, option: str, name: str, state: Any = "buffers",
+                **opts: Any) -> SegmentForward:
+    """Install (or replace) a :class:`SegmentForward` on ``module``; returns it."""
+    old = segment_forward(module)
+    inner = old.inner if old is not None else module.__dict__.get("forward")
+    wrapper = SegmentForward(module, option, name, state, inner, **opts)
+    module.forward = wrapper  # an instance attribute: nn.Module.__setattr__ keeps it in __dict__
+    return wrapper
+
+
+def unwrap_module(module: nn.Module) -> None:
+    """Remove a :class:`SegmentForward` from ``module`` (its previous forward comes back)."""
+    old = segment_forward(module)
+    if old is None:
+        return
+    if old.inner is not None:
+        module.forward = old.inner
+    else:
+        del module.forward
