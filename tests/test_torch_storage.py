@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -72,3 +73,25 @@ def test_batch_norm_hidden_writes_are_listed():
     assert [t is rm or t is rv for t in written_tensors(torch.ops.aten.native_batch_norm.default, args, {})] == [True, True]
     eval_args = args[:5] + (False,) + args[6:]
     assert written_tensors(torch.ops.aten.native_batch_norm.default, eval_args, {}) == []
+
+
+@pytest.mark.parametrize("n", [120, 121, 4096 + 13])
+@pytest.mark.parametrize("k", [3, 5, 40])
+def test_gather_and_scatter_take_runs_in_any_order(n, k):
+    # the journal gathers pieces out of concatenated entries in owner order, not address order
+    from stateremat.torch._storage import gather, scatter
+
+    rng = np.random.default_rng(n * k)
+    bounds = np.sort(rng.choice(np.arange(1, n), size=2 * k - 1, replace=False))
+    runs = np.stack([np.r_[0, bounds][0::2], np.r_[bounds, n][0::2]], axis=1)[:k]
+    runs[-1, 1] = n  # one run ends at the (odd-sized) end
+    runs = runs[rng.permutation(len(runs))]
+    flat = torch.from_numpy(rng.integers(0, 256, n, dtype=np.uint8))
+    got = gather(flat, runs)
+    assert torch.equal(got, torch.cat([flat[a:b] for a, b in runs]))
+    out = torch.zeros(n, dtype=torch.uint8)
+    scatter(out, runs, got)
+    mask = torch.zeros(n, dtype=torch.bool)
+    for a, b in runs:
+        mask[a:b] = True
+    assert torch.equal(out[mask], flat[mask]) and not out[~mask].any()

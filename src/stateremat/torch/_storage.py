@@ -29,9 +29,8 @@ def gather(flat: torch.Tensor, runs: np.ndarray) -> torch.Tensor:
         return flat[int(runs[0, 0]) : int(runs[0, 1])].clone()
     if n <= _FEW_RUNS:
         return torch.cat([flat[int(a) : int(b)] for a, b in runs])
-    ids, c, full, tail = _chunks(runs, flat.numel())
-    rows = flat[:full].view(-1, c).index_select(0, ids.to(flat.device)).reshape(-1)
-    return torch.cat([rows, flat[full:]]) if tail else rows
+    ids, c = _chunks(runs)
+    return flat[: flat.numel() // c * c].view(-1, c).index_select(0, ids.to(flat.device)).reshape(-1)
 
 
 def scatter(flat: torch.Tensor, runs: np.ndarray, data: torch.Tensor) -> None:
@@ -46,30 +45,23 @@ def scatter(flat: torch.Tensor, runs: np.ndarray, data: torch.Tensor) -> None:
             flat[int(a) : int(b)].copy_(data[off : off + k])
             off += k
         return
-    ids, c, full, tail = _chunks(runs, flat.numel())
-    k = ids.numel() * c
-    flat[:full].view(-1, c).index_copy_(0, ids.to(flat.device), data[:k].view(-1, c))
-    if tail:
-        flat[full:].copy_(data[k:])
+    ids, c = _chunks(runs)
+    flat[: flat.numel() // c * c].view(-1, c).index_copy_(0, ids.to(flat.device), data.view(-1, c))
 
 
 #: Up to this many runs, one slice copy per run; beyond, one indexed copy of common-size chunks.
 _FEW_RUNS = 4
 
 
-def _chunks(runs: np.ndarray, n: int):
-    """Runs as row ids of ``flat[:full].view(-1, c)``, ``c`` the largest common chunk of their bounds.
+def _chunks(runs: np.ndarray) -> tuple[torch.Tensor, int]:
+    """Runs (any order) as row ids of ``flat.view(-1, c)``, ``c`` the largest common chunk of their bounds.
 
     Element-scattered writes of float32 share ``c = 4``; granularity-rounded runs share the
-    granularity. Returns ``(ids, c, full, tail)`` — ``full = n // c * c`` and ``tail``: the last
-    run also covers the partial chunk ``[full, n)``.
+    granularity (a run that ends at a storage's odd-sized end brings ``c`` down with it).
+    Returns ``(ids, c)``; ``ids`` is int64, in run order.
     """
-    b = runs.reshape(-1)
-    inner = b[b != n]
-    c = max(1, int(np.gcd.reduce(inner))) if inner.size else max(1, n)
-    full = n // c * c
-    ids = _run_ids(np.minimum(runs, full), c)
-    return torch.from_numpy(ids), c, full, bool(full < n and runs[-1, 1] == n)
+    c = max(1, int(np.gcd.reduce(runs.reshape(-1))))
+    return torch.from_numpy(_run_ids(runs, c)), c
 
 
 def _run_ids(runs: np.ndarray, c: int) -> np.ndarray:
