@@ -1,9 +1,7 @@
 """Issue 14.6: one error lists every undeclared tensor a segment wrote, module-qualified (R7).
 
-Expected to fail until the core names them module-qualified: since the Preserver rewrite it
-lists all six writes, but relative to the block (``bn1.running_mean``) and calls the segment
-``'Block.forward'``. The checkpoint needs the segment's module path, which apply_plan knows and
-could pass, e.g. ``Checkpointer(..., name=path)`` used as the prefix of declared/reachable names.
+apply_plan passes the segment's module path (``Checkpointer(..., name=path)``), the prefix of
+declared and reachable names in messages.
 """
 import gc
 import re
@@ -20,7 +18,6 @@ EXPECTED = [f"layer1.0.{bn}.{buf}" for bn in ("bn1", "bn2")
             for buf in ("running_mean", "running_var", "num_batches_tracked")]
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14.6: module-qualified names need the segment path in the core (lead)")
 @pytest.mark.parametrize("preserve", ["whole", "region"])
 def test_every_undeclared_write_of_a_segment_is_named_in_one_error(preserve):
     model = _resnet()

@@ -100,7 +100,9 @@ class Checkpointer:
             each write changes (runs closer than 16 bytes merged); an int rounds every write out
             to multiples of that many bytes.
         on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"`` (see :func:`checkpoint`).
-        verify: compare recomputed saved tensors with the forward's bit for bit.
+        verify: debugging mode of :func:`checkpoint` (every op watched, saved tensors compared).
+        name: the segment's module path in the model (``"layers.3"``); errors call the segment
+            by it and name its tensors from the model's root (``layers.3.norm.running_mean``).
 
     Raises:
         ValueError / TypeError: an unknown option value, at construction.
@@ -110,7 +112,7 @@ class Checkpointer:
     """
 
     def __init__(self, *, state: Any = None, preserve: str = "region", granularity_bytes: int | None = None,
-                 on_undeclared: str = "raise", verify: bool = False) -> None:
+                 on_undeclared: str = "raise", verify: bool = False, name: str | None = None) -> None:
         _validate_options(preserve, granularity_bytes, on_undeclared)
         check_state(state)
         self.state = state
@@ -118,10 +120,15 @@ class Checkpointer:
         self.granularity_bytes = granularity_bytes
         self.on_undeclared = on_undeclared
         self.verify = bool(verify)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"Checkpointer: name must be a str (the segment's module path), got "
+                            f"{type(name).__name__}. Tip: e.g. name='layers.3'.")
+        self.name = name
 
     def __repr__(self) -> str:
         return (f"Checkpointer(state={self.state!r}, preserve={self.preserve!r}, granularity_bytes="
-                f"{self.granularity_bytes}, on_undeclared={self.on_undeclared!r}, verify={self.verify})")
+                f"{self.granularity_bytes}, on_undeclared={self.on_undeclared!r}, verify={self.verify}"
+                + (f", name={self.name!r})" if self.name else ")"))
 
     @eager_only
     def __call__(self, function: Callable, *args: Any, use_reentrant: bool | None = None,
@@ -132,7 +139,7 @@ class Checkpointer:
                     granularity_bytes=self.granularity_bytes, on_undeclared=self.on_undeclared,
                     verify=self.verify, preserve_rng_state=preserve_rng_state, use_reentrant=use_reentrant,
                     context_fn=context_fn, determinism_check=determinism_check, debug=debug,
-                    early_stop=early_stop)
+                    early_stop=early_stop, name=self.name)
 
 
 @eager_only
@@ -222,7 +229,8 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
 
 def _run(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, granularity_bytes: int | None,
          on_undeclared: str, verify: bool, preserve_rng_state: bool, use_reentrant: bool | None,
-         context_fn: Any, determinism_check: str, debug: bool, early_stop: bool) -> Any:
+         context_fn: Any, determinism_check: str, debug: bool, early_stop: bool,
+         name: str | None = None) -> Any:
     _validate(fn, preserve, granularity_bytes, on_undeclared)
     if use_reentrant:
         raise ValueError("stateremat.torch.checkpoint: use_reentrant must be False or None (expected the "
@@ -251,7 +259,7 @@ def _run(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, 
         return run_segment(fn, args, kwargs, state=state, preserve=preserve, granularity_bytes=granularity_bytes,
                            on_undeclared=on_undeclared, verify=verify, preserve_rng_state=preserve_rng_state,
                            recompute_context=recompute_ctx, check_metadata=determinism_check == "default",
-                           early_stop=early_stop, debug=debug)
+                           early_stop=early_stop, debug=debug, name=name, module_prefix=name or "")
 
 
 def _segment_name(fn: Any) -> str:

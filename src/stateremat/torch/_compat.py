@@ -57,7 +57,7 @@ except (ImportError, AttributeError) as _exc:  # pragma: no cover - depends on t
 __all__ = [
     "CheckpointError", "DisableTorchFunction", "DisableTorchFunctionSubclass", "GraphExecGroup", "SavedTensor", "TorchDispatchMode",
     "autocast_kwargs", "eager_only", "current_graph_id", "early_stop_override", "debug_override", "has_storage",
-    "in_foreign_recompute", "infer_device_type", "library_ops", "make_saved_tensor", "reset_versions",
+    "in_foreign_recompute", "infer_device_type", "library_ops", "make_saved_tensor", "queue_backward_callback", "reset_versions",
     "tree_flatten", "tree_unflatten", "is_traceable_wrapper_subclass",
 ]
 
@@ -96,6 +96,15 @@ def current_graph_id() -> Any:
         if gid == -1:
             return None
     return gid
+
+
+def queue_backward_callback(fn: Callable[[], None]) -> bool:
+    """Run ``fn`` when the running backward finishes; False when torch offers no such hook here."""
+    engine = getattr(torch.autograd.Variable, "_execution_engine", None)
+    if engine is None or not hasattr(engine, "queue_callback"):
+        return False
+    engine.queue_callback(fn)
+    return True
 
 
 def reset_versions(tensors: tuple[torch.Tensor, ...], versions: tuple[int, ...]) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ._compat import tree_flatten
+from ._compat import queue_backward_callback, tree_flatten
 from ._memory import PeakMemory
 from ._step import sync
 
@@ -86,9 +86,7 @@ class Probe:
 
     def _start(self, i: int) -> None:
         if not self._started:  # the first gradient of the step: mark where its backward ends
-            engine = getattr(torch.autograd.Variable, "_execution_engine", None)
-            if engine is not None and hasattr(engine, "queue_callback"):
-                engine.queue_callback(lambda: self.event("bwd_done"))
+            queue_backward_callback(lambda: self.event("bwd_done"))
         if i not in self._started:
             self._started.add(i)
             self.event("bwd_start", i)

@@ -39,6 +39,8 @@ def root_module(fn: Callable) -> nn.Module | None:
     """The module ``fn`` runs: ``fn`` itself, a bound method's ``self`` or either inside a
     ``functools.partial``; else ``None``."""
     while isinstance(fn, functools.partial):
+        if not hasattr(fn.func, "__self__") and fn.args and isinstance(fn.args[0], nn.Module):
+            return fn.args[0]  # partial(Layer.forward, layer, ...): an unbound forward and its module
         fn = fn.func
     if isinstance(fn, nn.Module):
         return fn

@@ -22,7 +22,7 @@ from ._pystate import refuse_python_state
 SEGMENT_OPTIONS = ("state", "granularity_bytes", "on_undeclared", "verify", "preserve_rng_state")
 
 
-def _checkpoint_call(option: str, state: Any, opts: dict[str, Any]) -> Callable[..., Any]:
+def _checkpoint_call(option: str, state: Any, opts: dict[str, Any], name: str | None = None) -> Callable[..., Any]:
     """A function with ``torch.utils.checkpoint.checkpoint``'s signature running ``option``."""
     rng = {"preserve_rng_state": opts["preserve_rng_state"]} if "preserve_rng_state" in opts else {}
     if option == RECOMPUTE_ONLY:  # profiling only: replay with nothing preserved
@@ -31,7 +31,7 @@ def _checkpoint_call(option: str, state: Any, opts: dict[str, Any]) -> Callable[
         return lambda fn, *a, **kw: torch_checkpoint(fn, *a, use_reentrant=False, **rng, **kw)
     from ._checkpoint import Checkpointer
 
-    ckpt = Checkpointer(state=state, preserve=option,
+    ckpt = Checkpointer(state=state, preserve=option, name=name,
                         **{k: v for k, v in opts.items() if k != "preserve_rng_state"})
     return (lambda fn, *a, **kw: ckpt(fn, *a, **rng, **kw)) if rng else ckpt
 
@@ -88,7 +88,7 @@ class SegmentForward:
         else:
             refuse_python_state("stateremat.torch.apply_plan", self.name, args, kwargs)
             state = self.module if self.state == "buffers" else self.state
-            out = _checkpoint_call(self.option, state, self.opts)(fwd, *args, **kwargs)
+            out = _checkpoint_call(self.option, state, self.opts, self.name)(fwd, *args, **kwargs)
         if self.probe is not None:
             self.probe.exit(self.name, args, kwargs, out)
         return out
