@@ -390,3 +390,79 @@ def test_bad_state_is_refused_at_construction(state):
         StatefulCheckpoint(nn.Linear(2, 2), state=state)
     with pytest.raises((TypeError, ValueError), match="state"):
         Checkpointer(state=state)
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_generators_after_the_step_are_the_callers_with_draws_between_forward_and_backward(preserve):
+    # R5 for randomness: the replay draws from R0, then the caller's generators are reinstated,
+    # so draws made between forward and backward (and after) continue exactly as in eager.
+    g = torch.Generator().manual_seed(3)
+
+    def seg(t):
+        return t * (torch.rand(t.shape, dtype=D) > 0.5) * torch.rand(t.shape, generator=g, dtype=D)
+
+    def run(wrap):
+        torch.manual_seed(5)
+        g.manual_seed(3)
+        x = torch.ones(16, dtype=D, requires_grad=True)
+        y = wrap(seg, x)
+        between = (torch.rand(4), torch.rand(4, generator=g))  # draws between forward and backward
+        y.sum().backward()
+        return x.grad, between, torch.get_rng_state(), g.get_state()
+
+    ref = run(lambda f, x: f(x))
+    got = run(lambda f, x: checkpoint(f, x, preserve=preserve))
+    assert torch.equal(got[0], ref[0])
+    assert all(torch.equal(a, b) for a, b in zip(got[1], ref[1]))
+    assert torch.equal(got[2], ref[2]) and torch.equal(got[3], ref[3])
+
+
+@pytest.mark.parametrize("outer", PRESERVERS)
+@pytest.mark.parametrize("inner", PRESERVERS)
+def test_nested_segments_that_read_what_they_write(outer, inner):
+    # Both segments read declared state before writing it, so every replay needs its own B0.
+    b = torch.zeros(3, dtype=D)
+    w = torch.ones((), dtype=D, requires_grad=True)
+    x = torch.tensor([1.0, 2.0, 3.0], dtype=D)
+
+    def inner_fn(h):
+        y = (h * (1 + b.clone())).sum()
+        b.add_(1)
+        return y
+
+    def outer_fn(x):
+        h = w * x * (2 + b.clone())
+        b.mul_(3)
+        return checkpoint(inner_fn, h, state=[b], preserve=inner) * (1 + b.clone()).sum()
+
+    y = checkpoint(outer_fn, x, state=[b], preserve=outer)
+    y.backward()
+    b0 = torch.zeros(3, dtype=D)
+    w0 = torch.ones((), dtype=D, requires_grad=True)
+    h = w0 * x * (2 + b0)
+    b1 = b0 * 3
+    ref = (h * (1 + b1)).sum() * (1 + (b1 + 1)).sum()
+    (g,) = torch.autograd.grad(ref, w0)
+    assert torch.equal(w.grad, g)
+    assert torch.equal(b, b1 + 1)
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_a_replay_that_writes_elsewhere_leaves_no_trace(preserve):
+    # Python state read by the segment changed between forward and replay (a step counter), so
+    # the replay writes another row than the forward did; reinstatement must undo it too (R5).
+    buf = torch.zeros(4, 2, dtype=D)
+    counter = [0]
+    w = torch.ones((), dtype=D, requires_grad=True)
+
+    def seg(w):
+        buf[counter[0]] = 7.0  # before the reads: the replay (early stop) reaches it
+        return (w * buf.clone()).sum() + w
+
+    y = checkpoint(seg, w, state=[buf], preserve=preserve)
+    counter[0] = 2  # the replay writes row 2
+    y.backward()
+    expected = torch.zeros(4, 2, dtype=D)
+    expected[0] = 7.0
+    assert torch.equal(buf, expected)
+    assert w.grad.item() == 15.0  # 2 x 7 + 1, whichever row holds the 7s
