@@ -4,11 +4,10 @@
    2 threads); step = forward + backward. ``torch.utils.checkpoint(use_reentrant=False)`` (A)
    and ``stateremat.torch.checkpoint`` (B) alternate A B A B ...; the printed value is the
    median of the paired ratios B/A. Target: <= 1.05. Also printed: the same ratio with a
-   declared 4 KiB buffer under ``preserve="region"`` (every op then passes the dispatch mode).
-   Both include the backward's replay, which always runs under the dispatch mode that refuses
-   writes to undeclared pre-existing storages (R7).
-1b. Informational worst case for that replay-time mode: a segment of 100 tiny ops (64
-   floats), where per-op Python dispatch cost dominates; same A/B median ratio. Also the
+   declared 4 KiB buffer under ``preserve="region"`` (only calls that touch the declared
+   tensor reach Python; see ``benchmarks/bench_journal.py`` for issue 15's targets).
+1b. Informational worst case: a segment of 100 tiny ops (64 floats), where any per-segment
+   bookkeeping shows; same A/B median ratio. Also the
    median absolute extra time per segment (forward + backward of a tiny block, ours - torch),
    which bounds the systematic part of the ratio in 1 less noisily than the ratio itself.
 2. Retained preservation bytes: a declared 64 MiB queue (65,536 x 256 float32) of which
@@ -174,10 +173,10 @@ def main() -> None:
           f"stateremat={o['median_step_stateremat_s']:.4f}s pairs={o['pairs']}")
     print(f"overhead_ratio_median={o['median_ratio_stateremat_over_torch']:.4f} (target <= 1.05)")
     print(f"region_state_overhead_ratio_median={o['median_ratio_region_state_over_torch']:.4f} "
-          "(informational: 4 KiB declared buffer, every op passes the journaling dispatch mode)")
+          "(informational: 4 KiB declared buffer, never written)")
     sm = small_op_overhead(args.pairs, device)
     print(f"small_op_segment_ratio_median={sm['median_ratio_small_ops']:.4f} pairs={sm['pairs']} "
-          "(informational worst case: 100 ops on 64 floats, replay under the dispatch mode)")
+          "(informational worst case: 100 ops on 64 floats)")
     print(f"extra_time_per_segment_median_s={sm['median_extra_per_segment_s']:.2e} "
           f"(x16 segments = {16 * sm['median_extra_per_segment_s'] / o['median_step_torch_s']:.4f} of the "
           "torch MLP step: the systematic part of overhead_ratio - 1)")
