@@ -127,3 +127,23 @@ def test_auto_checkpoint_on_transformers_layers_matches_eager_and_its_prediction
     expected = expected_peak_bytes(res.card, res.options)
     assert abs(pm.peak_bytes - expected) <= 0.05 * expected, (pm.peak_bytes, expected, res.options)
     assert pm.peak_bytes <= 1.05 * res.budget_bytes
+
+
+@pytest.mark.parametrize("form", ["module", "checkpointer"])
+def test_a_kv_cache_updated_inside_any_checkpoint_form_is_refused(form):
+    # the library's own forms refuse a cache the segment updates, like apply_plan and enable()
+    from stateremat.torch import Checkpointer, StatefulCheckpoint
+
+    torch.manual_seed(0)
+    cache = transformers.DynamicCache()
+    x = torch.randn(1, 1, 2, 4, requires_grad=True)
+    if form == "module":
+        model = llama().train()
+        model.model.layers[0] = StatefulCheckpoint(model.model.layers[0])
+        with pytest.raises(UnsupportedError, match=r"DynamicCache.*use_cache=False"):
+            model(input_ids=torch.randint(0, VOCAB, (1, 8)), past_key_values=cache, use_cache=True)
+    else:
+        with pytest.raises(UnsupportedError, match=r"DynamicCache.*'past_key_values'.*use_cache=False"):
+            Checkpointer()(lambda x, past_key_values: past_key_values.update(x, x, 0)[0].sum(), x,
+                           past_key_values=cache)
+    gc.collect()

@@ -466,3 +466,191 @@ def test_a_replay_that_writes_elsewhere_leaves_no_trace(preserve):
     expected[0] = 7.0
     assert torch.equal(buf, expected)
     assert w.grad.item() == 15.0  # 2 x 7 + 1, whichever row holds the 7s
+
+
+# ---- review: writes no version counter of the tensor sees --------------------------------------
+class _EMA(nn.Module):
+    def __init__(self, n, how):
+        super().__init__()
+        self.how = how
+        self.w = nn.Parameter(torch.ones(n, dtype=D))
+        self.register_buffer("ema", torch.ones(n, dtype=D))
+
+    def forward(self, x):
+        if self.how == "data_inplace":
+            self.ema.data.mul_(0.5).add_(x.detach(), alpha=0.5)  # .data has its own version counter
+        else:  # "data_rebind": MoCo's momentum update
+            self.ema.data = self.ema.data * 0.5 + x.detach() * 0.5
+        return (self.w * x * self.ema).sum()
+
+
+@pytest.mark.parametrize("n", [8, 65536, 65537, 1 << 20])
+@pytest.mark.parametrize("how", ["data_inplace", "data_rebind"])
+def test_undeclared_writes_through_data_are_refused_at_any_size(n, how):
+    x = torch.full((n,), 3.0, dtype=D)
+    m = _EMA(n, how)
+    with pytest.raises(UndeclaredStateError, match=r"buffer 'ema'"):
+        checkpoint(m, x)
+    assert m.ema[0].item() == 2.0  # made once, as eager would
+    ok = _EMA(n, how)  # declared: exact
+    checkpoint(ok, x, state="buffers").backward()
+    ref = _EMA(n, how)
+    ref(x).backward()
+    assert torch.equal(ok.w.grad, ref.w.grad) and torch.equal(ok.ema, ref.ema)
+
+
+class _Rebinder(nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.w = nn.Parameter(torch.ones(3, dtype=D))
+        if kind == "buffer":
+            self.register_buffer("m", torch.ones(3, dtype=D))
+        elif kind == "plain_attr":
+            self.m = torch.ones(3, dtype=D)
+
+    def forward(self, x):
+        if self.kind == "new_buffer":
+            if not hasattr(self, "m"):
+                self.register_buffer("m", torch.ones(3, dtype=D))
+            self.m.add_(1)
+        else:
+            self.m = self.m + 1
+        return (self.w * x * self.m).sum()
+
+
+@pytest.mark.parametrize("kind,state,exact", [
+    ("buffer", None, False), ("buffer", "tensor", True), ("buffer", "buffers", True),
+    ("plain_attr", "buffers", True), ("plain_attr", "module", True), ("plain_attr", None, False),
+    ("new_buffer", "buffers", True), ("new_buffer", None, False)])
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_rebinding_is_replayed_when_declared_and_refused_when_not(kind, state, exact, preserve):
+    x = torch.ones(3, dtype=D)
+    ref = _Rebinder(kind)
+    ref(x).backward()
+    m = _Rebinder(kind)
+    st = {"tensor": [getattr(m, "m", None)], "module": [m]}.get(state, state)
+    if not exact:
+        with pytest.raises(UndeclaredStateError, match=r"'m'"):
+            checkpoint(m, x, state=st, preserve=preserve)
+        return
+    checkpoint(m, x, state=st, preserve=preserve).backward()
+    assert torch.equal(m.w.grad, ref.w.grad) and torch.equal(m.m, ref.m)
+
+
+class _Deep:
+    def __init__(self, depth):
+        self.g = torch.Generator().manual_seed(3) if depth == 0 else None
+        self.inner = _Deep(depth - 1) if depth else None
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2])
+def test_generator_a_few_plain_objects_deep_is_replayed(depth):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(8, dtype=D))
+            self.cfg = _Deep(depth)
+
+        def gen(self):
+            o = self.cfg
+            while o.g is None:
+                o = o.inner
+            return o.g
+
+        def forward(self, x):
+            return (self.w * x * (torch.rand(8, generator=self.gen()) > 0.5)).sum()
+
+    x = torch.arange(1.0, 9.0, dtype=D)
+    ref, m = M(), M()
+    ref(x).backward()
+    checkpoint(m, x, state="buffers").backward()
+    assert torch.equal(m.w.grad, ref.w.grad)
+    assert torch.equal(m.gen().get_state(), ref.gen().get_state())
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_parameters_changed_between_forward_and_backward_are_refused(preserve):
+    m = nn.Sequential(nn.Linear(4, 4), nn.Tanh(), nn.Linear(4, 1)).double()
+    y = checkpoint(m, torch.randn(3, 4, dtype=D), state="buffers", preserve=preserve).sum()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(2)  # an optimizer step before backward
+    with pytest.raises(ReplayError, match=r"parameter '0.weight'.*changed in place between its forward"):
+        y.backward()
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("how", ["set_", "data"])
+def test_declared_tensor_rebound_after_the_forward_is_refused(preserve, how):
+    q = torch.arange(4.0, dtype=D)
+    w = torch.ones(4, dtype=D, requires_grad=True)
+    y = checkpoint(lambda w: (w * q.clone()).sum(), w, state=[q], preserve=preserve)
+    other = torch.full((4,), 9.0, dtype=D)
+    if how == "set_":
+        q.set_(other)
+    else:
+        q.data = other
+    with pytest.raises(ReplayError, match=r"now uses another storage"):
+        y.backward()
+
+
+class _Sub(torch.Tensor):  # a plain subclass (torch's own __torch_function__)
+    pass
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_a_plain_tensor_subclass_buffer_journals_writes_after_the_forward(preserve):
+    def run(wrap):
+        m = nn.Module()
+        m.register_buffer("q", torch.arange(24.0, dtype=D).reshape(8, 3).as_subclass(_Sub))
+        w = torch.ones(3, dtype=D, requires_grad=True)
+
+        def f(x):
+            out = (x * w * m.q.clone()).sum()
+            m.q[:2] = 0.0
+            return out
+
+        loss = wrap(f, torch.ones(3, dtype=D), m)
+        with torch.no_grad():
+            m.q[3:6].mul_(2)  # through the declared tensor, outside any segment
+        loss.backward()
+        return w.grad, m.q.clone()
+
+    ref = run(lambda f, x, m: f(x))
+    got = run(lambda f, x, m: checkpoint(f, x, state=[m], preserve=preserve))
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1].as_subclass(torch.Tensor),
+                                                       ref[1].as_subclass(torch.Tensor))
+
+
+def test_profile_restores_generators_and_containers_the_model_holds():
+    from stateremat.torch import profile
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(8, 8)
+            self.g = torch.Generator().manual_seed(1)
+            self.seen = [0]
+
+        def forward(self, x):
+            self.seen.append(1)
+            return self.lin(x) * (torch.rand(8, generator=self.g) > 0.2)
+
+    model = nn.Sequential(Block(), Block())
+    states = [b.g.get_state() for b in model]
+    profile(model, ["0", "1"], torch.randn(4, 8), repeats=1)
+    assert all(torch.equal(b.g.get_state(), s) for b, s in zip(model, states))
+    assert all(b.seen == [0] for b in model)
+
+
+def test_clear_errors_for_lazy_modules_and_too_many_sequential_segments():
+    from stateremat.torch import checkpoint_sequential
+
+    with pytest.raises(ValueError, match=r"lazy.*run one forward"):
+        checkpoint(nn.LazyLinear(3), torch.ones(2, 4, requires_grad=True))
+    with pytest.raises(ValueError, match=r"segments=20 exceeds the number of functions \(3\)"):
+        checkpoint_sequential(nn.Sequential(nn.Tanh(), nn.Tanh(), nn.Tanh()), 20, torch.ones(2, requires_grad=True))
+    wrapped = StatefulCheckpoint(nn.Sequential(nn.Tanh(), nn.ReLU()))
+    wrapped[1] = nn.Sigmoid()
+    assert len(wrapped) == 2 and isinstance(list(wrapped)[1], nn.Sigmoid)

@@ -416,7 +416,10 @@ def test_public_surface():
              "reset_preservation_stats", "PreservationStats", "ReplayError", "UndeclaredStateError",
              "ReplayDivergenceError", "UnsupportedError", "UndeclaredStateWarning"}
     assert names <= set(dir(st))
-    assert st.ReplayError is contract.ReplayError and issubclass(st.UndeclaredStateError, RuntimeError)
+    import torch.utils.checkpoint as tuc
+
+    assert issubclass(st.ReplayError, contract.ReplayError) and issubclass(st.ReplayError, tuc.CheckpointError)
+    assert issubclass(st.UndeclaredStateError, contract.UndeclaredStateError) and issubclass(st.UndeclaredStateError, st.ReplayError)
 
 
 def test_replay_runs_under_the_forward_autocast_state():

@@ -3,14 +3,14 @@
 ``checkpoint`` / ``StatefulCheckpoint`` replay a segment with its declared state restored to
 the bytes of the original forward and reinstate the visible state afterwards (paper §3.1, §5).
 """
-from stateremat.contract import (
+from . import _compat  # noqa: F401  (fails here, with the torch versions needed, on an unsupported torch)
+# The contract's errors, each also a torch.utils.checkpoint.CheckpointError (what is raised here).
+from ._errors import (
     ReplayDivergenceError as ReplayDivergenceError,
     ReplayError as ReplayError,
     UndeclaredStateError as UndeclaredStateError,
     UnsupportedError as UnsupportedError,
 )
-
-from . import _compat  # noqa: F401  (fails here, with the torch versions needed, on an unsupported torch)
 
 from ._checkpoint import Checkpointer as Checkpointer, checkpoint as checkpoint, journal_writes as journal_writes
 from ._runtime import replaying as is_replaying

@@ -23,11 +23,13 @@ from ._compat import (
     make_saved_tensor,
     tree_flatten,
 )
-from ._errors import ReplayError
+from ._errors import ReplayError, UnsupportedError
+from ._pystate import cache_fingerprint, cache_message, python_state_arguments
 from ._mode import StrictMode
 from ._preserve import PRESERVERS
 from ._runtime import runtime
-from ._scan import Declared, check_state, reach, resolve_state, root_module
+from ._scan import Declared, check_state, describe, reach, resolve_state, root_module, tensor_slots
+from ._storage import fingerprint
 from ._segment import RecomputeSink, Segment
 from ._storage import storage_key
 from ._txn import Bindings, Transaction
@@ -297,24 +299,45 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     seg.attach(txn)
     cuda_before = _rng.cuda_ready()
     r = reach(fn, args, kwargs, module_prefix)
+    lazy = [describe(n) for n, t in r.tensors.values() if torch.nn.parameter.is_lazy(t)]
+    if lazy:
+        txn.release()
+        raise ValueError(f"stateremat.torch.checkpoint: segment {seg.name!r} reaches uninitialized lazy "
+                         f"parameters/buffers ({', '.join(lazy[:3])}); their first forward creates them, which "
+                         "a replay cannot repeat. Tip: run one forward (e.g. under torch.no_grad()) before "
+                         "checkpointing lazy modules.")
     gens = {id(g): g for _, g in declared.generators}
     gens.update({id(g): g for _, g in r.generators.values()})
     seg.rng = _rng.capture(gens.values()) if preserve_rng_state else None
     txn.begin()
-    seg.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors])
-    seg.save_inputs(args, kwargs)
+    declared_mods = {id(m) for _, mod in declared.modules for m in mod.modules()}
     declared_ids = {id(t) for _, t, _ in declared.tensors}
+    # a declared tensor held by an undeclared module: its slot is replayed as of the forward's start
+    held = [(m, d, k, v) for _, m in r.modules if id(m) not in declared_mods
+            for (d, k), v in tensor_slots(m).items() if id(v) in declared_ids]
+    seg.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held)
+    seg.save_inputs(args, kwargs)
     with DisableTorchFunctionSubclass():
         seg.scan = [(n, t, t._version) for n, t in r.tensors.values() if id(t) not in declared_ids]
         seg.expected = {id(t): v for _, t, v in seg.scan}
         probes = {i: v for i, v in r.norm_stats.items() if i not in declared_ids}
         probes.update({i: (n, t) for i, (n, t) in r.tensors.items() if i not in declared_ids and _stat_like(t)})
+        # writes no version counter of these tensors sees: through .data (its own counter) or by
+        # rebinding their storage (.data = ..., set_) — fingerprints and data pointers
+        seg.ptrs = [(n, t, t.data_ptr()) for n, t, _ in seg.scan]
+        seg.fingerprints = [(n, t, fingerprint(t)) for n, t, _ in seg.scan
+                            if not t.requires_grad and id(t) not in probes and t.numel()]
+        held_keys = {(id(m), d, k) for m, d, k, _ in held}
+        seg.slots = [(path, m, tensor_slots(m), {(d, k) for (i, d, k) in held_keys if i == id(m)})
+                     for path, m in r.modules if id(m) not in declared_mods]
         if probes:
             with library_ops():
                 seg.norm_probes = [(n, t, t.clone()) for n, t in probes.values()]
     _mark_reachable_aliases(seg)
     for enclosing in rt.forward:
         enclosing.check_inner_declaration(seg)
+    caches = python_state_arguments(args, kwargs)  # a KV cache the forward updates cannot be replayed
+    cache_state = [cache_fingerprint(c) for _, c in caches]
     seg.strict = on_undeclared == "declare" or verify or txn.has_unmarkable()
     strict = StrictMode(rt, "forward") if seg.strict and rt.strict_depth == 0 else None
     rt.forward.append(seg)
@@ -329,7 +352,11 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
             if strict is not None:
                 rt.strict_depth -= 1
         seg.bindings.settle()
+        for (where, cache), before in zip(caches, cache_state):
+            if cache_fingerprint(cache) != before:
+                raise UnsupportedError(cache_message("stateremat.torch.checkpoint", seg.name, where, cache, "updated"))
         seg.report_undeclared(seg.undeclared_writes(), "after the forward")
+        seg.note_parameters()
     except BaseException:
         txn.release()
         raise

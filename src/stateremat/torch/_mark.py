@@ -120,6 +120,19 @@ _MARKED_OF: dict[type, type] = {torch.Tensor: _MarkedTensor, nn.Parameter: _Mark
 _BASE_OF: dict[type, type] = {v: k for k, v in _MARKED_OF.items()}
 
 
+def _marked_subclass(cls: type) -> type | None:
+    """A marked class for a user subclass of Tensor/Parameter that keeps torch's ``__torch_function__``."""
+    tf = getattr(cls, "__torch_function__", None)
+    plain = getattr(tf, "__func__", tf) in (torch.Tensor.__torch_function__.__func__,
+                                            torch._C._disabled_torch_function_impl)
+    if not (isinstance(cls, type) and issubclass(cls, torch.Tensor) and plain) or "__slots__" in vars(cls):
+        return None  # a subclass with its own __torch_function__: every op is watched instead (StrictMode)
+    marked = type(f"_Marked{cls.__name__}", (cls,), {"__torch_function__": classmethod(_handler),
+                                                     "__module__": __name__})
+    _MARKED_OF[cls], _BASE_OF[marked] = marked, cls
+    return marked
+
+
 def is_marked(t: torch.Tensor) -> bool:
     """True if ``t`` currently carries the write handler."""
     return type(t) in _BASE_OF
@@ -146,7 +159,7 @@ def mark_tensor(t: torch.Tensor, st: Any) -> bool:
             "runtimes). Tip: concurrent mutation from other threads is out of scope; give each thread its "
             "own model, or use preserve='whole'."
         )
-    marked = _MARKED_OF.get(cls)
+    marked = _MARKED_OF.get(cls) or _marked_subclass(cls)
     if marked is None:
         return False
     t.__class__ = marked

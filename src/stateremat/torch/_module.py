@@ -92,6 +92,15 @@ class StatefulCheckpoint(nn.Module):
     def __getitem__(self, idx: Any) -> Any:
         return self._modules["block"].__getitem__(idx)
 
+    def __setitem__(self, idx: Any, module: Any) -> None:
+        self._modules["block"].__setitem__(idx, module)
+
+    def __len__(self) -> int:
+        return len(self._modules["block"])
+
+    def __iter__(self) -> Any:
+        return iter(self._modules["block"])
+
     @property
     def retained_state_bytes(self) -> int:
         return self.snapshot_bytes + self.journal_bytes

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from stateremat.contract import UnsupportedError, rule
+from stateremat.contract import rule
+
+from ._errors import UnsupportedError
 
 
 def _is_transformers_cache(obj: Any) -> bool:
@@ -54,17 +56,17 @@ def refuse_python_state(api: str, segment: str, args: tuple, kwargs: dict, run: 
     found = python_state_arguments(args, kwargs)
     if run is None:
         if found:
-            raise UnsupportedError(_message(api, segment, *found[0], "received"))
+            raise UnsupportedError(cache_message(api, segment, *found[0], "received"))
         return None
     before = [cache_fingerprint(c) for _, c in found]
     out = run()
     for (where, cache), fp in zip(found, before):
         if cache_fingerprint(cache) != fp:
-            raise UnsupportedError(_message(api, segment, where, cache, "updated"))
+            raise UnsupportedError(cache_message(api, segment, where, cache, "updated"))
     return out
 
 
-def _message(api: str, segment: str, where: str, cache: Any, verb: str) -> str:
+def cache_message(api: str, segment: str, where: str, cache: Any, verb: str) -> str:
     return (f"{api}: segment {segment!r} {verb} a transformers {type(cache).__name__} as its {where}; "
             f"the replay in backward would update that KV cache a second time ({rule('R2')}), and a "
             "Python-level cache cannot be declared as state. Expected no cache object that a "

@@ -28,7 +28,7 @@ from torch import nn
 from ._compat import has_storage, tree_flatten
 
 #: Levels of plain containers / objects followed from a captured value or module attribute.
-MAX_DEPTH = 3
+MAX_DEPTH = 4
 #: Objects visited per scan at most (bounds the cost on huge object graphs).
 MAX_OBJECTS = 20_000
 
@@ -136,6 +136,7 @@ class Reach:
     tensors: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
     generators: dict[int, tuple[str, torch.Generator]] = field(default_factory=dict)
     norm_stats: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
+    modules: list[tuple[str, nn.Module]] = field(default_factory=list)
     seen: set[int] = field(default_factory=set)
 
     def budget_left(self) -> bool:
@@ -149,6 +150,7 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
         if id(sub) in r.seen and sub is not m:
             continue
         r.seen.add(id(sub))
+        r.modules.append((path, sub))
         for kind, d in (("parameter", sub._parameters), ("buffer", sub._buffers)):
             for k, v in d.items():
                 if v is not None and id(v) not in r.tensors:
@@ -242,6 +244,19 @@ def reach(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") -> R
             _add_value(r, a, f"keyword argument {k!r}", 0)
     r.tensors = {i: v for i, v in r.tensors.items() if has_storage(v[1])}
     return r
+
+
+def tensor_slots(m: nn.Module) -> dict[tuple[str, str], Any]:
+    """What each tensor-holding attribute of ``m`` names: ``(dict, key) -> tensor`` for its
+    parameters, buffers and plain tensor attributes (rebinding one changes this map)."""
+    out: dict[tuple[str, str], Any] = {}
+    for d in ("_parameters", "_buffers"):
+        for k, v in getattr(m, d).items():
+            out[(d, k)] = v
+    for k, v in m.__dict__.items():
+        if isinstance(v, torch.Tensor) and not k.startswith("_"):
+            out[("__dict__", k)] = v
+    return out
 
 
 def reachable(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") -> list[tuple[Any, torch.Tensor]]:

@@ -37,8 +37,8 @@ from ._compat import (
 from ._errors import ReplayDivergenceError, ReplayError, UndeclaredStateError
 from ._mode import StrictMode, warn_undeclared
 from ._runtime import Runtime
-from ._scan import describe, reachable
-from ._storage import storage_key
+from ._scan import describe, reachable, tensor_slots
+from ._storage import fingerprint, storage_key
 from ._txn import Bindings, Transaction
 
 
@@ -156,6 +156,10 @@ class Segment:
         self.scan: list[tuple[Any, torch.Tensor, int]] = []  # reachable undeclared tensors, start versions
         self.expected: dict[int, int] = {}  # id(tensor) -> version it should have now (adoptions move it)
         self.norm_probes: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
+        self.ptrs: list[tuple[Any, torch.Tensor, int]] = []  # data pointers of reachable tensors
+        self.fingerprints: list[tuple[Any, torch.Tensor, tuple[int, int]]] = []
+        self.slots: list[tuple[str, Any, dict, set]] = []  # tensor bindings of reachable undeclared modules
+        self.param_versions: list[tuple[Any, torch.Tensor, int]] = []
         self._candidates: dict | None = None
         self.weak_holders: list[weakref.ref] = []
         self.metas: list[tuple] = []
@@ -235,7 +239,41 @@ class Segment:
                     for n, t, before in self.norm_probes:
                         if not _same_bytes(t, before) and storage_key(t) not in own:
                             found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
+            for n, t, ptr in self.ptrs:
+                if t.data_ptr() != ptr:
+                    found.setdefault(describe(n), "storage rebound (.data = / set_)")
+            for n, t, fp in self.fingerprints:
+                if describe(n) not in found and storage_key(t) not in own and fingerprint(t) != fp:
+                    found.setdefault(describe(n), "bytes (written through .data or another alias)")
+        for path, m, before, skip in self.slots:
+            now = tensor_slots(m)
+            for (d, k) in (set(before) | set(now)) - skip:
+                if before.get((d, k)) is not now.get((d, k)):
+                    kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
+                    full = f"{path}.{k}" if path else k
+                    found.setdefault(f"{kind} {full!r} (rebound to another tensor)", "binding")
         return list(found)
+
+    def note_parameters(self) -> None:
+        """Remember the versions of reachable parameters after the forward (checked at replay)."""
+        with DisableTorchFunctionSubclass():
+            self.param_versions = [(n, t, t._version) for n, t, _ in self.scan if t.requires_grad and t.is_leaf]
+
+    def check_parameters(self) -> None:
+        """Refuse a replay whose parameters changed in place since the forward (R8).
+
+        Raises:
+            ReplayError: naming them; eager autograd refuses this too ("modified by an inplace
+                operation") when it saved the parameter.
+        """
+        with DisableTorchFunctionSubclass():
+            changed = [describe(n) for n, t, v in self.param_versions if t._version != v]
+        if changed:
+            raise ReplayError(
+                f"stateremat.torch.checkpoint: cannot replay segment {self.name!r}: {', '.join(changed)} "
+                "changed in place between its forward and this backward (an optimizer step before "
+                f"backward?), so the replay would differentiate other weights (expected them unchanged; "
+                f"{rule('R8')}). Tip: run backward before the optimizer step, or declare them as state.")
 
     def report_undeclared(self, names: list[str], when: str) -> None:
         """Raise (or warn) about undeclared writes seen after the fact, all of them in one message."""
@@ -258,6 +296,12 @@ class Segment:
             with library_ops():
                 self.norm_probes = [(n, t, t.clone() if storage_key(t) in keys else before)
                                     for n, t, before in self.norm_probes]
+            self.fingerprints = [(n, t, fingerprint(t) if storage_key(t) in keys else fp)
+                                 for n, t, fp in self.fingerprints]
+            self.ptrs = [(n, t, t.data_ptr() if storage_key(t) in keys else ptr) for n, t, ptr in self.ptrs]
+        inner_ids = {id(w) for p in inner.txn.items.values() for w in p.storage.witnesses.values()}
+        self.slots = [(path, m, tensor_slots(m) if any(id(v) in inner_ids for v in before.values()) else before, skip)
+                      for path, m, before, skip in self.slots]  # bindings the inner segment replays itself
 
     def check_inner_declaration(self, inner: "Segment") -> None:
         """An inner segment declares state we reach: we must not have written it already (R7)."""
@@ -395,6 +439,7 @@ class Segment:
     # -- recomputation -------------------------------------------------------------------
     def recompute(self, gid: Any) -> None:
         """Re-run the segment once for backward ``gid`` inside the replay transaction."""
+        self.check_parameters()
         args, kwargs = self.inputs()
         device_type, device_kw, cpu_kw = self._autocast
         if device_kw is None and not _autocast_on(device_type):
@@ -412,7 +457,7 @@ class Segment:
         with DisableTorchFunctionSubclass():
             versions = [(n, t, t._version) for n, t, _ in self.scan]
         bindings = self.bindings.as_of_forward_start() if self.bindings is not None else contextlib.nullcontext()
-        with self.txn.replay(self), bindings, _rng.replayed(self.rng):
+        with bindings, self.txn.replay(self), _rng.replayed(self.rng):  # forward-start bindings first
             with self._recompute_hooks(gid), torch.autograd.enable_grad(), device_ac, cpu_ac, \
                     entered_hiding(self.recompute_context), strict, oplog:
                 try:

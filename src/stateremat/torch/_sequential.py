@@ -68,6 +68,10 @@ def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentra
     if isinstance(functions, nn.Sequential):
         functions = list(functions.children())
     functions = list(functions)
+    if segments > len(functions):
+        raise ValueError(f"stateremat.torch.checkpoint_sequential: segments={segments} exceeds the number of "
+                         f"functions ({len(functions)}); each segment needs at least one. Tip: segments <= "
+                         f"{max(1, len(functions))}.")
     size = len(functions) // segments
     end = -1
     x = input

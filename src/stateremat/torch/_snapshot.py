@@ -15,7 +15,8 @@ def _clone(v: Any) -> Any:
 
 class ModelSnapshot:
     """Every module's attributes (parameters, buffers, plain attributes, tensor contents and which
-    object each name is bound to), every gradient, the CPU/CUDA generator states and the
+    object each name is bound to; the contents of list/dict/set attributes), every gradient, the
+    CPU/CUDA generator states and those of generators the model holds, and the
     ``state_dict`` of the given optimizers; :meth:`restore` puts all of it back, byte for byte,
     into the same tensor objects (so optimizers keep referring to the model's parameters).
     """
@@ -34,6 +35,12 @@ class ModelSnapshot:
             for p in m._parameters.values():
                 if p is not None:
                     self.grads[id(p)] = (p, p.grad, _clone(p.grad))
+        # plain containers the forward may append to, and generators it may draw from
+        self.containers = [(v, copy.copy(v)) for m in self.modules for k, v in vars(m).items()
+                           if not k.startswith("_") and type(v) in (list, dict, set)]
+        from ._scan import reach
+
+        self.generators = [(g, g.get_state()) for _, g in reach(model, (), {}).generators.values()]
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         self.optimizers = [(o, copy.deepcopy(o.state_dict())) for o in optimizers]
@@ -57,6 +64,11 @@ class ModelSnapshot:
             if grad is not None and grad.shape == saved.shape:
                 grad.copy_(saved)
             p.grad = grad
+        for obj, saved in self.containers:
+            obj.clear()
+            obj.update(saved) if not isinstance(obj, list) else obj.extend(saved)
+        for g, state in self.generators:
+            g.set_state(state)
         torch.set_rng_state(self.cpu_rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)

@@ -129,6 +129,19 @@ def first_cover(runs: np.ndarray, owner_order: np.ndarray):
     return np.stack([pts[:-1][valid], pts[1:][valid]], axis=1), owner[valid]
 
 
+def fingerprint(t: torch.Tensor) -> tuple[int, int]:
+    """A cheap summary of ``t``'s bytes (changes with any realistic write; not a cryptographic hash).
+
+    Two integer sums over the tensor's bytes viewed as words: all of them, and every seventh
+    (so permuting values is seen unless it permutes within both sets). Reads the bytes once,
+    allocates nothing of ``t``'s size.
+    """
+    with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
+        b = t.detach().contiguous().view(-1).view(torch.uint8)
+        w = b.view(torch.int32) if b.numel() % 4 == 0 else b
+        return int(w.sum(dtype=torch.int64)), int(w[::7].sum(dtype=torch.int64))
+
+
 def storage_key(t: torch.Tensor) -> StorageKey:
     """Return a hashable identity of ``t``'s storage: ``(device type, index, data_ptr)``."""
     dev = t.device

@@ -18,9 +18,11 @@ from torch import nn
 
 from . import _mark
 from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops, reset_versions
-from ._errors import UnsupportedError
+from ._errors import ReplayError, UnsupportedError
+from stateremat.contract import rule
 from ._preserve import PRESERVERS, Preserver, Restored, WholePreserver
 from ._runtime import DeclaredStorage, Runtime, runtime
+from ._scan import tensor_slots
 from ._storage import StorageKey, gather, scatter, storage_key, write_runs
 
 
@@ -67,6 +69,19 @@ class ReplayLog:
         return copied
 
 
+def _slot_get(m: nn.Module, d: str, k: str) -> Any:
+    return getattr(m, d).get(k, None)
+
+
+def _slot_set(m: nn.Module, d: str, k: str, v: Any) -> None:
+    """Set (``v`` a tensor) or remove (``v`` None) a module's parameter/buffer/attribute slot."""
+    slots = getattr(m, d)
+    if v is None:
+        slots.pop(k, None)
+    else:
+        slots[k] = v
+
+
 class Bindings:
     """Which tensor each declared module attribute names, and which storage each declared tensor uses.
 
@@ -75,9 +90,10 @@ class Bindings:
     forward-start bindings, which are reinstated afterwards.
     """
 
-    def __init__(self, modules: list[tuple[str, nn.Module]], tensors: list[torch.Tensor]) -> None:
-        self.slots = [(m, d, k, v) for _, mod in modules for m in mod.modules()
-                      for d in ("_buffers", "_parameters") for k, v in getattr(m, d).items()]
+    def __init__(self, modules: list[tuple[str, nn.Module]], tensors: list[torch.Tensor],
+                 slots: list[tuple[nn.Module, str, str, Any]] = ()) -> None:
+        self.mods = list({id(m): m for _, mod in modules for m in mod.modules()}.values())
+        self.slots = [(m, d, k, v) for m in self.mods for (d, k), v in tensor_slots(m).items()] + list(slots)
         with DisableTorchFunctionSubclass():  # where each declared tensor's bytes live now
             self.data = [(t, t.untyped_storage(), t.storage_offset(), t.size(), t.stride(), t.data_ptr())
                          for t in tensors if has_storage(t)]
@@ -86,7 +102,10 @@ class Bindings:
 
     def settle(self) -> None:
         """After the forward: note what changed (nothing kept when nothing did)."""
-        self.rebound = [(m, d, k, v) for m, d, k, v in self.slots if getattr(m, d).get(k, None) is not v]
+        self.rebound = [(m, d, k, v) for m, d, k, v in self.slots if _slot_get(m, d, k) is not v]
+        start = {(id(m), d, k) for m, d, k, _ in self.slots}
+        self.rebound += [(m, d, k, None) for m in self.mods for (d, k) in tensor_slots(m)
+                         if (id(m), d, k) not in start]  # created by the forward (a lazy buffer)
         with DisableTorchFunctionSubclass():
             moved = [e for e in self.data if e[0].data_ptr() != e[5] or e[0].untyped_storage().data_ptr()
                      != e[1].data_ptr()]
@@ -100,11 +119,11 @@ class Bindings:
         if not (self.rebound or self.swapped):
             yield
             return
-        now_slots = [(m, d, k, getattr(m, d).get(k, None)) for m, d, k, _ in self.rebound]
+        now_slots = [(m, d, k, _slot_get(m, d, k)) for m, d, k, _ in self.rebound]
         with library_ops():
             now_data = [(t, t.detach()) for t, _ in self.swapped]
         for m, d, k, v in self.rebound:
-            getattr(m, d)[k] = v
+            _slot_set(m, d, k, v)
         with torch.no_grad():
             for t, orig in self.swapped:
                 t.data = orig
@@ -112,10 +131,7 @@ class Bindings:
             yield
         finally:
             for m, d, k, v in now_slots:
-                if v is None:
-                    getattr(m, d).pop(k, None)
-                else:
-                    getattr(m, d)[k] = v
+                _slot_set(m, d, k, v)
             with torch.no_grad():
                 for t, now in now_data:
                     t.data = now
@@ -235,6 +251,16 @@ class Transaction:
                 rt_exec.replay.pop()
             return
         witnesses = {id(w): w for p in self.items.values() for w in p.storage.witnesses.values()}
+        with DisableTorchFunctionSubclass():
+            moved = [(p.storage.names.get(i, "a declared tensor"), p) for p in self.items.values()
+                     for i, w in p.storage.witnesses.items() if has_storage(w) and storage_key(w) != p.storage.key]
+        if moved:
+            raise ReplayError(
+                f"stateremat.torch.checkpoint: cannot replay segment {segment.name!r}: declared state "
+                f"{moved[0][0]!r} now uses another storage (set_ or .data = after the segment's forward), so "
+                f"restoring its bytes would not restore what the replay reads (expected the storage the "
+                f"forward used; {rule('R8')}). Tip: write new values in place (t.copy_(new)) instead of "
+                "rebinding the tensor's storage between forward and backward.")
         restored: list[tuple[Preserver, Restored]] = []
         for p in self.items.values():
             r = p.restore(segment.name)

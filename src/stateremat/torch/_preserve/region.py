@@ -163,8 +163,9 @@ class RegionPreserver(Preserver):
                 f"{st.gap_note} was written outside any checkpointed segment, or through an alias the region "
                 "journal does not see, after the segment's forward, so the journal does not hold the bytes the "
                 f"replay needs (expected an unbroken journal, got a version gap; {rule('R8')}). Tip: pass "
-                "preserve='whole' for this segment, or write the tensor through the declared tensor or views "
-                "taken after it was declared."
+                "preserve='whole' for this segment, write the tensor through the declared tensor or views "
+                "taken after it was declared, or (a tensor subclass with its own __torch_function__, whose "
+                "writes cannot be intercepted per tensor) run that code inside stateremat.torch.journal_writes()."
             )
         return st.journal.restore(self.start_seq)
 
