@@ -1,48 +1,45 @@
-"""Measure a profile card (r, q, c per segment and option; P) on the running device (paper §4).
+"""Profile cards of the built-in chain workloads, measured by the library's profiler (paper §4).
 
-For each segment ``i`` in forward order and each option ``o`` the segment runs alone on its real
-input (the chain's activation at ``i``, computed by running segments ``0..i-1``), wrapped with
-``o``:
+:func:`profile_workload` builds a :class:`~stateremat.paper.workloads.StatefulChain` and its
+batch and hands one training step (``loss_fn(chain(x, step)).backward()``) to the generic
+:func:`stateremat.torch.profile` — the one code path every card in this project is measured by.
+Per segment ``i`` and option ``o``, measured in context (every segment under ``o`` in one step):
 
-* ``r`` (retained bytes): live bytes after the segment's forward minus before it (saved
+* ``r`` (retained bytes): live bytes at the segment's forward exit minus at its entry (saved
   activations, snapshot or journal, and the output handed to the next segment);
-* ``q`` (temporary bytes): the larger of the forward and the backward (replay included) peak
-  above that post-forward level;
-* ``c`` (time): least synchronized wall time of forward + backward over at least ``repeats``
-  runs (more for sub-millisecond segments) after one warm-up round, measured without the
-  memory tracker, the options of a segment interleaved run by run so machine load hits them
-  alike.
+* ``q`` (temporary bytes): the larger of its forward and backward (replay included) peak above
+  that exit level; the loss is charged to the last segment;
+* ``c`` (time): median synchronized seconds of its forward + backward over ``repeats`` steps per
+  option, the options interleaved step by step so machine load hits them alike.
 
-For ``region``, ``r`` swaps the journal measured alone for the journal the segment holds
-inside the chain after a full forward (with every other segment eager, writes journaled), which
-also covers later segments' writes that destroy state it needs (R6, paper §3.1: "the union of
-its own and later writes"). This is conservative for plans with several region segments: they
-share one journal, so the sum over segments counts shared entries more than once.
+For ``region``, ``r`` holds the journal the segment keeps inside the chain after a full forward
+(every other segment eager, writes journaled), which also covers later segments' writes that
+destroy state it needs (R6, paper §3.1: "the union of its own and later writes"); the segment's
+meta keeps it as ``region_preserved_bytes``. This is conservative for plans with several region
+segments: they share one journal, so the sum over segments counts shared entries more than once.
 
-Memory uses :class:`stateremat.torch._memory.PeakMemory` (CUDA allocator peak, or the CPU
-live-storage tracker); the card's meta records which. ``P`` is the bytes of parameters, their
-gradients, the state buffer and the input batch.
+Memory is :class:`stateremat.torch.PeakMemory` (CUDA allocator peak, or the CPU live-storage
+tracker); the card's meta records which. ``P`` is the bytes live when the first segment starts:
+parameters, their gradients, the state buffer and the input batch.
 """
 from __future__ import annotations
 
 import inspect
-import math
-import time
+import sys
 from typing import Callable, Iterable
 
 import torch
 
-from ...contract import OptionCost, ProfileCard, SegmentCard, card_options, source_hash
-from ...torch import PeakMemory, memory_method, storage_bytes
+from ...contract import ProfileCard, SegmentCard, card_options, loadavg, source_hash
 from ..workloads import StatefulChain, WorkloadConfig, loss_fn, make_batch
-from ._options import journal_scope, preserved_now, sync, wrap_segment
+from ._options import wrap_segment
 
 
 def _code_digest() -> str:
-    import sys
+    from stateremat.torch import profile
 
     mods = (sys.modules[StatefulChain.__module__], sys.modules[__name__],
-            sys.modules[wrap_segment.__module__])
+            sys.modules[wrap_segment.__module__], inspect.getmodule(profile))
     return source_hash("".join(inspect.getsource(m) for m in mods))
 
 
@@ -62,78 +59,6 @@ def warm_chain(chain: StatefulChain, x: torch.Tensor, step: int = 0) -> None:
         p.grad.zero_()
 
 
-def _measure_memory(module, xin, gy, step, device, roots):
-    """``(r, q, preserved)`` of one forward + backward of ``module`` under the memory tracker."""
-    with PeakMemory(device, roots=roots) as pm:
-        y = module(xin, step)
-        retained = pm.current_bytes - pm.baseline_bytes
-        preserved = preserved_now()
-        fwd_peak = pm.tracked_peak_bytes
-        pm.reset_peak()
-        y.backward(gy)
-        bwd_peak = pm.tracked_peak_bytes
-        del y
-    xin.grad = None
-    return max(0, int(retained)), max(0, int(max(fwd_peak, bwd_peak) - retained)), preserved
-
-
-def _measure_times(modules: dict, xin, gy, step, device, repeats) -> dict[str, float]:
-    """Least forward + backward seconds per option, the options interleaved run by run.
-
-    Interleaving (A B C A B C ...) exposes every option to the same machine load. Rounds are
-    repeated at least ``repeats`` times and until about 50 ms were measured (at most 25
-    rounds), and the minimum is kept: on a shared machine a sub-millisecond segment is often
-    preempted for a whole scheduler slice, which the minimum filters out (as ``timeit`` does).
-    """
-    times: dict[str, list[float]] = {o: [] for o in modules}
-    rounds, rep = repeats, 0
-    while rep <= rounds:
-        round_s = 0.0
-        for o, module in modules.items():
-            sync(device)
-            t0 = time.perf_counter()
-            y = module(xin, step)
-            y.backward(gy)
-            sync(device)
-            dt = time.perf_counter() - t0
-            round_s += dt
-            if rep:  # the first round is a warm-up
-                times[o].append(dt)
-            del y
-            xin.grad = None
-        if rep == 0:
-            rounds = max(repeats, min(25, math.ceil(0.05 / max(round_s, 1e-9))))
-        rep += 1
-    return {o: min(ts) for o, ts in times.items()}
-
-
-def _chain_journal_bytes(chain: StatefulChain, x, step, granularity_bytes) -> list[int | None]:
-    """Journal bytes of each live segment after a full forward with only it under ``region``.
-
-    A region journal also covers later writes that destroy state its segment needs (R6), which
-    running a segment alone cannot show; the other segments run eager, so the preserved bytes
-    read after the full forward are this segment's journal alone.
-    """
-    out: list[int | None] = []
-    for name in chain.segment_names:
-        seg = getattr(chain, name)
-        if not seg.live:
-            out.append(None)
-            continue
-        setattr(chain, name, wrap_segment(seg, "region", granularity_bytes=granularity_bytes))
-        try:
-            with journal_scope():  # later eager writes extend this segment's journal (R6)
-                y = chain(x, step)
-            out.append(preserved_now())
-            loss_fn(y).backward()  # completes the transaction: state reinstated, journal freed
-            del y
-        finally:
-            setattr(chain, name, seg)
-    for p in chain.parameters():
-        p.grad.zero_()
-    return out
-
-
 def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
                      options: Iterable[str] | None = None, repeats: int = 3, step: int = 0,
                      on_segment: Callable[[int, int], None] | None = None) -> ProfileCard:
@@ -144,9 +69,9 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
         device: ``"cpu"`` or a CUDA device.
         options: options to measure (default ``card_options()``: every registered option
             and ``recompute_only``); ``region`` is skipped for segments without state.
-        repeats: least timed runs per segment and option (minimum kept), after one warm-up.
+        repeats: timed steps per option (median kept), after one warm-up round.
         step: training step whose write indices are used.
-        on_segment: progress callback ``(done, total)`` after each segment.
+        on_segment: progress callback ``(done, total)``, called per segment once the card is measured.
 
     Returns:
         A validated :class:`~stateremat.contract.ProfileCard` whose meta records device,
@@ -157,15 +82,13 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
 
     Danger:
         Times are measured on a possibly shared machine; the card records ``loadavg`` but cannot
-        remove interference. ``r`` of ``region`` includes the later writes (R6) only when
-        ``stateremat.torch.preservation_stats`` is available (meta
-        ``chain_context_preservation``); several region segments share one journal, so their
-        summed ``r`` over-counts (conservative).
+        remove interference. Several region segments share one journal, so their summed ``r``
+        over-counts (conservative).
 
     References:
         Paper §4 (r, q, c, P; eq. 3), §8–§10 (matching profiles per shape).
     """
-    from ...contract import loadavg
+    from stateremat.torch import profile
 
     device = torch.device(device)
     known = card_options()
@@ -177,60 +100,25 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
     torch.manual_seed(cfg.seed)
     chain = StatefulChain(cfg, device)
     x = make_batch(cfg, device)
-    warm_chain(chain, x, step)
-    params = list(chain.parameters())
-    persistent = storage_bytes(params + [p.grad for p in params] + [chain.state, x])
 
-    chain_pres: dict[str, list[int | None]] = {}
-    if "region" in options and preserved_now() is not None:
-        chain_pres["region"] = _chain_journal_bytes(chain, x, step, cfg.granularity_bytes)
+    def train_step(m: StatefulChain) -> None:
+        loss_fn(m(x, step)).backward()
 
-    g = torch.Generator().manual_seed(cfg.seed + 11)
+    card = profile(chain, list(chain.segment_names), train_step, options=options, device=device,
+                   repeats=repeats, granularity_bytes=cfg.granularity_bytes)
     segments = []
-    xi = x
-    n = len(chain.segment_names)
-    for i, name in enumerate(chain.segment_names):
-        seg = getattr(chain, name)
-        xin = xi.detach().requires_grad_(i > 0)
-        gy = (torch.randn(xi.shape, generator=g, dtype=torch.float64) / xi.numel()).to(xi)
-        roots = params + [p.grad for p in params] + [chain.state, xin, gy]
-        costs, meta = {}, {"state": bool(seg.live), "write_rows": cfg.write_rows if seg.live else 0}
-        modules = {o: wrap_segment(seg, o, granularity_bytes=cfg.granularity_bytes)
-                   for o in options if not (o == "region" and not seg.live)}
-        mem = {o: _measure_memory(m, xin, gy, step, device, roots) for o, m in modules.items()}
-        secs = _measure_times(modules, xin, gy, step, device, repeats)
-        for o in modules:
-            r, q, iso = mem[o]
-            in_chain = chain_pres.get(o, [None] * n)[i]
-            if o in chain_pres and in_chain is not None:
-                # swap the alone-measured preserved bytes for those held inside the chain (R6)
-                meta[f"{o}_preserved_bytes"] = in_chain
-                if iso is not None:
-                    r = max(0, r - iso + in_chain)
-            costs[o] = OptionCost(r, q, secs[o])
-        segments.append(SegmentCard(name, costs, meta))
-        with torch.no_grad():
-            xi = seg(xi, step)
+    for i, (seg, name) in enumerate(zip(card.segments, chain.segment_names)):
+        live = bool(getattr(chain, name).live)
+        meta = {"state": live, "write_rows": cfg.write_rows if live else 0}
+        if "region_chain_journal_bytes" in seg.meta:
+            meta["region_preserved_bytes"] = seg.meta["region_chain_journal_bytes"]
+        segments.append(SegmentCard(seg.name, seg.options, meta))
         if on_segment is not None:
-            on_segment(i + 1, n)
-
-    meta = {
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "dtype": cfg.dtype,
-        "workload": cfg.to_dict(),
-        "method": memory_method(device),
-        "memory_method": memory_method(device),
-        "time_method": f"min of >= {repeats} synchronized forward+backward runs (>= 50 ms per "
-                       "option set, <= 25 rounds) after 1 warm-up round, options interleaved",
-        "chain_context_preservation": any(v is not None for vs in chain_pres.values() for v in vs),
-        "source_hash": workload_source_hash(cfg),
-        "torch_version": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "loadavg": loadavg(),
-        "step": step,
-    }
-    return ProfileCard(persistent, segments, meta)
+            on_segment(i + 1, len(card.segments))
+    meta = {**card.meta, "dtype": cfg.dtype, "workload": cfg.to_dict(),
+            "chain_context_preservation": any("region_preserved_bytes" in s.meta for s in segments),
+            "source_hash": workload_source_hash(cfg), "loadavg": loadavg(), "step": step}
+    return ProfileCard(card.persistent_bytes, segments, meta)
 
 
 _CODE_DIGEST = _code_digest()
