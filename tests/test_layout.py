@@ -284,9 +284,11 @@ EXPECTED_ALL = {
         "apply_plan", "auto_checkpoint", "checkpoint", "checkpoint_sequential", "expected_peak_bytes",
         "is_replaying", "journal_writes", "memory_method", "preservation_stats", "profile",
         "refuse_python_state", "reset_preservation_stats", "resolve_segments", "storage_bytes"],
-    "stateremat.cli": ["app", "fail", "main"],
+    "stateremat.cli": ["MAX_SEED", "app", "check_device", "check_memory", "check_out_dir",
+                       "check_output_file", "fail", "main"],
     "stateremat.paper": ["NO_PROGRESS", "Progress", "Task", "as_progress"],
-    "stateremat.paper.records": ["RecordStore", "read_records"],
+    "stateremat.paper.records": ["RecordStore", "TEMP_DIR", "check_resumable", "lock_run",
+                                 "read_records", "read_sidecar"],
     "stateremat.paper.verify": [
         "ALIAS_DIMS", "ALIAS_PATTERNS", "ENGINE_NAMES", "FAMILIES", "SUITE_CODES",
         "alias_failures", "alias_rows", "byte_program", "byte_segment", "check_recovery",

@@ -44,7 +44,7 @@ def run_bench(name: str, out: Path, preset: str = "cpu", device: str = "cpu",
         raise fail(f"{api}: --warmups must be >= 0, got {warmups}. Tip: omit it for the preset's count.")
     check_out_dir(api, out)
 
-    if preset not in ("cpu", "h100"):
+    if preset not in ("cpu", "h100", "tiny"):
         raise fail(f"--preset {preset!r}: expected cpu or h100. Tip: cpu runs here in minutes.")
     if device.startswith("cuda"):
         import torch
