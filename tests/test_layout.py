@@ -285,7 +285,7 @@ EXPECTED_ALL = {
         "is_replaying", "journal_writes", "memory_method", "preservation_stats", "profile",
         "refuse_python_state", "reset_preservation_stats", "resolve_segments", "storage_bytes"],
     "stateremat.cli": ["MAX_SEED", "app", "check_device", "check_memory", "check_out_dir",
-                       "check_output_file", "fail", "main"],
+                       "check_output_file", "fail", "in_range", "main"],
     "stateremat.paper": ["NO_PROGRESS", "Progress", "Task", "as_progress"],
     "stateremat.paper.records": ["RecordStore", "TEMP_DIR", "check_resumable", "lock_run",
                                  "read_records", "read_sidecar"],

@@ -6,9 +6,13 @@ Each raises :class:`typer.Exit` (code 2) after printing one ``error:`` line with
 """
 from __future__ import annotations
 
+import math
 import os
 import stat
 from pathlib import Path
+from typing import Any, Callable
+
+import typer
 
 from ._app import fail
 
@@ -31,6 +35,26 @@ def _kind(path: Path) -> str | None:
         if test(mode):
             return ("a symbolic link to " + name) if os.path.islink(path) else name
     return None
+
+
+def in_range(lo: float, hi: float, tip: str, *, lo_open: bool = False) -> Callable[..., Any]:
+    """A typer ``callback=`` refusing a number outside ``[lo, hi]`` (``(lo, hi]`` if
+    ``lo_open``), NaN included, while the command line is parsed (before any work).
+
+    The error names the command and option, the range and the value, and ends with ``tip``.
+    """
+    low = f"> {lo:,}" if lo_open else f">= {lo:,}"
+
+    def check(ctx: typer.Context, param: Any, value: Any) -> Any:
+        if value is None:
+            return value
+        ok = (value > lo if lo_open else value >= lo) and value <= hi
+        if not ok or (isinstance(value, float) and math.isnan(value)):
+            raise fail(f"{ctx.command_path}: {param.opts[0]} must be {low} and <= {hi:,}, got "
+                       f"{value}. Tip: {tip}.")
+        return value
+
+    return check
 
 
 def _nearest_existing(path: Path) -> Path:

@@ -7,8 +7,11 @@ registers itself on these objects; the modules are imported by ``stateremat.pape
 """
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 
@@ -40,3 +43,40 @@ def check_json_target(api: str, json_path: Optional[Path]) -> None:
         typer.Exit: (code 2) after printing what was wrong and a tip.
     """
     check_output_file(api, "--json", json_path)
+
+
+@contextlib.contextmanager
+def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
+    """Run a command's work: bad records/cards become clean errors, and a stop keeps its rows.
+
+    SIGINT (Ctrl-C) and, inside the block, SIGTERM and SIGHUP interrupt the work with
+    ``KeyboardInterrupt``; the runners write every finished unit before it unwinds
+    (atomically), and the command exits ``128 + signal`` saying that rerunning resumes.
+
+    Raises:
+        typer.Exit: code 2 on a ``RecordsError``/``ProfileCardError``; ``128 + signal`` on a stop.
+    """
+    from ...contract import ProfileCardError, RecordsError
+
+    got: list[int] = []
+
+    def stop(signum, frame):
+        got.append(signum)
+        raise KeyboardInterrupt
+
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    except KeyboardInterrupt:
+        signum = got[0] if got else signal.SIGINT
+        where = f" in {out}" if out is not None else ""
+        raise fail(f"{api}: stopped by {signal.Signals(signum).name}; every finished unit's "
+                   f"rows are kept{where}. Tip: rerun the same command to resume.",
+                   code=128 + signum) from None
+    except (RecordsError, ProfileCardError) as exc:
+        raise fail(str(exc)) from None
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -1,8 +1,7 @@
-"""Child side of an independent-process cohort and the launcher of one process.
+"""Child side of an independent-process cohort: the body of one process.
 
 ``worker_main`` is the body of one cohort process (``stateremat cohort process-worker``);
-``run_one_process`` starts it as a fresh interpreter and collects its rows, in a thread of
-the parent or inside a Dask task on a worker. Paper §11.
+``._launch`` starts it as a fresh interpreter and collects its rows. Paper §11.
 """
 from __future__ import annotations
 
@@ -10,20 +9,16 @@ import argparse
 import io
 import os
 import platform
-import subprocess
 import sys
-import tempfile
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ...contract import atomic_write_bytes, loadavg
 
 EXPERIMENTS = ("fair44", "pressure32", "workloads3")
-STDERR_TAIL_CHARS = 4000
 
 
 def method_order(methods: Sequence[str], seed: int, process: int) -> list[str]:
@@ -112,99 +107,3 @@ def _worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None, help="folder of frozen <cell>.json cards")
     p.add_argument("--rows-out", required=True)
     return p
-
-
-# --------------------------------------------------------------------------- launcher
-def run_one_process(args: Sequence[str], worker_cmd: Sequence[str] | None = None,
-                    timeout_s: float | None = None,
-                    cards: Mapping[str, str] | None = None,
-                    threads: int | None = None) -> dict[str, Any]:
-    """Launch one fresh interpreter for one cohort process and collect its rows.
-
-    Runs wherever it is called: in a thread of the parent (local executor) or inside a Dask
-    task on a worker, where ``sys.executable`` is the worker's interpreter. Needs no shared
-    file system: the rows come back as Parquet bytes.
-
-    Args:
-        args: worker arguments without ``--rows-out``.
-        worker_cmd: command prefix; default ``[sys.executable, "-m", "stateremat", "cohort",
-            "process-worker"]``.
-        timeout_s: kill the child after this many seconds (None: no limit).
-        cards: frozen profile cards ``{cell: card JSON text}``; written next to the child and
-            passed as ``--profile`` (no shared file system needed).
-        threads: CPU threads of the child (``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` and
-            ``torch.set_num_threads``); None leaves the environment as it is.
-
-    Returns:
-        ``{"exit_code", "status" ("ok" | "failed" | "timeout"), "stderr_tail", "wall_s",
-        "hostname", "rows_parquet" (bytes or None)}``.
-    """
-    cmd = list(worker_cmd or [sys.executable, "-m", "stateremat", "cohort", "process-worker"])
-    with tempfile.TemporaryDirectory(prefix="stateremat-cohort-") as tmp:
-        rows_out = Path(tmp) / "rows.parquet"
-        extra = ["--rows-out", str(rows_out)]
-        if cards:
-            for cell, text in cards.items():
-                atomic_write_bytes(Path(tmp) / "profile" / f"{cell}.json", text.encode())
-            extra += ["--profile", str(Path(tmp) / "profile")]
-        env = dict(os.environ)
-        if threads:
-            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-            extra += ["--threads", str(threads)]
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd + list(args) + extra, env=env,
-                                  capture_output=True, text=True, timeout=timeout_s)
-            code, err, status = proc.returncode, proc.stderr + proc.stdout, None
-            if code < 0:  # no traceback from a signal: say which one
-                err += f"\nkilled by signal {-code}"
-        except subprocess.TimeoutExpired as exc:
-            code, status = -9, "timeout"
-            err = _text(exc.stderr) + _text(exc.stdout) + f"\nkilled after {timeout_s} s"
-        data = rows_out.read_bytes() if code == 0 and rows_out.exists() else None
-        if status is None:
-            status = "ok" if data is not None else "failed"
-        return {"exit_code": int(code), "status": status, "stderr_tail": err[-STDERR_TAIL_CHARS:],
-                "wall_s": time.perf_counter() - t0, "hostname": platform.node(),
-                "rows_parquet": data}
-
-
-def _text(b: bytes | str | None) -> str:
-    if b is None:
-        return ""
-    return b.decode(errors="replace") if isinstance(b, bytes) else b
-
-
-def _local_results(tasks: list[tuple[int, list[str]]], jobs: int, worker_cmd, timeout_s, cards,
-                   threads) -> Iterator[tuple[int, dict]]:
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        pending = {pool.submit(run_one_process, a, worker_cmd, timeout_s, cards, threads): p
-                   for p, a in tasks}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for f in done:
-                yield pending.pop(f), f.result()
-
-
-def _dask_results(tasks: list[tuple[int, list[str]]], address: Any, worker_cmd, timeout_s,
-                  cards, threads) -> Iterator[tuple[int, dict]]:
-    from distributed import Client, as_completed
-
-    own = not hasattr(address, "submit")
-    client = Client(address, set_as_default=False) if own else address
-    try:
-        futures = {client.submit(run_one_process, a, worker_cmd, timeout_s, cards, threads,
-                                 pure=False,
-                                 key=f"stateremat-process-{p}-{os.getpid()}-{time.time_ns()}"): p
-                   for p, a in tasks}
-        for fut in as_completed(list(futures), loop=client.loop):
-            p = futures[fut]
-            try:
-                yield p, fut.result()
-            except Exception as exc:  # the task itself died (worker lost): a failed attempt
-                yield p, {"exit_code": -1, "status": "failed", "stderr_tail":
-                          f"dask task error: {type(exc).__name__}: {exc}"[-STDERR_TAIL_CHARS:],
-                          "wall_s": float("nan"), "hostname": "unknown", "rows_parquet": None}
-    finally:
-        if own:
-            client.close()
