@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ...contract import atomic_write_json
 from .. import Progress, as_progress
-from ..records import RecordStore, read_records
+from ..records import RecordStore, check_resumable, lock_run, read_records
 from ._spec import ExperimentSpec, budget_rule, experiment_spec, resolve_spec, with_budget
 from ._summary import TABLE, summarize
 
@@ -48,19 +48,20 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
     spec: ExperimentSpec = experiment_spec(name, preset)
     if budget_bytes is not None:
         spec = with_budget(spec, budget_bytes)
-    out = Path(out)
+    out = lock_run(out)  # before any card is written: a refused launch changes nothing
+    w = spec.warmups if warmups is None else int(warmups)
+    k = spec.steps if steps is None else int(steps)
+    known = {"experiment": name, "preset": preset, "device": device, "warmups": w, "steps": k,
+             "cells": [c.name for c in spec.cells], "methods": list(spec.methods)}
+    check_resumable(out, TABLE, known)  # a cached card of another run is never replaced
     cards = {}
     ruled = [c for c in spec.cells if c.budget_eager_fraction is not None]
     if ruled:  # the budget depends on the card: measure (or load) it before the store's meta
         cards = {c.name: cell_card(spec, c, device, cache_dir=out / "cards") for c in ruled}
         spec = resolve_spec(spec, cards)
-    w = spec.warmups if warmups is None else int(warmups)
-    k = spec.steps if steps is None else int(steps)
     store = RecordStore(out, TABLE, key=["cell", "method", "step"], meta={
-        "experiment": name, "preset": preset, "device": device, "warmups": w, "steps": k,
-        "budget_bytes": spec.budget_bytes, "h100_budget_gib": spec.h100_budget_gib,
-        "budget_rule": {c.name: budget_rule(c) for c in spec.cells},
-        "cells": [c.name for c in spec.cells], "methods": list(spec.methods)})
+        **known, "budget_bytes": spec.budget_bytes, "h100_budget_gib": spec.h100_budget_gib,
+        "budget_rule": {c.name: budget_rule(c) for c in spec.cells}})
     done = {key[0] for key in store.done_keys()}
     todo = [c for c in spec.cells if c.name not in done]
     task = as_progress(progress, "run_experiment").task(

@@ -80,3 +80,29 @@ def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+#: Shape presets of the chain experiments (bench, cohort processes, profile).
+PRESETS = ("cpu", "h100", "tiny")
+
+
+def check_preset(api: str, preset: str) -> None:
+    """Refuse an unknown ``--preset`` of the chain experiments."""
+    if preset not in PRESETS:
+        raise fail(f"{api}: --preset must be one of {', '.join(PRESETS)}, got {preset!r}. Tip: "
+                   "cpu runs here in minutes (tiny in seconds, for tests).")
+
+
+def parse_budget(api: str, budget: Optional[str]) -> Optional[int]:
+    """``--budget`` in bytes (None when not given); refused unless a positive size."""
+    from ...contract import parse_size
+
+    if budget is None:
+        return None
+    try:
+        value = parse_size(budget)
+    except ValueError as exc:
+        raise fail(f"{api}: --budget: {exc}. Tip: e.g. --budget 46MiB.") from None
+    if value <= 0:
+        raise fail(f"{api}: --budget must be positive, got {budget!r}. Tip: e.g. --budget 46MiB.")
+    return value

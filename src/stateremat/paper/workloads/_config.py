@@ -110,6 +110,21 @@ class WorkloadConfig:
         """Rows each live segment writes per step (at least one)."""
         return max(1, min(self.state_rows, round(self.write_fraction * self.state_rows)))
 
+    @property
+    def estimated_peak_bytes(self) -> int:
+        """A rough upper estimate of one training step's peak allocation, bytes.
+
+        Parameters with gradients and momentum (3 × ``segments × (2 width hidden + hidden)``
+        elements), every segment's eager activations (``batch × (width + hidden)`` elements
+        each) and the state buffer with one whole snapshot per live version
+        (``(2 + live_versions) × state_bytes``). Commands refuse a shape whose estimate exceeds
+        the memory the device has, before allocating anything.
+        """
+        per_segment = 3 * (2 * self.width * self.hidden + self.hidden) \
+            + self.batch * (self.width + self.hidden)
+        return int(self.segments * per_segment * self.itemsize
+                   + (2 + self.live_versions) * self.state_bytes)
+
     def replace(self, **changes) -> "WorkloadConfig":
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
