@@ -272,7 +272,7 @@ EXPECTED_ALL = {
         "ENGINES", "EagerEngine", "Engine", "GuardedEngine", "ReadSetEngine", "Recovery",
         "RegionEngine", "WholeEngine", "backward", "forward", "make_engine"],
     "stateremat.planner": [
-        "CostTables", "PLANNERS", "PLAN_KEYS", "PlanResult", "PlannerSpec", "SPECS",
+        "CostTables", "FRONTIER_WARN_POINTS", "FrontierWarning", "PLANNERS", "PLAN_KEYS", "PlanResult", "PlannerSpec", "SPECS",
         "activation_pressure_card", "all_eager", "all_region", "all_whole", "cost_tables",
         "eager_fraction_budget", "eager_whole", "exhaustive", "joint", "milp", "plan",
         "random_card", "state_agnostic"],

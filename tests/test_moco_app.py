@@ -115,15 +115,32 @@ def test_bad_input_is_refused_clearly(tmp_path):
     assert r.exit_code == 2 and "unknown methods ['lazy']" in r.output
     r = CliRunner().invoke(app, ["app", "moco", "--preset", "tiny", "--seeds", "5:5",
                                  "--out", str(tmp_path)])
-    assert r.exit_code == 2 and "bad --seeds" in r.output
+    assert r.exit_code == 2 and "--seeds '5:5'" in r.output and "empty" in r.output
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["--methods", "eager,eager"], "names eager more than once"),
+    (["--methods", "eager, whole,eager"], "names eager more than once"),
+    (["--methods", ""], "names an empty method"),
+    (["--methods", "eager,"], "names an empty method"),
+    (["--seeds", "0:100000000000000000000"], "seeds must be at most 4294967295"),
+    (["--seeds", "0:1001"], "1,001 seeds, more than the 1,000 allowed"),
+    (["--threads", "100000"], "--threads must be >= 1 and <= 1,024, got 100000"),
+])
+def test_duplicate_empty_and_absurd_selections_are_refused_before_anything_is_written(
+        tmp_path, extra, msg):
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["app", "moco", "--preset", "tiny", "--out", str(out), *extra])
+    assert r.exit_code == 2 and msg in r.output and "Tip:" in r.output, r.output
+    assert not out.exists()
 
 
 def test_bad_threads_and_device_are_refused_before_anything_is_written(tmp_path, monkeypatch):
     import torch
 
     out = tmp_path / "run"
-    for extra, msg in ((["--threads", "0"], "--threads must be at least 1, got 0"),
-                       (["--threads", "-2"], "--threads must be at least 1, got -2"),
+    for extra, msg in ((["--threads", "0"], "--threads must be >= 1 and <= 1,024, got 0"),
+                       (["--threads", "-2"], "--threads must be >= 1 and <= 1,024, got -2"),
                        (["--device", "bogus"], "--device 'bogus' is not a device name"),
                        (["--device", "meta"], "expected cpu or cuda[:N]")):
         r = CliRunner().invoke(app, ["app", "moco", "--preset", "tiny", "--out", str(out), *extra])

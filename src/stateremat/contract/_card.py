@@ -37,7 +37,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ._errors import ProfileCardError
 from ._io import atomic_write_json, source_hash
@@ -102,6 +102,34 @@ def _as_seconds(value: Any, where: str) -> float:
     return value
 
 
+class FrozenOptions(Mapping):
+    """A read-only mapping of option name → :class:`OptionCost` (a card cannot change after
+    validation; ``dict(...)`` gives a mutable copy)."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, items: Mapping[str, "OptionCost"]) -> None:
+        object.__setattr__(self, "_d", dict(items))
+
+    def __getitem__(self, key: str) -> "OptionCost":
+        return self._d[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("profile card options are read-only; build a new SegmentCard")
+
+    def __reduce__(self):
+        return (FrozenOptions, (self._d,))
+
+    def __repr__(self) -> str:
+        return repr(self._d)
+
+
 @dataclass(frozen=True)
 class OptionCost:
     """Measured cost of one segment under one option.
@@ -159,6 +187,7 @@ class SegmentCard:
         options: option name (``eager``, ``whole``, optional ``region`` or any other registered
             option, optional ``recompute_only``) → :class:`OptionCost`. The required options of
             :data:`~stateremat.contract.OPTIONS` (``eager`` and ``whole``) must be present.
+            Stored read-only (:class:`FrozenOptions`), in canonical option order.
         meta: free-form per-segment metadata (e.g. declared state bytes, write fraction).
 
     Raises:
@@ -170,7 +199,7 @@ class SegmentCard:
     """
 
     name: str
-    options: dict[str, OptionCost]
+    options: Mapping[str, OptionCost]
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -192,11 +221,12 @@ class SegmentCard:
             if not isinstance(cost, OptionCost):
                 raise _err(f"{where}.options.{o}",
                            f"expected an OptionCost, got {type(cost).__name__}")
+            cost.__post_init__()  # re-checked: a value changed behind the frozen fields is caught
         if not isinstance(self.meta, Mapping):
             raise _err(f"{where}.meta", f"expected an object, got {type(self.meta).__name__}")
         # Canonical option order (eager, whole, region, ..., recompute_only) for stable output.
-        object.__setattr__(self, "options", {o: self.options[o] for o in known
-                                             if o in self.options})
+        object.__setattr__(self, "options", FrozenOptions({o: self.options[o] for o in known
+                                                           if o in self.options}))
         object.__setattr__(self, "meta", dict(self.meta))
 
     @classmethod
@@ -238,19 +268,24 @@ class ProfileCard:
 
     Args:
         persistent_bytes: ``P``, bytes live for the whole step (int, ≥ 0).
-        segments: list of :class:`SegmentCard` in forward order, names unique, at least one.
+        segments: :class:`SegmentCard` s in forward order (any iterable; stored as a tuple),
+            names unique, at least one.
         meta: device, dtype, workload parameters, measurement method, source hash, … (free-form).
         schema_version: must be 1.
 
     Raises:
         ProfileCardError: unknown schema version, duplicate names, no segments, wrong types.
 
+    A card is immutable once validated: frozen dataclasses, a tuple of segments, read-only
+    options. Planners still call :meth:`validate` before planning, so a value forced in
+    behind that (``object.__setattr__``) is refused rather than planned on.
+
     References:
         Paper §4, eq. (3); the schema is in this module's docstring.
     """
 
     persistent_bytes: int
-    segments: list[SegmentCard]
+    segments: tuple[SegmentCard, ...]
     meta: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
@@ -275,9 +310,20 @@ class ProfileCard:
             seen[s.name] = i
         if not isinstance(self.meta, Mapping):
             raise _err("meta", f"expected an object, got {type(self.meta).__name__}")
+        for s in segs:
+            s.__post_init__()  # re-checked (see validate)
         _check_total(self.persistent_bytes, segs)
-        object.__setattr__(self, "segments", segs)
+        object.__setattr__(self, "segments", tuple(segs))
         object.__setattr__(self, "meta", dict(self.meta))
+
+    def validate(self) -> "ProfileCard":
+        """Check every field again (what construction checks) and return the card.
+
+        Raises:
+            ProfileCardError: naming the segment and field that is wrong.
+        """
+        self.__post_init__()
+        return self
 
     @property
     def segment_names(self) -> list[str]:
@@ -349,17 +395,30 @@ def load_card(path: str | os.PathLike) -> ProfileCard:
         ProfileCardError: unreadable file, invalid JSON, or an invalid card (names the field).
     """
     path = Path(path)
+    where = f"profile card: {str(path)!r}"
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise ProfileCardError(f"profile card: cannot read {str(path)!r}: {exc.strerror or exc}. "
                                "Tip: check the path.") from exc
+    except UnicodeDecodeError as exc:
+        raise ProfileCardError(f"{where} is not UTF-8 text ({exc}). Tip: a card is JSON written "
+                               "by `stateremat profile` or save_card; check the file.") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ProfileCardError(f"profile card: {str(path)!r} is not valid JSON ({exc}). "
+        raise ProfileCardError(f"{where} is not valid JSON ({exc}). "
                                "Tip: NaN/Infinity are not JSON; the profiler writes null.") from exc
-    return ProfileCard.from_dict(data)
+    except RecursionError:
+        raise ProfileCardError(f"{where} nests JSON too deeply to read (a card is at most a few "
+                               "levels deep). Tip: check the file is a profile card.") from None
+    try:
+        return ProfileCard.from_dict(data)
+    except ProfileCardError as exc:  # name the file the field is in
+        raise ProfileCardError(f"{where}: {str(exc).removeprefix('profile card: ')}") from None
+    except RecursionError:
+        raise ProfileCardError(f"{where}: its meta nests too deeply to copy. Tip: keep card "
+                               "metadata a few levels deep.") from None
 
 
 def save_card(card: ProfileCard, path: str | os.PathLike) -> Path:
