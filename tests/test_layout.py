@@ -297,7 +297,7 @@ EXPECTED_ALL = {
         "run_finite", "run_units", "summarise_alias", "summarise_engines", "summarise_finite"],
     "stateremat.paper.bench": [
         "Cell", "EXPERIMENTS", "ExperimentSpec", "FAIR_EAGER_FRACTION", "FROZEN_PROFILE_ENV",
-        "METHODS", "MethodRun", "SIX_METHODS", "TABLE", "budget_rule", "build_method",
+        "METHODS", "MethodRun", "SIX_METHODS", "TABLE", "bench_summary", "budget_rule", "build_method",
         "cell_card", "check_method", "experiment_spec", "method_plan", "policy_json",
         "resolve_budget", "resolve_spec", "run_cell_methods", "run_experiment", "summarize",
         "with_budget"],
@@ -318,8 +318,9 @@ EXPECTED_ALL = {
         "bootstrap_ratio", "compare", "comparisons_from", "family_size", "geometric_mean",
         "method_table", "paired_ratios", "process_means"],
     "stateremat.paper.report": [
-        "REPORTERS", "cohort_summary", "register_reporter", "render_bench", "report_bench",
-        "report_moco", "report_semantics", "report_semantics_extension", "tables_in",
+        "REPORTERS", "check_complete", "cohort_summary", "register_reporter", "render_bench",
+        "report_alias", "report_bench", "report_engines", "report_finite", "report_moco",
+        "remove_outputs", "report_semantics", "report_semantics_extension", "tables_in",
         "write_bench_tables"],
     "stateremat.paper.workloads": [
         "BasicBlock", "CPU_BYTES_FACTOR", "CPU_DIM_FACTOR", "FASHION_MNIST_DIR", "ImageData",

@@ -147,8 +147,8 @@ def check_device(api: str, device: str, *, auto: bool = False) -> str:
     if device == "cpu" or (auto and device == "auto"):
         return device
     if not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
-        raise fail(f"{api}: --device must be {names}, got {device!r}. Tip: use --device cpu "
-                   "here.")
+        raise fail(f"{api}: --device must be {names}, got {device!r}. Tip: use --device "
+                   f"{'auto' if auto else 'cpu'} here.")
     import torch
 
     if not torch.cuda.is_available():

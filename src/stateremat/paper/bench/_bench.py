@@ -69,10 +69,36 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
     for i, cell in enumerate(todo):
         task.update(description=f"bench {name} [{i + 1}/{len(todo)}] {cell.name}")
         card = cards.get(cell.name) or cell_card(spec, cell, device, cache_dir=out / "cards")
-        store.append(run_cell_methods(spec, cell, list(cell.methods), warmups=w, steps=k,
-                                      device=device, card=card, on_step=task.advance))
-    summary = summarize(read_records(out, TABLE))
-    summary.update({"warmups": w, "steps": k, "torch_threads": torch.get_num_threads()})
+        rows = run_cell_methods(spec, cell, list(cell.methods), warmups=w, steps=k,
+                                device=device, card=card, on_step=task.advance)
+        for r in rows:
+            r["torch_threads"] = torch.get_num_threads()
+        store.append(rows)
+    summary = bench_summary(out)
     atomic_write_json(out / "summary.json", summary)
     write_bench_tables(out, summary)
+    return summary
+
+
+def bench_summary(out: str | Path) -> dict:
+    """The summary of bench run folder ``out``, recomputed from its rows and its sidecar's config
+    (warmups, steps) — what ``summary.json`` holds, after a run and after ``stateremat report``.
+
+    Raises:
+        RecordsError: no rows, or an unreadable sidecar.
+    """
+    from ...contract import RecordsError
+    from ..records import read_sidecar
+
+    rows = read_records(out, TABLE)
+    if rows.empty:
+        raise RecordsError(f"stateremat report: {out} has no '{TABLE}' rows. Tip: run "
+                           "`stateremat bench ... --out DIR` first (a cell's rows appear when it "
+                           "finishes).")
+    config = read_sidecar(Path(out) / f"{TABLE}.json").get("config") or {}
+    summary = summarize(rows)
+    threads = sorted({int(t) for t in rows["torch_threads"].dropna()}) \
+        if "torch_threads" in rows else []
+    summary.update({"warmups": config.get("warmups"), "steps": config.get("steps"),
+                    "torch_threads": threads[0] if len(threads) == 1 else (threads or None)})
     return summary

@@ -3,15 +3,14 @@
 Local processes run from the parent's main thread (no helper threads), each in a work folder
 of its own under the run folder's ``.tmp/`` (removed when its result is collected, and by the
 next launch after a ``kill -9``). Every child asks the kernel to kill it when the parent dies
-(``prctl(PR_SET_PDEATHSIG, SIGKILL)``), so even a ``kill -9`` of the parent leaves no orphan
-running. A SIGINT, SIGTERM or SIGHUP of the parent (or Ctrl-C to its process group) is turned
-into a stop request (:class:`StopRequest`): nothing more is launched, running children get
-SIGTERM (SIGKILL after :data:`GRACE_S`), and whatever had finished is still reported.
-Paper §11.
+(``prctl(PR_SET_PDEATHSIG, SIGKILL)`` first thing in ``worker_main``, given the parent's pid
+in :data:`PARENT_ENV`), so even a ``kill -9`` of the parent leaves no orphan running. A
+SIGINT, SIGTERM or SIGHUP of the parent (or Ctrl-C to its process group) is turned into a stop
+request (:class:`StopRequest`): nothing more is launched, running children get SIGTERM
+(SIGKILL after :data:`GRACE_S`), and whatever had finished is still reported. Paper §11.
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 import shutil
@@ -25,12 +24,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ...contract import atomic_write_bytes
+from ._process_worker import PARENT_ENV
 
 STDERR_TAIL_CHARS = 4000
 #: Seconds a stopped child gets between SIGTERM and SIGKILL.
 GRACE_S = 5.0
 _POLL_S = 0.05
-_PR_SET_PDEATHSIG = 1
 
 
 class StopRequest:
@@ -63,24 +62,6 @@ class StopRequest:
             signal.signal(s, old)
 
 
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGKILL when this process dies (Linux)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
 class Child:
     """One launched cohort process: its work folder, its ``Popen`` and its start time.
 
@@ -105,15 +86,14 @@ class Child:
             for cell, text in cards.items():
                 atomic_write_bytes(self.work / "profile" / f"{cell}.json", text.encode())
             extra += ["--profile", str(self.work / "profile")]
-        env = dict(os.environ)
+        env = dict(os.environ, **{PARENT_ENV: str(os.getpid())})
         if threads:
             env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
             extra += ["--threads", str(threads)]
         self._log = open(self.work / "output.txt", "wb")
         self.t0 = time.perf_counter()
         self.proc = subprocess.Popen(cmd + list(args) + extra, env=env, stdin=subprocess.DEVNULL,
-                                     stdout=self._log, stderr=subprocess.STDOUT,
-                                     preexec_fn=_die_with_parent())
+                                     stdout=self._log, stderr=subprocess.STDOUT)
 
     def expired(self, timeout_s: float | None) -> bool:
         """Running for longer than ``timeout_s`` seconds."""

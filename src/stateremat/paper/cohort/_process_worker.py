@@ -6,9 +6,11 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
 import io
 import os
 import platform
+import signal
 import sys
 import time
 from pathlib import Path
@@ -19,6 +21,8 @@ import numpy as np
 from ...contract import atomic_write_bytes, loadavg
 
 EXPERIMENTS = ("fair44", "pressure32", "workloads3")
+#: Environment variable carrying the launching process's pid to a child (set by ``._launch``).
+PARENT_ENV = "STATEREMAT_COHORT_PARENT_PID"
 
 
 def method_order(methods: Sequence[str], seed: int, process: int) -> list[str]:
@@ -26,6 +30,25 @@ def method_order(methods: Sequence[str], seed: int, process: int) -> list[str]:
     ``(seed, process)``, so it is recorded by the pair and reproducible."""
     rng = np.random.default_rng([int(seed), int(process)])
     return [methods[i] for i in rng.permutation(len(methods))]
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its launching parent dies (Linux).
+
+    The parent's pid comes in ``$STATEREMAT_COHORT_PARENT_PID``; if the parent is already gone
+    (``getppid()`` differs), exit at once. Done in the child rather than a ``preexec_fn``,
+    which would run fork handlers of threaded libraries in the parent (JAX warns on them).
+    """
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):  # the parent died before prctl took effect
+        os._exit(1)
 
 
 # --------------------------------------------------------------------------- child side
@@ -46,6 +69,7 @@ def worker_main(argv: Sequence[str] | None = None, *,
     Returns:
         0 on success (the process exits with it).
     """
+    die_with_parent()
     a = _worker_parser().parse_args(argv)
     t0 = time.perf_counter()
     if cell_runner is None or spec_fn is None:

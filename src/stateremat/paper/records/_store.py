@@ -135,6 +135,9 @@ class RecordStore:
         key: columns identifying a unit of work; :meth:`done_keys` lets a resumed run skip
             finished units.
         meta: run configuration written into the sidecar (merged with :func:`provenance`).
+        launch: what this launch asked for beyond the config (e.g. the seeds and methods of a
+            run that may be extended), appended to the sidecar's ``launches`` list; ``report``
+            checks completeness against it.
 
     Raises:
         RecordsError: if an existing sidecar belongs to a different run configuration
@@ -142,7 +145,7 @@ class RecordStore:
     """
 
     def __init__(self, out_dir: str | os.PathLike, table: str, key: Sequence[str],
-                 meta: Mapping[str, Any] | None = None):
+                 meta: Mapping[str, Any] | None = None, launch: Mapping[str, Any] | None = None):
         self.out_dir = Path(out_dir)
         self.table = table
         self.key = tuple(key)
@@ -162,10 +165,15 @@ class RecordStore:
             if old.get("config") != new:
                 raise _other_config(self.sidecar, old.get("config") or {}, new)
             old.setdefault("resumed_utc", []).append(provenance()["created_utc"])
+            if launch is not None:
+                old.setdefault("launches", []).append(dict(launch))
             atomic_write_json(self.sidecar, old)
         else:
-            atomic_write_json(self.sidecar, {"table": table, "key": list(self.key),
-                                             "config": config, "provenance": provenance()})
+            doc = {"table": table, "key": list(self.key), "config": config,
+                   "provenance": provenance()}
+            if launch is not None:
+                doc["launches"] = [dict(launch)]
+            atomic_write_json(self.sidecar, doc)
 
     def done_keys(self) -> set[tuple]:
         """Keys (tuples over ``key`` columns) of rows already written."""
