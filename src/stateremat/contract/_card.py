@@ -51,6 +51,22 @@ MAX_BYTES = 2**53
 #: and use 2^62 as an absent-option placeholder, so every real total must stay below it.
 MAX_TOTAL_BYTES = 2**62 - 1
 _TIP = "Tip: see the schema in the docstring of stateremat.contract.ProfileCard."
+#: Deepest nesting of a card's free-form ``meta`` (writers of plans and records recurse into it).
+MAX_META_DEPTH = 64
+
+
+def _check_depth(obj: Any, where: str) -> None:
+    """Refuse ``meta`` nested deeper than :data:`MAX_META_DEPTH` (iteratively: no recursion)."""
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if d > MAX_META_DEPTH:
+            raise _err(where, f"nested more than {MAX_META_DEPTH} levels deep",
+                       "Tip: card metadata is a few levels of names and numbers; check the file.")
+        if isinstance(o, Mapping):
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, (list, tuple)):
+            stack.extend((v, d + 1) for v in o)
 
 
 def required_options() -> tuple[str, ...]:
@@ -224,6 +240,7 @@ class SegmentCard:
             cost.__post_init__()  # re-checked: a value changed behind the frozen fields is caught
         if not isinstance(self.meta, Mapping):
             raise _err(f"{where}.meta", f"expected an object, got {type(self.meta).__name__}")
+        _check_depth(self.meta, f"{where}.meta")
         # Canonical option order (eager, whole, region, ..., recompute_only) for stable output.
         object.__setattr__(self, "options", FrozenOptions({o: self.options[o] for o in known
                                                            if o in self.options}))
@@ -310,6 +327,7 @@ class ProfileCard:
             seen[s.name] = i
         if not isinstance(self.meta, Mapping):
             raise _err("meta", f"expected an object, got {type(self.meta).__name__}")
+        _check_depth(self.meta, "meta")
         for s in segs:
             s.__post_init__()  # re-checked (see validate)
         _check_total(self.persistent_bytes, segs)
@@ -416,9 +434,7 @@ def load_card(path: str | os.PathLike) -> ProfileCard:
         return ProfileCard.from_dict(data)
     except ProfileCardError as exc:  # name the file the field is in
         raise ProfileCardError(f"{where}: {str(exc).removeprefix('profile card: ')}") from None
-    except RecursionError:
-        raise ProfileCardError(f"{where}: its meta nests too deeply to copy. Tip: keep card "
-                               "metadata a few levels deep.") from None
+
 
 
 def save_card(card: ProfileCard, path: str | os.PathLike) -> Path:

@@ -135,7 +135,8 @@ def freeze_profiles(spec: Any, out_dir: str | os.PathLike, device: str = "cpu",
 
                 card = cell_card(spec, cell, device)
             save_card(card, path)
-        out[cell.name] = path.read_text()
+        load_card(path)  # a frozen card changed since: refused, naming the file
+        out[cell.name] = path.read_bytes().decode("utf-8")
     return out
 
 

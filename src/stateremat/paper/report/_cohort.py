@@ -6,14 +6,13 @@ computed is reused. Paper §11, Tables 7 and 8, Figures 1 and 3.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from ...contract import RecordsError, atomic_write_bytes, atomic_write_json
-from ..records import read_records
+from ..records import read_records, read_sidecar
 from ..stats import FAMILY_ALPHA, N_RESAMPLES, compare, comparisons_from, method_table
 from ._figures import method_color, new_figure, save_figure
 from ._registry import Expected, register_reporter, steps_done
@@ -50,10 +49,11 @@ def cohort_summary(out_dir: str | Path, *, n_resamples: int = N_RESAMPLES,
                            "`stateremat cohort processes ... --out DIR` first (a process's rows "
                            "appear when it finishes).")
     sidecar = out_dir / f"{TIMING_TABLE}.json"
+    doc = read_sidecar(sidecar)  # unreadable, not UTF-8 or not JSON: names the file
     try:
-        config = json.loads(sidecar.read_text())["config"]
+        config = doc["config"]
         config["cells"], config["comparisons"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError) as exc:
         raise RecordsError(f"stateremat report: {sidecar} is not a cohort sidecar with a "
                            f"'config' holding 'cells' and 'comparisons' ({type(exc).__name__}: "
                            f"{exc}). Tip: report a folder written by `stateremat cohort "
