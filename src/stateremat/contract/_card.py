@@ -167,9 +167,15 @@ class OptionCost:
     time_s: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "retained_bytes", _as_bytes(self.retained_bytes, "retained_bytes"))
-        object.__setattr__(self, "temp_bytes", _as_bytes(self.temp_bytes, "temp_bytes"))
-        object.__setattr__(self, "time_s", _as_seconds(self.time_s, "time_s"))
+        self._check("")
+
+    def _check(self, where: str) -> None:
+        """Validate (and normalise) every field; errors name ``where.field``."""
+        at = f"{where}." if where else ""
+        object.__setattr__(self, "retained_bytes",
+                           _as_bytes(self.retained_bytes, f"{at}retained_bytes"))
+        object.__setattr__(self, "temp_bytes", _as_bytes(self.temp_bytes, f"{at}temp_bytes"))
+        object.__setattr__(self, "time_s", _as_seconds(self.time_s, f"{at}time_s"))
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "option") -> "OptionCost":
@@ -237,7 +243,7 @@ class SegmentCard:
             if not isinstance(cost, OptionCost):
                 raise _err(f"{where}.options.{o}",
                            f"expected an OptionCost, got {type(cost).__name__}")
-            cost.__post_init__()  # re-checked: a value changed behind the frozen fields is caught
+            cost._check(f"{where}.options.{o}")  # a value forced in after construction: caught
         if not isinstance(self.meta, Mapping):
             raise _err(f"{where}.meta", f"expected an object, got {type(self.meta).__name__}")
         _check_depth(self.meta, f"{where}.meta")
