@@ -215,3 +215,34 @@ def test_cifar100_archive_path_runs_end_to_end(tmp_path):
     assert json.loads((out / "moco.json").read_text())["config"]["preset"]["dataset"] == "cifar-100"
     r = CliRunner().invoke(app, ["app", "moco", "--preset", "paper", "--out", str(tmp_path / "p")])
     assert r.exit_code == 2 and "needs --data" in r.output
+
+
+def test_a_failed_run_is_retried_on_resume_and_finished_ones_are_not(tmp_path, monkeypatch):
+    import stateremat.paper.moco._app as moco_app
+
+    real, calls = moco_app.train_one, []
+
+    def flaky(preset, split, seed, method, *args, **kwargs):
+        calls.append(method)
+        if method == "whole" and calls.count("whole") == 1:
+            raise RuntimeError("synthetic failure of the first attempt")
+        return real(preset, split, seed, method, *args, **kwargs)
+
+    monkeypatch.setattr(moco_app, "train_one", flaky)
+    out = tmp_path / "run"
+    argv = ["app", "moco", "--preset", "tiny", "--methods", "eager,whole", "--seeds", "2701:2702",
+            "--out", str(out)]
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 1 and "failed: seed 2701 whole: RuntimeError" in r.output, r.output
+    rows = read_records(out, "moco")
+    assert sorted(zip(rows["method"], rows["outcome"])) == [("eager", "ok"), ("whole", "error")]
+    r = CliRunner().invoke(app, ["report", str(out)])
+    assert r.exit_code == 1 and "1 of 2 (seed, method) units have no complete rows" in r.output
+    r = CliRunner().invoke(app, argv)  # resume: only the failed run again
+    assert r.exit_code == 0, r.output
+    assert calls == ["eager", "whole", "whole"]
+    rows = read_records(out, "moco")
+    assert sorted(zip(rows["method"], rows["outcome"])) == [("eager", "ok"), ("whole", "error"),
+                                                            ("whole", "ok")]  # every attempt kept
+    assert [e["status"] for e in summarize(out)["methods"]] == ["ok", "ok"]
+    assert CliRunner().invoke(app, ["report", str(out)]).exit_code == 0
