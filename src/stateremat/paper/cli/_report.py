@@ -25,7 +25,10 @@ def report(out_dir: Path = typer.Argument(..., help="Run folder holding raw reco
     api = "stateremat report"
     if not out_dir.is_dir():
         raise fail(f"{api}: {out_dir} is not a folder. Tip: pass the --out folder of a run.")
+    from ..records import lock_run
+
     with guarded(api):
+        lock_run(out_dir)  # not while a run writes there: its outputs would be half-done
         status = check_complete(out_dir)
     tables = sorted(set(tables_in(out_dir)) | set(status))
     if not tables:
