@@ -45,32 +45,43 @@ def check_json_target(api: str, json_path: Optional[Path]) -> None:
     check_output_file(api, "--json", json_path)
 
 
+#: Signals received inside :func:`guarded` and not yet acted on (see :func:`check_stop`).
+_STOPS: list[int] = []
+
+
+def check_stop() -> None:
+    """Raise ``KeyboardInterrupt`` if a stop signal arrived inside :func:`guarded` and its
+    ``KeyboardInterrupt`` was swallowed (raised inside a finalizer, say). The progress
+    reporters call it after every unit, so a stop is never lost."""
+    if _STOPS:
+        raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
     """Run a command's work: bad records/cards become clean errors, and a stop keeps its rows.
 
-    SIGINT (Ctrl-C) and, inside the block, SIGTERM and SIGHUP interrupt the work with
-    ``KeyboardInterrupt``; the runners write every finished unit before it unwinds
-    (atomically), and the command exits ``128 + signal`` saying that rerunning resumes.
+    SIGINT (Ctrl-C), SIGTERM and SIGHUP interrupt the work with ``KeyboardInterrupt`` (and
+    are remembered until acted on: :func:`check_stop`); the runners write every finished unit
+    before it unwinds (atomically), and the command exits ``128 + signal`` saying that
+    rerunning resumes.
 
     Raises:
         typer.Exit: code 2 on a ``RecordsError``/``ProfileCardError``; ``128 + signal`` on a stop.
     """
     from ...contract import ProfileCardError, RecordsError
 
-    got: list[int] = []
-
     def stop(signum, frame):
-        got.append(signum)
+        _STOPS.append(signum)
         raise KeyboardInterrupt
 
     old = {}
     if threading.current_thread() is threading.main_thread():
-        old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGHUP)}
+        old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     except KeyboardInterrupt:
-        signum = got[0] if got else signal.SIGINT
+        signum = _STOPS[0] if _STOPS else signal.SIGINT
         where = f" in {out}" if out is not None else ""
         raise fail(f"{api}: stopped by {signal.Signals(signum).name}; every finished unit's "
                    f"rows are kept{where}. Tip: rerun the same command to resume.",
@@ -78,6 +89,7 @@ def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
     except (RecordsError, ProfileCardError) as exc:
         raise fail(str(exc)) from None
     finally:
+        _STOPS.clear()
         for s, h in old.items():
             signal.signal(s, h)
 

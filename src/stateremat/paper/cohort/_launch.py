@@ -160,8 +160,8 @@ def local_results(tasks: Sequence[tuple[int, list[str]]], jobs: int, work_dir: P
                 p, args = pending.pop(0)
                 running[p] = Child(args, work_dir / f"process-{p}", worker_cmd, cards, threads)
             for p, ch in list(running.items()):
-                if ch.proc.poll() is not None:
-                    yield p, running.pop(p).result()
+                if ch.proc.poll() is not None:  # (Ctrl-C reaches the children too: not failed)
+                    yield p, running.pop(p).result("interrupted" if stop.requested else None)
                 elif ch.expired(timeout_s):
                     ch.signal(signal.SIGKILL)
                     yield p, running.pop(p).result("timeout", f"\nkilled after {timeout_s} s")

@@ -37,6 +37,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -267,6 +268,7 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
                             # N asked for at this launch: a cohort extended after results shows it
                             "requested_processes": int(processes)}])
             task.advance()
+    shutil.rmtree(Path(out_dir) / TEMP_DIR, ignore_errors=True)  # every work folder collected
     signame = None if stop.signum is None else signal.Signals(stop.signum).name
     return {"out_dir": str(out_dir), "processes": int(processes), "already_done": len(done),
             "ran": ok + len(failed) + len(stopped), "ok": ok, "failed": sorted(failed),
