@@ -186,7 +186,7 @@ def test_bench_cli_prints_the_table_and_budget_override_is_recorded(tmp_path, mo
     rows = read_records(out, "bench")
     assert set(rows["budget_bytes"]) == {2 * MiB}
     bad = CliRunner().invoke(app, ["bench", "fair", "--out", str(out), "--device", "tpu"])
-    assert bad.exit_code == 2 and "expected cpu or cuda" in bad.output
+    assert bad.exit_code == 2 and "--device must be cpu, cuda or cuda:N, got 'tpu'" in bad.output
 
 
 @pytest.mark.parametrize("args,msg", [

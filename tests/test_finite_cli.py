@@ -57,12 +57,19 @@ def test_bad_program_count_and_mismatched_resume_are_clear_errors(tmp_path):
 
 
 @pytest.mark.parametrize("argv, expected", [
-    (["finite", "--seed", "-1"], "--seed must be a non-negative integer, got -1"),
-    (["engines", "--seed", "-1"], "--seed must be a non-negative integer, got -1"),
+    (["finite", "--seed", "-1"], "--seed must be >= 0 and <= 4,294,967,295, got -1"),
+    (["engines", "--seed", "-1"], "--seed must be >= 0 and <= 4,294,967,295, got -1"),
+    (["finite", "--seed", "4294967296"], "--seed must be >= 0 and <= 4,294,967,295, got 4294967296"),
     (["alias", "--seeds", "-3:2"], "seeds must be non-negative integers"),
-    (["alias", "--seeds", "-2"], "got -2"),
+    (["alias", "--seeds", "-2"], "got '-2'"),
     (["alias", "--seeds", "0"], "got 0"),
     (["alias", "--seeds", "abc"], "expected a seed count"),
+    # 20-digit ranges are refused from their bounds, before a list of seeds is built
+    (["alias", "--seeds", "0:100000000000000000000"], "seeds must be at most 4294967295"),
+    (["alias", "--seeds", "100000000000000000000"], "seeds must be at most 4294967295"),
+    (["alias", "--seeds", "0:10001"], "10,001 seeds, more than the 10,000 allowed"),
+    (["finite", "--programs", "99999999999999999999"], "--programs must be >= 1 and <= 100,000"),
+    (["engines", "--programs", "99999999999999999999"], "--programs must be >= 1 and <= 100,000"),
 ])
 def test_bad_seeds_are_refused_before_anything_is_created(tmp_path, argv, expected):
     out = tmp_path / "run"

@@ -272,7 +272,7 @@ EXPECTED_ALL = {
         "ENGINES", "EagerEngine", "Engine", "GuardedEngine", "ReadSetEngine", "Recovery",
         "RegionEngine", "WholeEngine", "backward", "forward", "make_engine"],
     "stateremat.planner": [
-        "CostTables", "PLANNERS", "PLAN_KEYS", "PlanResult", "PlannerSpec", "SPECS",
+        "CostTables", "FRONTIER_WARN_POINTS", "FrontierWarning", "PLANNERS", "PLAN_KEYS", "PlanResult", "PlannerSpec", "SPECS",
         "activation_pressure_card", "all_eager", "all_region", "all_whole", "cost_tables",
         "eager_fraction_budget", "eager_whole", "exhaustive", "joint", "milp", "plan",
         "random_card", "state_agnostic"],
@@ -284,9 +284,11 @@ EXPECTED_ALL = {
         "apply_plan", "auto_checkpoint", "checkpoint", "checkpoint_sequential", "expected_peak_bytes",
         "is_replaying", "journal_writes", "memory_method", "preservation_stats", "profile",
         "refuse_python_state", "reset_preservation_stats", "resolve_segments", "storage_bytes"],
-    "stateremat.cli": ["app", "fail", "main"],
+    "stateremat.cli": ["MAX_SEED", "app", "check_device", "check_memory", "check_out_dir",
+                       "check_output_file", "fail", "in_range", "main"],
     "stateremat.paper": ["NO_PROGRESS", "Progress", "Task", "as_progress"],
-    "stateremat.paper.records": ["RecordStore", "read_records"],
+    "stateremat.paper.records": ["RecordStore", "TEMP_DIR", "check_resumable", "lock_run",
+                                 "read_records", "read_sidecar"],
     "stateremat.paper.verify": [
         "ALIAS_DIMS", "ALIAS_PATTERNS", "ENGINE_NAMES", "FAMILIES", "SUITE_CODES",
         "alias_failures", "alias_rows", "byte_program", "byte_segment", "check_recovery",
@@ -295,7 +297,7 @@ EXPECTED_ALL = {
         "run_finite", "run_units", "summarise_alias", "summarise_engines", "summarise_finite"],
     "stateremat.paper.bench": [
         "Cell", "EXPERIMENTS", "ExperimentSpec", "FAIR_EAGER_FRACTION", "FROZEN_PROFILE_ENV",
-        "METHODS", "MethodRun", "SIX_METHODS", "TABLE", "budget_rule", "build_method",
+        "METHODS", "MethodRun", "SIX_METHODS", "TABLE", "bench_summary", "budget_rule", "build_method",
         "cell_card", "check_method", "experiment_spec", "method_plan", "policy_json",
         "resolve_budget", "resolve_spec", "run_cell_methods", "run_experiment", "summarize",
         "with_budget"],
@@ -316,8 +318,9 @@ EXPECTED_ALL = {
         "bootstrap_ratio", "compare", "comparisons_from", "family_size", "geometric_mean",
         "method_table", "paired_ratios", "process_means"],
     "stateremat.paper.report": [
-        "REPORTERS", "cohort_summary", "register_reporter", "render_bench", "report_bench",
-        "report_moco", "report_semantics", "report_semantics_extension", "tables_in",
+        "REPORTERS", "check_complete", "cohort_summary", "register_reporter", "render_bench",
+        "report_alias", "report_bench", "report_engines", "report_finite", "report_moco",
+        "remove_outputs", "report_semantics", "report_semantics_extension", "tables_in",
         "write_bench_tables"],
     "stateremat.paper.workloads": [
         "BasicBlock", "CPU_BYTES_FACTOR", "CPU_DIM_FACTOR", "FASHION_MNIST_DIR", "ImageData",

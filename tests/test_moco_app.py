@@ -115,15 +115,32 @@ def test_bad_input_is_refused_clearly(tmp_path):
     assert r.exit_code == 2 and "unknown methods ['lazy']" in r.output
     r = CliRunner().invoke(app, ["app", "moco", "--preset", "tiny", "--seeds", "5:5",
                                  "--out", str(tmp_path)])
-    assert r.exit_code == 2 and "bad --seeds" in r.output
+    assert r.exit_code == 2 and "--seeds '5:5'" in r.output and "empty" in r.output
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["--methods", "eager,eager"], "names eager more than once"),
+    (["--methods", "eager, whole,eager"], "names eager more than once"),
+    (["--methods", ""], "names an empty method"),
+    (["--methods", "eager,"], "names an empty method"),
+    (["--seeds", "0:100000000000000000000"], "seeds must be at most 4294967295"),
+    (["--seeds", "0:1001"], "1,001 seeds, more than the 1,000 allowed"),
+    (["--threads", "100000"], "--threads must be >= 1 and <= 1,024, got 100000"),
+])
+def test_duplicate_empty_and_absurd_selections_are_refused_before_anything_is_written(
+        tmp_path, extra, msg):
+    out = tmp_path / "run"
+    r = CliRunner().invoke(app, ["app", "moco", "--preset", "tiny", "--out", str(out), *extra])
+    assert r.exit_code == 2 and msg in r.output and "Tip:" in r.output, r.output
+    assert not out.exists()
 
 
 def test_bad_threads_and_device_are_refused_before_anything_is_written(tmp_path, monkeypatch):
     import torch
 
     out = tmp_path / "run"
-    for extra, msg in ((["--threads", "0"], "--threads must be at least 1, got 0"),
-                       (["--threads", "-2"], "--threads must be at least 1, got -2"),
+    for extra, msg in ((["--threads", "0"], "--threads must be >= 1 and <= 1,024, got 0"),
+                       (["--threads", "-2"], "--threads must be >= 1 and <= 1,024, got -2"),
                        (["--device", "bogus"], "--device 'bogus' is not a device name"),
                        (["--device", "meta"], "expected cpu or cuda[:N]")):
         r = CliRunner().invoke(app, ["app", "moco", "--preset", "tiny", "--out", str(out), *extra])
@@ -198,3 +215,34 @@ def test_cifar100_archive_path_runs_end_to_end(tmp_path):
     assert json.loads((out / "moco.json").read_text())["config"]["preset"]["dataset"] == "cifar-100"
     r = CliRunner().invoke(app, ["app", "moco", "--preset", "paper", "--out", str(tmp_path / "p")])
     assert r.exit_code == 2 and "needs --data" in r.output
+
+
+def test_a_failed_run_is_retried_on_resume_and_finished_ones_are_not(tmp_path, monkeypatch):
+    import stateremat.paper.moco._app as moco_app
+
+    real, calls = moco_app.train_one, []
+
+    def flaky(preset, split, seed, method, *args, **kwargs):
+        calls.append(method)
+        if method == "whole" and calls.count("whole") == 1:
+            raise RuntimeError("synthetic failure of the first attempt")
+        return real(preset, split, seed, method, *args, **kwargs)
+
+    monkeypatch.setattr(moco_app, "train_one", flaky)
+    out = tmp_path / "run"
+    argv = ["app", "moco", "--preset", "tiny", "--methods", "eager,whole", "--seeds", "2701:2702",
+            "--out", str(out)]
+    r = CliRunner().invoke(app, argv)
+    assert r.exit_code == 1 and "failed: seed 2701 whole: RuntimeError" in r.output, r.output
+    rows = read_records(out, "moco")
+    assert sorted(zip(rows["method"], rows["outcome"])) == [("eager", "ok"), ("whole", "error")]
+    r = CliRunner().invoke(app, ["report", str(out)])
+    assert r.exit_code == 1 and "1 of 2 (seed, method) units have no complete rows" in r.output
+    r = CliRunner().invoke(app, argv)  # resume: only the failed run again
+    assert r.exit_code == 0, r.output
+    assert calls == ["eager", "whole", "whole"]
+    rows = read_records(out, "moco")
+    assert sorted(zip(rows["method"], rows["outcome"])) == [("eager", "ok"), ("whole", "error"),
+                                                            ("whole", "ok")]  # every attempt kept
+    assert [e["status"] for e in summarize(out)["methods"]] == ["ok", "ok"]
+    assert CliRunner().invoke(app, ["report", str(out)]).exit_code == 0

@@ -60,7 +60,10 @@ def test_plan_frontier_cap_marks_truncated(tmp_path):
     (["--budget", "32 parsecs"], "--budget: size '32 parsecs': unknown unit"),
     (["--budget", "-5"], "--budget"),
     (["--budget", "1GiB", "--planner", "fast"], "--planner 'fast' is unknown"),
-    (["--budget", "1GiB", "--frontier-cap", "0"], "--frontier-cap must be a positive"),
+    (["--budget", "1GiB", "--frontier-cap", "0"], "--frontier-cap must be >= 1 and <= 10,000,000, got 0"),
+    (["--budget", "1GiB", "--frontier-cap", "99999999999999999999"], "--frontier-cap must be >= 1"),
+    (["--budget", "0"], "--budget must be positive, got '0'"),  # as in bench and cohort
+    (["--budget", "0GiB"], "--budget must be positive, got '0GiB'"),
 ])
 def test_plan_bad_arguments_exit_2(card_path, args, match):
     res = runner.invoke(app, ["plan", str(card_path), *args])

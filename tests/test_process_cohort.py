@@ -104,7 +104,7 @@ def test_killed_process_is_recorded_and_rerun_on_resume_finished_ones_never_redo
 
     second = _run(out, fake, 3, jobs=2)
     assert second == {"out_dir": str(out), "processes": 3, "already_done": 2, "ran": 1, "ok": 1,
-                      "failed": []}
+                      "failed": [], "interrupted": None, "stopped": [], "not_started": 0}
     rows = read_records(out, "cohort_timing")
     assert sorted(rows["process"].unique()) == [0, 1, 2]
     assert len(rows) == 3 * 4 * 2  # processes x methods x steps, each kept once

@@ -181,7 +181,7 @@ def test_other_seed_range_into_same_folder_is_refused(cohort):
     assert res.exit_code == 2 and "Tip:" in res.output
     res = CliRunner().invoke(app, ["cohort", "semantics", "--seeds", SEEDS, "--out", str(out),
                                    "--device", "tpu", "--no-progress"])
-    assert res.exit_code == 2 and "Tip: use auto" in res.output
+    assert res.exit_code == 2 and "Tip: use --device auto" in res.output
 
 
 def test_compare_rules():

@@ -134,3 +134,54 @@ def test_missing_columns_raise_a_records_error():
 def test_comparison_round_trips_through_json_dicts():
     c = Comparison("cell", "joint", "regions", ("time",))
     assert Comparison.from_dict(c.to_dict()) == c and c.name == "joint/regions"
+
+
+def _wide_cohort(n=40, seed=5):
+    """n processes whose A/B time ratios spread widely (log-normal, sd 0.6): with this many,
+    percentile intervals at 0.95 and at 0.975 are clearly different."""
+    rng = np.random.default_rng(seed)
+    ratio = np.exp(rng.normal(np.log(0.8), 0.6, size=n))
+    peak = np.exp(rng.normal(np.log(0.6), 0.2, size=n))
+    cohort = {p: {"A": ([ratio[p], ratio[p]], int(1000 * peak[p])), "B": ([1.0, 1.0], 1000)}
+              for p in range(n)}
+    return rows(cohort), ratio, peak
+
+
+def test_compare_computes_its_interval_at_the_bonferroni_level_it_records():
+    from scipy import stats as sps
+
+    df, ratio, _ = _wide_cohort()
+    comps = [Comparison("c", "A", "B")]  # one comparison, two primary metrics: m = 2
+    [s] = compare(df, comps, seed=0, n_resamples=20_000)
+    assert s["confidence_level"] == pytest.approx(0.975)
+    logs = np.log(paired_ratios(process_means(df), "c", "A", "B", "time").to_numpy())
+    assert np.allclose(np.exp(logs), ratio)
+
+    def scipy_ci(level, seed, method="percentile"):
+        res = sps.bootstrap((logs,), np.mean, n_resamples=20_000, confidence_level=level,
+                            method=method, vectorized=True, rng=np.random.default_rng(seed))
+        return np.exp(res.confidence_interval)
+
+    at975, at95 = scipy_ci(0.975, 0), scipy_ci(0.95, 0)
+    assert s["ci"] == pytest.approx(list(at975), rel=1e-12)  # time: comparison 0, metric 0 -> seed 0
+    # the two levels differ here by far more than any resampling noise
+    assert at975[0] < at95[0] * 0.98 and at975[1] > at95[1] * 1.02
+    assert s["ci"][0] != pytest.approx(at95[0], rel=1e-2)
+    assert s["ci"][1] != pytest.approx(at95[1], rel=1e-2)
+    assert s["ci"] != pytest.approx(list(scipy_ci(0.975, 0, "BCa")), rel=1e-6)  # percentile, not BCa
+    # independent check: a hand-rolled percentile bootstrap at 0.975 lands within 0.5 % of it
+    # (the 0.95 interval is more than 2 % away at both ends)
+    idx = np.random.default_rng(99).integers(0, logs.size, size=(100_000, logs.size))
+    lo, hi = np.exp(np.quantile(logs[idx].mean(axis=1), [0.0125, 0.9875]))
+    assert s["ci"] == pytest.approx([lo, hi], rel=5e-3)
+
+
+def test_a_six_test_family_uses_its_own_level():
+    df, _, _ = _wide_cohort(n=30, seed=8)
+    df2 = df.assign(cell="d")
+    comps = [Comparison(c, "A", "B") for c in ("c", "d")] + [Comparison("c", "B", "A")]
+    results = compare(pd.concat([df, df2]), comps, seed=4, n_resamples=5_000)
+    assert [r["confidence_level"] for r in results] == pytest.approx([1 - 0.05 / 6] * 3)
+    logs = np.log(paired_ratios(process_means(df), "c", "A", "B", "time").to_numpy())
+    want = bootstrap_ratio(np.exp(logs), confidence_level=1 - 0.05 / 6, seed=4, n_resamples=5_000)
+    assert results[0]["ci"] == pytest.approx([want.ci_low, want.ci_high], rel=1e-12)

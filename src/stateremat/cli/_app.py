@@ -43,6 +43,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # plain one-line usage errors: "Error: Invalid value for '--x': ..."
 )
 
 

@@ -1,15 +1,51 @@
 """CLI commands: plan (registered on import)."""
 from __future__ import annotations
 
+import contextlib
+import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Iterator, Optional
 
 import typer
 
 from ._app import app, fail
+from ._checks import check_output_file, in_range
 
 _MAX_ROWS = 32  # longer cards print option counts instead of one row per segment
+MAX_FRONTIER_CAP = 10_000_000
+#: Cards with at least this many segments draw a progress line while they are planned.
+PROGRESS_SEGMENTS = 500
+
+
+@contextlib.contextmanager
+def plan_progress(n_segments: int) -> Iterator[Optional[Callable[[str, int, int, int], None]]]:
+    """A progress callback for :func:`stateremat.planner.plan` drawn on stderr (long cards
+    only), with the planner's warnings printed as they happen ("warning: ...")."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from ..planner import FrontierWarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        typer.echo(f"warning: {message}", err=True)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always", FrontierWarning)
+        warnings.showwarning = show
+        if n_segments < PROGRESS_SEGMENTS:
+            yield None
+            return
+        bar = Progress(TextColumn("plan: {task.description}"), BarColumn(), MofNCompleteColumn(),
+                       TextColumn("frontier {task.fields[frontier]:,}"), TimeElapsedColumn(),
+                       console=Console(stderr=True), transient=True)
+        task = bar.add_task("", total=n_segments, frontier=0)
+
+        def progress(stage: str, done: int, total: int, frontier: int) -> None:
+            bar.update(task, description=stage, completed=done, total=total, frontier=frontier)
+
+        with bar:
+            yield progress
 
 
 @app.command("plan")
@@ -20,14 +56,22 @@ def plan_cmd(
     planner: str = typer.Option("joint", "--planner", help="joint, eager_whole, state_agnostic, "
                                 "or a fixed method: eager, whole, region."),
     json_path: Optional[Path] = typer.Option(None, "--json", metavar="PLAN.json",
-                                             help="Write the plan here (atomically)."),
-    frontier_cap: Optional[int] = typer.Option(None, "--frontier-cap", help="Cap DP frontier "
-                                               "points per segment (result marked truncated)."),
+                                             help="Write the plan here (atomically; a regular "
+                                             "file)."),
+    frontier_cap: Optional[int] = typer.Option(
+        None, "--frontier-cap", callback=in_range(1, MAX_FRONTIER_CAP, "omit it for an exact "
+                                                  "frontier; 1000 is quick on long cards"),
+        help=f"Cap DP frontier points per segment, 1 to {MAX_FRONTIER_CAP:,} (result marked "
+        "truncated)."),
     bound_pruning: bool = typer.Option(True, "--bound-pruning/--no-bound-pruning",
                                        help="Exact Lagrangian-bound pruning in the DP."),
     explain: bool = typer.Option(False, "--explain", help="Print per-segment reasons."),
 ) -> None:
-    """Choose eager/whole/region per segment of CARD.json under a budget (paper §4, eq. 3)."""
+    """Choose eager/whole/region per segment of CARD.json under a budget (paper §4, eq. 3).
+
+    Long plans show their progress; a frontier that grows past the planner's warning size is
+    reported at once with what to do (a frontier cap, or the MILP).
+    """
     from ..contract import ProfileCardError, atomic_write_json, load_card, parse_size, provenance
     from ..planner import PLANNERS, plan
 
@@ -35,20 +79,21 @@ def plan_cmd(
     try:
         budget_bytes = parse_size(budget)
     except ValueError as exc:
-        raise fail(f"{api}: --budget: {exc}")
+        raise fail(f"{api}: --budget: {exc}. Tip: e.g. --budget 32GiB.")
+    if budget_bytes <= 0:
+        raise fail(f"{api}: --budget must be positive, got {budget!r}. Tip: e.g. --budget 32GiB.")
     if planner not in PLANNERS:
         raise fail(f"{api}: --planner {planner!r} is unknown; expected one of {list(PLANNERS)}. "
                    "Tip: joint is the paper's planner.")
-    if frontier_cap is not None and frontier_cap < 1:
-        raise fail(f"{api}: --frontier-cap must be a positive integer, got {frontier_cap}. "
-                   "Tip: omit it for an exact frontier.")
+    check_output_file(api, "--json", json_path)
     try:
         card = load_card(card_path)
     except ProfileCardError as exc:
         raise fail(f"{api}: {exc}")
     try:
-        result = plan(card, budget_bytes, planner, frontier_cap=frontier_cap,
-                      bound_pruning=bound_pruning)
+        with plan_progress(len(card.segments)) as progress:
+            result = plan(card, budget_bytes, planner, frontier_cap=frontier_cap,
+                          bound_pruning=bound_pruning, progress=progress)
     except (OverflowError, ValueError) as exc:  # e.g. a size the card cap should have refused
         raise fail(f"{api}: cannot plan {str(card_path)!r}: {exc}. Tip: check the card's sizes "
                    "are bytes and the budget is at most 8 PiB.")

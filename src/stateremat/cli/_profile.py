@@ -12,6 +12,13 @@ from pathlib import Path
 import typer
 
 from ._app import app, fail
+from ._checks import check_device, check_memory, check_output_file, in_range
+
+_API = "stateremat profile"
+#: Ranges of the built-in workloads' options (paper units), checked before any work.
+MAX_STATE_MIB = 2**20  # 1 TiB at the paper's scale
+MAX_LIVE = 1024
+MAX_REPEATS = 1000
 
 
 @app.command("profile")
@@ -19,21 +26,31 @@ def profile_cmd(
     workload: str = typer.Argument(..., help="pkg.module:factory (your model: the factory returns {'model', "
                                    "'sample' or 'step_fn', optional 'optimizers', 'segments'}), or a built-in "
                                    "workload: feature_queue, prototype_memory or unrolled_recurrence"),
-    out: Path = typer.Option(..., "--out", help="profile card JSON to write"),
-    preset: str = typer.Option("cpu", help="cpu (paper shapes / 1024) or h100 (paper shapes)"),
+    out: Path = typer.Option(..., "--out", help="profile card JSON to write (a regular file)"),
+    preset: str = typer.Option("cpu", help="cpu (paper shapes / 1024), h100 (paper shapes) or tiny "
+                               "(paper shapes / 2^16, for tests)"),
     activations: str = typer.Option("large", help="large (4096/65536) or small (256/256), paper units"),
-    state_mib: int = typer.Option(1024, help="state buffer MiB in paper units (scaled by the preset)"),
-    write_fraction: float = typer.Option(0.001, help="fraction of the buffer each segment writes"),
-    live: int = typer.Option(16, help="live versions = segments writing the buffer"),
+    state_mib: int = typer.Option(1024, callback=in_range(1, MAX_STATE_MIB, "the paper uses 64 and "
+                                                          "1024"),
+                                  help=f"state buffer MiB in paper units (scaled by the preset), 1 to "
+                                  f"{MAX_STATE_MIB:,}"),
+    write_fraction: float = typer.Option(0.001, callback=in_range(0, 1, "0.001 is sparse, 1 dense",
+                                                                  lo_open=True),
+                                         help="fraction of the buffer each segment writes, in (0, 1]"),
+    live: int = typer.Option(16, callback=in_range(1, MAX_LIVE, "the paper uses 1, 16 and 64"),
+                             help=f"live versions = segments writing the buffer, 1 to {MAX_LIVE:,}"),
     dtype: str = typer.Option("float32", help="float32 or float64"),
-    device: str = typer.Option("cpu", help="cpu or cuda"),
-    repeats: int = typer.Option(3, help="least timed runs per segment and option (minimum kept); "
-                                        "for a target: timed steps per option (median kept)"),
+    device: str = typer.Option("cpu", help="cpu, cuda or cuda:N"),
+    repeats: int = typer.Option(3, callback=in_range(1, MAX_REPEATS, "3 to 5"),
+                                help=f"least timed runs per segment and option (minimum kept); for a "
+                                f"target: timed steps per option (median kept); 1 to {MAX_REPEATS:,}"),
     segments: str = typer.Option(None, help="target only: segment paths (comma-separated) or a pattern "
                                             "such as 'model.layers.*'; default: the factory's, else the "
                                             "model's repeated block"),
 ) -> None:
     """Measure a profile card (r, q, c per segment and option; P) on this device (paper §4)."""
+    check_output_file(_API, "--out", out)
+    check_device(_API, device)
     if ":" in workload:
         return _profile_target(workload, out, segments, device, repeats)
     from stateremat.paper.cli import progress_bar  # lazy: the built-in workloads are the paper's
@@ -42,20 +59,16 @@ def profile_cmd(
 
     from ..contract import format_bytes, save_card
 
-    if repeats < 1:
-        raise fail(f"stateremat profile: --repeats must be >= 1, got {repeats}. Tip: the default 3 "
-                   "keeps the minimum of three timed runs.")
     try:
         cfg = preset_config(preset, workload=workload, state_mib=state_mib,
                             write_fraction=write_fraction, live_versions=live,
                             activations=activations, dtype=dtype)
     except ValueError as exc:
-        raise fail(str(exc))
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise fail("--device cuda: no CUDA device is visible. Tip: use --device cpu here.")
+        raise fail(f"{_API}: {exc}")
+    check_memory(_API, f"profiling {workload} (--preset {preset} --state-mib {state_mib} --live "
+                 f"{live} --activations {activations} --dtype {dtype}, one training step)",
+                 cfg.estimated_peak_bytes, device, tip="use a smaller --state-mib or --live, "
+                 "or --preset cpu")
     with progress_bar() as bar:
         task = bar.task(f"profiling {workload} ({preset})", total=cfg.segments)
         card = profile_workload(cfg, device, repeats=repeats,
@@ -73,8 +86,6 @@ def _profile_target(target: str, out: Path, segments: str | None, device: str, r
     from ..contract import format_bytes, save_card
     from ._target import profile_target
 
-    if repeats < 1:
-        raise fail(f"stateremat profile: --repeats must be >= 1, got {repeats}. Tip: 3 to 5 timed steps.")
     card = profile_target(target, segments, device, repeats)
     save_card(card, out)
     typer.echo(f"wrote {out}: {len(card.segments)} segments of {card.meta['model']}, "

@@ -37,7 +37,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ._errors import ProfileCardError
 from ._io import atomic_write_json, source_hash
@@ -51,6 +51,22 @@ MAX_BYTES = 2**53
 #: and use 2^62 as an absent-option placeholder, so every real total must stay below it.
 MAX_TOTAL_BYTES = 2**62 - 1
 _TIP = "Tip: see the schema in the docstring of stateremat.contract.ProfileCard."
+#: Deepest nesting of a card's free-form ``meta`` (writers of plans and records recurse into it).
+MAX_META_DEPTH = 64
+
+
+def _check_depth(obj: Any, where: str) -> None:
+    """Refuse ``meta`` nested deeper than :data:`MAX_META_DEPTH` (iteratively: no recursion)."""
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if d > MAX_META_DEPTH:
+            raise _err(where, f"nested more than {MAX_META_DEPTH} levels deep",
+                       "Tip: card metadata is a few levels of names and numbers; check the file.")
+        if isinstance(o, Mapping):
+            stack.extend((v, d + 1) for v in o.values())
+        elif isinstance(o, (list, tuple)):
+            stack.extend((v, d + 1) for v in o)
 
 
 def required_options() -> tuple[str, ...]:
@@ -102,6 +118,34 @@ def _as_seconds(value: Any, where: str) -> float:
     return value
 
 
+class FrozenOptions(Mapping):
+    """A read-only mapping of option name → :class:`OptionCost` (a card cannot change after
+    validation; ``dict(...)`` gives a mutable copy)."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, items: Mapping[str, "OptionCost"]) -> None:
+        object.__setattr__(self, "_d", dict(items))
+
+    def __getitem__(self, key: str) -> "OptionCost":
+        return self._d[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("profile card options are read-only; build a new SegmentCard")
+
+    def __reduce__(self):
+        return (FrozenOptions, (self._d,))
+
+    def __repr__(self) -> str:
+        return repr(self._d)
+
+
 @dataclass(frozen=True)
 class OptionCost:
     """Measured cost of one segment under one option.
@@ -123,9 +167,15 @@ class OptionCost:
     time_s: float
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "retained_bytes", _as_bytes(self.retained_bytes, "retained_bytes"))
-        object.__setattr__(self, "temp_bytes", _as_bytes(self.temp_bytes, "temp_bytes"))
-        object.__setattr__(self, "time_s", _as_seconds(self.time_s, "time_s"))
+        self._check("")
+
+    def _check(self, where: str) -> None:
+        """Validate (and normalise) every field; errors name ``where.field``."""
+        at = f"{where}." if where else ""
+        object.__setattr__(self, "retained_bytes",
+                           _as_bytes(self.retained_bytes, f"{at}retained_bytes"))
+        object.__setattr__(self, "temp_bytes", _as_bytes(self.temp_bytes, f"{at}temp_bytes"))
+        object.__setattr__(self, "time_s", _as_seconds(self.time_s, f"{at}time_s"))
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "option") -> "OptionCost":
@@ -159,6 +209,7 @@ class SegmentCard:
         options: option name (``eager``, ``whole``, optional ``region`` or any other registered
             option, optional ``recompute_only``) → :class:`OptionCost`. The required options of
             :data:`~stateremat.contract.OPTIONS` (``eager`` and ``whole``) must be present.
+            Stored read-only (:class:`FrozenOptions`), in canonical option order.
         meta: free-form per-segment metadata (e.g. declared state bytes, write fraction).
 
     Raises:
@@ -170,7 +221,7 @@ class SegmentCard:
     """
 
     name: str
-    options: dict[str, OptionCost]
+    options: Mapping[str, OptionCost]
     meta: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -192,11 +243,13 @@ class SegmentCard:
             if not isinstance(cost, OptionCost):
                 raise _err(f"{where}.options.{o}",
                            f"expected an OptionCost, got {type(cost).__name__}")
+            cost._check(f"{where}.options.{o}")  # a value forced in after construction: caught
         if not isinstance(self.meta, Mapping):
             raise _err(f"{where}.meta", f"expected an object, got {type(self.meta).__name__}")
+        _check_depth(self.meta, f"{where}.meta")
         # Canonical option order (eager, whole, region, ..., recompute_only) for stable output.
-        object.__setattr__(self, "options", {o: self.options[o] for o in known
-                                             if o in self.options})
+        object.__setattr__(self, "options", FrozenOptions({o: self.options[o] for o in known
+                                                           if o in self.options}))
         object.__setattr__(self, "meta", dict(self.meta))
 
     @classmethod
@@ -238,19 +291,24 @@ class ProfileCard:
 
     Args:
         persistent_bytes: ``P``, bytes live for the whole step (int, ≥ 0).
-        segments: list of :class:`SegmentCard` in forward order, names unique, at least one.
+        segments: :class:`SegmentCard` s in forward order (any iterable; stored as a tuple),
+            names unique, at least one.
         meta: device, dtype, workload parameters, measurement method, source hash, … (free-form).
         schema_version: must be 1.
 
     Raises:
         ProfileCardError: unknown schema version, duplicate names, no segments, wrong types.
 
+    A card is immutable once validated: frozen dataclasses, a tuple of segments, read-only
+    options. Planners still call :meth:`validate` before planning, so a value forced in
+    behind that (``object.__setattr__``) is refused rather than planned on.
+
     References:
         Paper §4, eq. (3); the schema is in this module's docstring.
     """
 
     persistent_bytes: int
-    segments: list[SegmentCard]
+    segments: tuple[SegmentCard, ...]
     meta: dict[str, Any] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
@@ -275,9 +333,21 @@ class ProfileCard:
             seen[s.name] = i
         if not isinstance(self.meta, Mapping):
             raise _err("meta", f"expected an object, got {type(self.meta).__name__}")
+        _check_depth(self.meta, "meta")
+        for s in segs:
+            s.__post_init__()  # re-checked (see validate)
         _check_total(self.persistent_bytes, segs)
-        object.__setattr__(self, "segments", segs)
+        object.__setattr__(self, "segments", tuple(segs))
         object.__setattr__(self, "meta", dict(self.meta))
+
+    def validate(self) -> "ProfileCard":
+        """Check every field again (what construction checks) and return the card.
+
+        Raises:
+            ProfileCardError: naming the segment and field that is wrong.
+        """
+        self.__post_init__()
+        return self
 
     @property
     def segment_names(self) -> list[str]:
@@ -349,17 +419,28 @@ def load_card(path: str | os.PathLike) -> ProfileCard:
         ProfileCardError: unreadable file, invalid JSON, or an invalid card (names the field).
     """
     path = Path(path)
+    where = f"profile card: {str(path)!r}"
     try:
-        text = path.read_text()
+        text = path.read_bytes().decode("utf-8")
     except OSError as exc:
         raise ProfileCardError(f"profile card: cannot read {str(path)!r}: {exc.strerror or exc}. "
                                "Tip: check the path.") from exc
+    except UnicodeDecodeError as exc:
+        raise ProfileCardError(f"{where} is not UTF-8 text ({exc}). Tip: a card is JSON written "
+                               "by `stateremat profile` or save_card; check the file.") from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ProfileCardError(f"profile card: {str(path)!r} is not valid JSON ({exc}). "
+        raise ProfileCardError(f"{where} is not valid JSON ({exc}). "
                                "Tip: NaN/Infinity are not JSON; the profiler writes null.") from exc
-    return ProfileCard.from_dict(data)
+    except RecursionError:
+        raise ProfileCardError(f"{where} nests JSON too deeply to read (a card is at most a few "
+                               "levels deep). Tip: check the file is a profile card.") from None
+    try:
+        return ProfileCard.from_dict(data)
+    except ProfileCardError as exc:  # name the file the field is in
+        raise ProfileCardError(f"{where}: {str(exc).removeprefix('profile card: ')}") from None
+
 
 
 def save_card(card: ProfileCard, path: str | os.PathLike) -> Path:

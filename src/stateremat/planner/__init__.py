@@ -6,6 +6,7 @@ Options are those of :data:`stateremat.contract.OPTIONS`, read at call time. Thi
 imports numpy only (scipy lazily, for the MILP).
 """
 from ._budget import eager_fraction_budget as eager_fraction_budget
+from ._dp import FRONTIER_WARN_POINTS as FRONTIER_WARN_POINTS, FrontierWarning as FrontierWarning
 from ._model import CostTables as CostTables, cost_tables as cost_tables
 from ._planners import (
     PLANNERS as PLANNERS,
@@ -25,7 +26,7 @@ from ._result import PLAN_KEYS as PLAN_KEYS, PlanResult as PlanResult
 from ._examples import activation_pressure_card as activation_pressure_card, random_card as random_card
 
 __all__ = [
-    "CostTables", "PLANNERS", "PLAN_KEYS", "PlanResult", "PlannerSpec", "SPECS",
+    "CostTables", "FRONTIER_WARN_POINTS", "FrontierWarning", "PLANNERS", "PLAN_KEYS", "PlanResult", "PlannerSpec", "SPECS",
     "activation_pressure_card", "all_eager", "all_region", "all_whole", "cost_tables",
     "eager_fraction_budget", "eager_whole", "exhaustive", "joint", "milp", "plan",
     "random_card", "state_agnostic",

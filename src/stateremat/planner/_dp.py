@@ -29,13 +29,26 @@ drops every completion while the exact minimum-peak policy fits, that policy is 
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
 from ..contract import internal_assert
 from ._model import _ABSENT, CostTables, clamp_budget, evaluate, min_peak
 from ._pareto import pareto_mask
+
+
+#: An exact pass whose frontier grows past this many points warns (:class:`FrontierWarning`).
+FRONTIER_WARN_POINTS = 10_000
+
+#: ``on_segment(stage, done, total, frontier_size)``: called after each segment of each pass.
+OnSegment = Callable[[str, int, int, int], None]
+
+
+class FrontierWarning(UserWarning):
+    """The exact DP's frontier grew so large that planning may take minutes or hours."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +131,7 @@ def _cap(lb: np.ndarray, mem: np.ndarray, cap: int) -> np.ndarray:
 
 def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = None,
              bound_pruning: bool = False, upper_bound_s: float | None = None,
-             abort_above: int | None = None) -> DPOutcome:
+             abort_above: int | None = None, on_segment: OnSegment | None = None) -> DPOutcome:
     """Minimise ``Σ c`` s.t. ``P + Σ r + max q ≤ M`` over the valid options of ``tables``.
 
     Ties: lowest cost, then lowest peak, then the lexicographically smallest option codes
@@ -137,6 +150,8 @@ def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = N
         upper_bound_s: incumbent cost in seconds (the cost of a feasible policy); found
             automatically when ``None`` and pruning is on.
         abort_above: give up (``aborted``) once the frontier exceeds this many points.
+        on_segment: progress, ``(stage, done, total, frontier_size)`` after every segment of
+            every pass (a pruned solve runs beam passes before its exact pass).
 
     Returns:
         :class:`DPOutcome`: ``codes`` ``(n,)`` int64 option codes (``None`` when no policy fits
@@ -145,6 +160,10 @@ def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = N
     Raises:
         InternalError: (automatic incumbent only) bound pruning emptied an untruncated
             frontier although the incumbent is feasible — a bug, never a silent infeasible.
+
+    Warns:
+        FrontierWarning: (once) the frontier holds more than :data:`FRONTIER_WARN_POINTS`
+            points; a frontier cap or the MILP is then much faster.
 
     Danger:
         An explicit ``upper_bound_s`` below the true optimum prunes the optimum: ``codes`` is
@@ -156,8 +175,10 @@ def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = N
     """
     budget = clamp_budget(tables, budget_bytes)
     if bound_pruning and upper_bound_s is None:
-        return _solve_with_incumbents(tables, budget, frontier_cap)
-    out = _dp(tables, budget, frontier_cap, bound_pruning, upper_bound_s, abort_above)
+        return _solve_with_incumbents(tables, budget, frontier_cap, on_segment)
+    stage = "exact" if frontier_cap is None else f"capped at {frontier_cap:,}"
+    out = _dp(tables, budget, frontier_cap, bound_pruning, upper_bound_s, abort_above,
+              _staged(on_segment, stage))
     if out.codes is None and out.truncated and not out.aborted:
         # The cap, not the budget, emptied the frontier: the exact min-peak policy may fit.
         peak, codes = min_peak(tables)
@@ -167,9 +188,29 @@ def dp_solve(tables: CostTables, budget_bytes: int, frontier_cap: int | None = N
     return out
 
 
+def _staged(on_segment: OnSegment | None, stage: str) -> Callable[[int, int, int], None] | None:
+    if on_segment is None:
+        return None
+    return lambda done, total, frontier: on_segment(stage, done, total, frontier)
+
+
+def _warn_frontier(size: int, done: int, n: int) -> None:
+    warnings.warn(
+        f"stateremat.planner: the exact plan's Pareto frontier holds {size:,} points after "
+        f"segment {done:,} of {n:,} (warning above {FRONTIER_WARN_POINTS:,}); an exact plan of "
+        "this card may take minutes to hours. Tip: cap it (frontier_cap=1000, CLI --frontier-cap "
+        "1000: the result is marked truncated) or solve it as a MILP "
+        "(stateremat.planner.milp).", FrontierWarning, stacklevel=2)
+
+
 def _dp(tables: CostTables, avail_budget: int, frontier_cap: int | None, bound_pruning: bool,
-        upper_bound_s: float | None, abort_above: int | None) -> DPOutcome:
-    """The DP pass itself (``avail_budget`` already clamped); see :func:`dp_solve`."""
+        upper_bound_s: float | None, abort_above: int | None,
+        on_segment: Callable[[int, int, int], None] | None = None,
+        warn_above: int | None = FRONTIER_WARN_POINTS) -> DPOutcome:
+    """The DP pass itself (``avail_budget`` already clamped); see :func:`dp_solve`.
+
+    Warns (:class:`FrontierWarning`) once, when the frontier first exceeds ``warn_above``.
+    """
     if bound_pruning or frontier_cap is not None:
         lams, G, W = _lagrangian(tables)
     limit = upper_bound_s * (1 + 1e-9) + 1e-12 if bound_pruning else np.inf
@@ -223,10 +264,14 @@ def _dp(tables: CostTables, avail_budget: int, frontier_cap: int | None, bound_p
         R, Q, C = Rn[keep], Qn[keep], Cn[keep]
         parents.append(par[keep])
         chosen.append(code[keep].astype(np.int8))
+        if warn_above is not None and largest <= warn_above < len(R):
+            _warn_frontier(len(R), i + 1, n)
         largest = max(largest, len(R))
         if abort_above is not None and largest > abort_above:
             return DPOutcome(None, largest, truncated, upper_bound_s, aborted=True,
                              candidates_max=cands)
+        if on_segment is not None:
+            on_segment(i + 1, n, len(R))
     best = int(np.lexsort((np.arange(len(R)), R + Q, C))[0])
     codes = np.empty(n, np.int64)
     for i in range(n - 1, -1, -1):
@@ -235,12 +280,18 @@ def _dp(tables: CostTables, avail_budget: int, frontier_cap: int | None, bound_p
     return DPOutcome(codes, largest, truncated, upper_bound_s, candidates_max=cands)
 
 
+def _restaged(on_segment: OnSegment | None, stage: str) -> OnSegment | None:
+    if on_segment is None:
+        return None
+    return lambda _stage, done, total, frontier: on_segment(stage, done, total, frontier)
+
+
 #: (beam width, abort-above frontier size) per attempt; the last attempt never aborts.
 _SCHEDULE: tuple[tuple[int, int | None], ...] = ((32, 20_000), (512, 20_000), (4096, None))
 
 
-def _solve_with_incumbents(tables: CostTables, budget_bytes: int,
-                           frontier_cap: int | None) -> DPOutcome:
+def _solve_with_incumbents(tables: CostTables, budget_bytes: int, frontier_cap: int | None,
+                           on_segment: OnSegment | None = None) -> DPOutcome:
     """Bound-pruned DP with incumbents from beams of growing width.
 
     The incumbent is the cheaper of the minimum-peak policy and a beam (capped DP ordered by
@@ -252,14 +303,22 @@ def _solve_with_incumbents(tables: CostTables, budget_bytes: int,
         return DPOutcome(None, 0, False, None)
     inc_codes, ub = codes, evaluate(tables, codes)[1]
     largest = cands = 0
-    for beam, abort in _SCHEDULE:
-        quick = dp_solve(tables, budget_bytes, frontier_cap=beam)
+    warn: int | None = FRONTIER_WARN_POINTS  # once per solve, by the first pass that grows past it
+    for attempt, (beam, abort) in enumerate(_SCHEDULE, 1):
+        quick = dp_solve(tables, budget_bytes, frontier_cap=beam,
+                         on_segment=_restaged(on_segment, f"incumbent {attempt}/{len(_SCHEDULE)}: "
+                                                          f"beam of {beam:,}"))
         if quick.codes is not None:
             cost = evaluate(tables, quick.codes)[1]
             if cost < ub:
                 inc_codes, ub = quick.codes, cost
-        out = _dp(tables, budget_bytes, frontier_cap, True, ub, abort)
+        what = "exact" if frontier_cap is None else f"capped at {frontier_cap:,}"
+        limit = "" if abort is None else f", given up above {abort:,} points"
+        out = _dp(tables, budget_bytes, frontier_cap, True, ub, abort,
+                  _staged(on_segment, f"{what} {attempt}/{len(_SCHEDULE)}{limit}"), warn)
         largest, cands = max(largest, out.frontier_size), max(cands, out.candidates_max)
+        if largest > FRONTIER_WARN_POINTS:
+            warn = None
         if out.aborted:
             continue
         if out.codes is None:

@@ -77,11 +77,13 @@ def cost_tables(card: ProfileCard, options: tuple[str, ...] | None = None,
 
     Raises:
         ValueError: unknown option names or an empty option set.
-        ProfileCardError: ``card`` is not a ProfileCard.
+        ProfileCardError: ``card`` is not a ProfileCard, or a field no longer passes the
+            card's checks (:meth:`~stateremat.contract.ProfileCard.validate`).
     """
     if not isinstance(card, ProfileCard):
         raise ProfileCardError(f"planner: expected a ProfileCard, got {type(card).__name__}. "
                                "Tip: load one with stateremat.contract.load_card(path).")
+    card.validate()  # a value forced in after construction is refused, never planned on
     names = OPTIONS.names  # read now: a test may have registered an option
     options = names if options is None else tuple(options)
     bad = [o for o in options if o not in names]

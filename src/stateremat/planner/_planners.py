@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import numpy as np
 
 from ..contract import OPTIONS, ProfileCard, parse_size
-from ._dp import dp_solve
+from ._dp import OnSegment, dp_solve
 from ._exhaustive import enumerate_policies
 from ._milp import milp_min_peak, milp_solve
 from ._model import CostTables, cost_tables, evaluate, min_peak
@@ -113,7 +113,7 @@ def _record(spec: PlannerSpec, card: ProfileCard, budget: int, codes, *, solver:
 
 
 def _dp_planner(spec: PlannerSpec, card: ProfileCard, budget_bytes, frontier_cap,
-                bound_pruning: bool = True) -> PlanResult:
+                bound_pruning: bool = True, progress: OnSegment | None = None) -> PlanResult:
     t0 = time.perf_counter()
     budget = _budget(budget_bytes, f"stateremat.planner.{spec.name}")
     if frontier_cap is not None and (isinstance(frontier_cap, bool) or int(frontier_cap) < 1):
@@ -121,7 +121,7 @@ def _dp_planner(spec: PlannerSpec, card: ProfileCard, budget_bytes, frontier_cap
                          f"or None, got {frontier_cap!r}. Tip: omit it for an exact frontier.")
     model = spec.model(card)
     out = dp_solve(model, budget, None if frontier_cap is None else int(frontier_cap),
-                   bound_pruning=bool(bound_pruning))
+                   bound_pruning=bool(bound_pruning), on_segment=progress)
     return _record(spec, card, budget, out.codes, solver="dp", t0=t0,
                    frontier_size=out.frontier_size, truncated=out.truncated,
                    bound_pruning=bool(bound_pruning), model=model,
@@ -129,7 +129,7 @@ def _dp_planner(spec: PlannerSpec, card: ProfileCard, budget_bytes, frontier_cap
 
 
 def joint(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
-          bound_pruning: bool = True) -> PlanResult:
+          bound_pruning: bool = True, progress: OnSegment | None = None) -> PlanResult:
     """Joint planner: eager / whole / region per segment with correct costs (§4).
 
     Args:
@@ -141,6 +141,8 @@ def joint(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
             exact minimum-peak policy fits, that policy is returned).
         bound_pruning: drop prefixes whose Lagrangian lower bound (with a float-error margin)
             exceeds a feasible incumbent's cost; never changes the answer.
+        progress: called as ``progress(stage, done_segments, total_segments, frontier_size)``
+            after every segment of every DP pass (the CLI draws it); None: nothing.
 
     Returns:
         :class:`PlanResult` with ``solver="dp"``; an infeasible budget gives
@@ -153,11 +155,11 @@ def joint(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
     References:
         Paper §4 eq. (3), §9.1.
     """
-    return _dp_planner(SPECS["joint"], card, budget_bytes, frontier_cap, bound_pruning)
+    return _dp_planner(SPECS["joint"], card, budget_bytes, frontier_cap, bound_pruning, progress)
 
 
 def eager_whole(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
-                bound_pruning: bool = True) -> PlanResult:
+                bound_pruning: bool = True, progress: OnSegment | None = None) -> PlanResult:
     """Correctly costed eager/whole control: same costs as joint, no regions (§9.1, Table 5).
 
     Args:
@@ -169,6 +171,8 @@ def eager_whole(card: ProfileCard, budget_bytes, frontier_cap: int | None = None
             exact minimum-peak policy fits, that policy is returned).
         bound_pruning: drop prefixes whose Lagrangian lower bound (with a float-error margin)
             exceeds a feasible incumbent's cost; never changes the answer.
+        progress: called as ``progress(stage, done_segments, total_segments, frontier_size)``
+            after every segment of every DP pass (the CLI draws it); None: nothing.
 
     Returns:
         :class:`PlanResult` with ``solver="dp"``; ``min_feasible_peak_bytes`` is over
@@ -182,11 +186,11 @@ def eager_whole(card: ProfileCard, budget_bytes, frontier_cap: int | None = None
     References:
         Paper §4 eq. (3), §9.1, Table 5.
     """
-    return _dp_planner(SPECS["eager_whole"], card, budget_bytes, frontier_cap, bound_pruning)
+    return _dp_planner(SPECS["eager_whole"], card, budget_bytes, frontier_cap, bound_pruning, progress)
 
 
 def state_agnostic(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
-                   bound_pruning: bool = True) -> PlanResult:
+                   bound_pruning: bool = True, progress: OnSegment | None = None) -> PlanResult:
     """State-agnostic control: eager/whole chosen with preservation costs omitted (§4).
 
     It optimises with ``whole`` priced as the card's ``recompute_only`` entry (replay without
@@ -202,6 +206,8 @@ def state_agnostic(card: ProfileCard, budget_bytes, frontier_cap: int | None = N
             exact minimum-peak policy fits, that policy is returned).
         bound_pruning: drop prefixes whose Lagrangian lower bound (with a float-error margin)
             exceeds a feasible incumbent's cost; never changes the answer.
+        progress: called as ``progress(stage, done_segments, total_segments, frontier_size)``
+            after every segment of every DP pass (the CLI draws it); None: nothing.
 
     Returns:
         :class:`PlanResult` with ``solver="dp"``: ``model_peak_bytes``/``model_time_s`` in
@@ -219,14 +225,14 @@ def state_agnostic(card: ProfileCard, budget_bytes, frontier_cap: int | None = N
     References:
         Paper §4 eq. (3), §9.1.
     """
-    return _dp_planner(SPECS["state_agnostic"], card, budget_bytes, frontier_cap, bound_pruning)
+    return _dp_planner(SPECS["state_agnostic"], card, budget_bytes, frontier_cap, bound_pruning, progress)
 
 
 @functools.lru_cache(maxsize=None)
 def _fixed(option: str) -> Callable[..., PlanResult]:
     """The fixed method of ``option``: every segment uses it (``whole`` where the card omits it)."""
     def fixed(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
-              bound_pruning: bool = True) -> PlanResult:
+              bound_pruning: bool = True, progress: OnSegment | None = None) -> PlanResult:
         t0 = time.perf_counter()
         budget = _budget(budget_bytes, f"stateremat.planner.{option}")
         spec = PlannerSpec(option, None)
@@ -246,7 +252,8 @@ all_eager, all_whole, all_region = _fixed("eager"), _fixed("whole"), _fixed("reg
 
 
 class _Planners(Mapping):
-    """Planner name → ``f(card, budget_bytes, frontier_cap=None, bound_pruning=True) -> PlanResult``.
+    """Planner name → ``f(card, budget_bytes, frontier_cap=None, bound_pruning=True,
+    progress=None) -> PlanResult``.
 
     The named planners, then one fixed method per option registered in
     :data:`stateremat.contract.OPTIONS` (read at each lookup).
@@ -277,7 +284,8 @@ PLANNERS: Mapping[str, Callable[..., PlanResult]] = _Planners()
 
 
 def plan(card: ProfileCard, budget_bytes, planner: str = "joint",
-         frontier_cap: int | None = None, bound_pruning: bool = True) -> PlanResult:
+         frontier_cap: int | None = None, bound_pruning: bool = True,
+         progress: OnSegment | None = None) -> PlanResult:
     """Choose a checkpoint option per segment under a logical budget (eq. 3).
 
     Args:
@@ -289,6 +297,8 @@ def plan(card: ProfileCard, budget_bytes, planner: str = "joint",
         bound_pruning: let the DP drop prefixes whose exact Lagrangian lower bound exceeds a
             known feasible cost (same optimum; ``False`` keeps the whole budget-feasible
             Pareto frontier, exponential on long heterogeneous cards).
+        progress: ``progress(stage, done_segments, total_segments, frontier_size)`` after
+            every segment of every DP pass (fixed methods never call it); None: nothing.
 
     Returns:
         :class:`PlanResult`; an infeasible budget gives ``feasible=False`` with
@@ -297,6 +307,10 @@ def plan(card: ProfileCard, budget_bytes, planner: str = "joint",
     Raises:
         ValueError: unknown planner, bad budget or bad cap.
         ProfileCardError: ``card`` is not a ProfileCard.
+
+    Warns:
+        FrontierWarning: the exact DP's frontier grew past ``FRONTIER_WARN_POINTS`` (a
+            frontier cap or :func:`milp` is then much faster).
 
     Danger:
         Predictions are the static model of the card's measurements; actual allocator peaks
@@ -309,7 +323,7 @@ def plan(card: ProfileCard, budget_bytes, planner: str = "joint",
         raise ValueError(f"stateremat.planner.plan: unknown planner {planner!r}; expected one of "
                          f"{list(PLANNERS)}. Tip: joint is the paper's planner.")
     return PLANNERS[planner](card, budget_bytes, frontier_cap=frontier_cap,
-                             bound_pruning=bound_pruning)
+                             bound_pruning=bound_pruning, progress=progress)
 
 
 def exhaustive(card: ProfileCard, budget_bytes, options="joint",

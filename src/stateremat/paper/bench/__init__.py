@@ -5,7 +5,7 @@ An :class:`ExperimentSpec` names cells (workload shapes), methods, budget and st
 and times it (spec -> rows); :func:`run_experiment` runs a whole spec into a records folder and
 summarises the rows once (:func:`summarize`).
 """
-from ._bench import run_experiment as run_experiment
+from ._bench import bench_summary as bench_summary, run_experiment as run_experiment
 from ._methods import MethodRun as MethodRun, build_method as build_method, method_plan as method_plan, policy_json as policy_json
 from ._runner import FROZEN_PROFILE_ENV as FROZEN_PROFILE_ENV, cell_card as cell_card, run_cell_methods as run_cell_methods
 from ._semantic import check_method as check_method
@@ -26,7 +26,8 @@ from ._summary import TABLE as TABLE, summarize as summarize
 
 __all__ = [
     "Cell", "EXPERIMENTS", "ExperimentSpec", "FAIR_EAGER_FRACTION", "FROZEN_PROFILE_ENV",
-    "METHODS", "MethodRun", "SIX_METHODS", "TABLE", "budget_rule", "build_method", "cell_card",
+    "METHODS", "MethodRun", "SIX_METHODS", "TABLE", "bench_summary", "budget_rule",
+    "build_method", "cell_card",
     "check_method", "experiment_spec", "method_plan", "policy_json", "resolve_budget",
     "resolve_spec", "run_cell_methods", "run_experiment", "summarize", "with_budget",
 ]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ...contract import atomic_write_json
 from .. import Progress, as_progress
-from ..records import RecordStore, read_records
+from ..records import RecordStore, check_resumable, lock_run, read_records
 from ._spec import ExperimentSpec, budget_rule, experiment_spec, resolve_spec, with_budget
 from ._summary import TABLE, summarize
 
@@ -48,19 +48,20 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
     spec: ExperimentSpec = experiment_spec(name, preset)
     if budget_bytes is not None:
         spec = with_budget(spec, budget_bytes)
-    out = Path(out)
+    out = lock_run(out)  # before any card is written: a refused launch changes nothing
+    w = spec.warmups if warmups is None else int(warmups)
+    k = spec.steps if steps is None else int(steps)
+    known = {"experiment": name, "preset": preset, "device": device, "warmups": w, "steps": k,
+             "cells": [c.name for c in spec.cells], "methods": list(spec.methods)}
+    check_resumable(out, TABLE, known)  # a cached card of another run is never replaced
     cards = {}
     ruled = [c for c in spec.cells if c.budget_eager_fraction is not None]
     if ruled:  # the budget depends on the card: measure (or load) it before the store's meta
         cards = {c.name: cell_card(spec, c, device, cache_dir=out / "cards") for c in ruled}
         spec = resolve_spec(spec, cards)
-    w = spec.warmups if warmups is None else int(warmups)
-    k = spec.steps if steps is None else int(steps)
     store = RecordStore(out, TABLE, key=["cell", "method", "step"], meta={
-        "experiment": name, "preset": preset, "device": device, "warmups": w, "steps": k,
-        "budget_bytes": spec.budget_bytes, "h100_budget_gib": spec.h100_budget_gib,
-        "budget_rule": {c.name: budget_rule(c) for c in spec.cells},
-        "cells": [c.name for c in spec.cells], "methods": list(spec.methods)})
+        **known, "budget_bytes": spec.budget_bytes, "h100_budget_gib": spec.h100_budget_gib,
+        "budget_rule": {c.name: budget_rule(c) for c in spec.cells}})
     done = {key[0] for key in store.done_keys()}
     todo = [c for c in spec.cells if c.name not in done]
     task = as_progress(progress, "run_experiment").task(
@@ -68,10 +69,36 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
     for i, cell in enumerate(todo):
         task.update(description=f"bench {name} [{i + 1}/{len(todo)}] {cell.name}")
         card = cards.get(cell.name) or cell_card(spec, cell, device, cache_dir=out / "cards")
-        store.append(run_cell_methods(spec, cell, list(cell.methods), warmups=w, steps=k,
-                                      device=device, card=card, on_step=task.advance))
-    summary = summarize(read_records(out, TABLE))
-    summary.update({"warmups": w, "steps": k, "torch_threads": torch.get_num_threads()})
+        rows = run_cell_methods(spec, cell, list(cell.methods), warmups=w, steps=k,
+                                device=device, card=card, on_step=task.advance)
+        for r in rows:
+            r["torch_threads"] = torch.get_num_threads()
+        store.append(rows)
+    summary = bench_summary(out)
     atomic_write_json(out / "summary.json", summary)
     write_bench_tables(out, summary)
+    return summary
+
+
+def bench_summary(out: str | Path) -> dict:
+    """The summary of bench run folder ``out``, recomputed from its rows and its sidecar's config
+    (warmups, steps) — what ``summary.json`` holds, after a run and after ``stateremat report``.
+
+    Raises:
+        RecordsError: no rows, or an unreadable sidecar.
+    """
+    from ...contract import RecordsError
+    from ..records import read_sidecar
+
+    rows = read_records(out, TABLE)
+    if rows.empty:
+        raise RecordsError(f"stateremat report: {out} has no '{TABLE}' rows. Tip: run "
+                           "`stateremat bench ... --out DIR` first (a cell's rows appear when it "
+                           "finishes).")
+    config = read_sidecar(Path(out) / f"{TABLE}.json").get("config") or {}
+    summary = summarize(rows)
+    threads = sorted({int(t) for t in rows["torch_threads"].dropna()}) \
+        if "torch_threads" in rows else []
+    summary.update({"warmups": config.get("warmups"), "steps": config.get("steps"),
+                    "torch_threads": threads[0] if len(threads) == 1 else (threads or None)})
     return summary

@@ -197,7 +197,7 @@ def experiment_spec(name: str, preset: str = "cpu") -> ExperimentSpec:
 
     Args:
         name: one of :data:`EXPERIMENTS`.
-        preset: ``"cpu"`` or ``"h100"``.
+        preset: ``"cpu"``, ``"h100"`` or ``"tiny"`` (tests: bytes / 2^16).
 
     Returns:
         The frozen :class:`ExperimentSpec`.

@@ -7,13 +7,15 @@ registers itself on these objects; the modules are imported by ``stateremat.pape
 """
 from __future__ import annotations
 
-import os
+import contextlib
+import signal
+import threading
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import typer
 
-from stateremat.cli import fail
+from stateremat.cli import check_out_dir as check_out_dir, check_output_file, fail
 
 paper_app = typer.Typer(name="stateremat", no_args_is_help=True, add_completion=False,
                         pretty_exceptions_enable=False)
@@ -32,47 +34,87 @@ paper_app.add_typer(app_app, name="app")
 
 
 
-def _nearest_existing(path: Path) -> Path:
-    p = path.absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
 
 def check_json_target(api: str, json_path: Optional[Path]) -> None:
-    """Reject a ``--json`` target that cannot be written, before a run starts.
-
-    The target must not be a folder, and its nearest existing ancestor must be a writable
-    folder (missing parent folders are created when the summary is written).
+    """Reject a ``--json`` target that cannot or must not be written, before a run starts
+    (:func:`stateremat.cli.check_output_file`).
 
     Raises:
         typer.Exit: (code 2) after printing what was wrong and a tip.
     """
-    if json_path is None:
-        return
-    where = f"{api}: --json {str(json_path)!r}"
-    if json_path.is_dir():
-        raise fail(f"{where} is a folder; expected a file path. Tip: use --json {json_path / 'summary.json'}.")
-    parent = _nearest_existing(json_path.absolute().parent)
-    if not parent.is_dir():
-        raise fail(f"{where}: {parent} is a file, not a folder; expected a path inside a folder. "
-                   "Tip: choose a --json path whose parent is (or can become) a folder.")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise fail(f"{where}: folder {parent} is not writable. Tip: choose a --json path you can write.")
+    check_output_file(api, "--json", json_path)
 
 
-def check_out_dir(api: str, out: Path) -> None:
-    """Reject an ``--out`` run folder that is a file or lies below a file, before a run starts.
+#: Signals received inside :func:`guarded` and not yet acted on (see :func:`check_stop`).
+_STOPS: list[int] = []
+
+
+def check_stop() -> None:
+    """Raise ``KeyboardInterrupt`` if a stop signal arrived inside :func:`guarded` and its
+    ``KeyboardInterrupt`` was swallowed (raised inside a finalizer, say). The progress
+    reporters call it after every unit, so a stop is never lost."""
+    if _STOPS:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
+    """Run a command's work: bad records/cards become clean errors, and a stop keeps its rows.
+
+    SIGINT (Ctrl-C), SIGTERM and SIGHUP interrupt the work with ``KeyboardInterrupt`` (and
+    are remembered until acted on: :func:`check_stop`); the runners write every finished unit
+    before it unwinds (atomically), and the command exits ``128 + signal`` saying that
+    rerunning resumes.
 
     Raises:
-        typer.Exit: (code 2) after printing what was wrong and a tip.
+        typer.Exit: code 2 on a ``RecordsError``/``ProfileCardError``; ``128 + signal`` on a stop.
     """
-    where = f"{api}: --out {str(out)!r}"
-    if out.exists() and not out.is_dir():
-        raise fail(f"{where} is a file, not a folder. Tip: pass a folder path (it is created if missing).")
-    anc = _nearest_existing(out)
-    if not anc.is_dir():
-        raise fail(f"{where}: {anc} is a file, so the folder cannot be created. Tip: choose a "
-                   "--out path inside a folder.")
-    if not os.access(anc, os.W_OK | os.X_OK):
-        raise fail(f"{where}: folder {anc} is not writable. Tip: choose a --out folder you can write.")
+    from ...contract import ProfileCardError, RecordsError
+
+    def stop(signum, frame):
+        _STOPS.append(signum)
+        raise KeyboardInterrupt
+
+    old = {}
+    if threading.current_thread() is threading.main_thread():
+        old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    except KeyboardInterrupt:
+        signum = _STOPS[0] if _STOPS else signal.SIGINT
+        where = f" in {out}" if out is not None else ""
+        raise fail(f"{api}: stopped by {signal.Signals(signum).name}; every finished unit's "
+                   f"rows are kept{where}. Tip: rerun the same command to resume.",
+                   code=128 + signum) from None
+    except (RecordsError, ProfileCardError) as exc:
+        raise fail(str(exc)) from None
+    finally:
+        _STOPS.clear()
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+#: Shape presets of the chain experiments (bench, cohort processes, profile).
+PRESETS = ("cpu", "h100", "tiny")
+
+
+def check_preset(api: str, preset: str) -> None:
+    """Refuse an unknown ``--preset`` of the chain experiments."""
+    if preset not in PRESETS:
+        raise fail(f"{api}: --preset must be one of {', '.join(PRESETS)}, got {preset!r}. Tip: "
+                   "cpu runs here in minutes (tiny in seconds, for tests).")
+
+
+def parse_budget(api: str, budget: Optional[str]) -> Optional[int]:
+    """``--budget`` in bytes (None when not given); refused unless a positive size."""
+    from ...contract import parse_size
+
+    if budget is None:
+        return None
+    try:
+        value = parse_size(budget)
+    except ValueError as exc:
+        raise fail(f"{api}: --budget: {exc}. Tip: e.g. --budget 46MiB.") from None
+    if value <= 0:
+        raise fail(f"{api}: --budget must be positive, got {budget!r}. Tip: e.g. --budget 46MiB.")
+    return value

@@ -6,8 +6,22 @@ from typing import Optional
 
 import typer
 
-from ._app import bench_app, check_out_dir, fail
+from stateremat.cli import check_device, check_memory, in_range
+
+from ._app import bench_app, check_out_dir, check_preset, guarded, parse_budget
+from ._limits import MAX_STEPS, MAX_WARMUPS
 from ._progress import progress_bar
+
+
+def check_workload_memory(api: str, experiment: str, preset: str, device: str) -> None:
+    """Refuse an experiment whose largest cell would not fit the device's memory (estimate)."""
+    from ..bench import experiment_spec
+
+    cfg = max((c.config for c in experiment_spec(experiment, preset).cells),
+              key=lambda c: c.estimated_peak_bytes)
+    check_memory(api, f"--preset {preset} (its largest cell, one training step)",
+                 cfg.estimated_peak_bytes, device,
+                 tip="use --preset cpu here, h100 on an 80+ GiB GPU")
 
 
 def run_bench(name: str, out: Path, preset: str = "cpu", device: str = "cpu",
@@ -29,38 +43,17 @@ def run_bench(name: str, out: Path, preset: str = "cpu", device: str = "cpu",
     Raises:
         typer.Exit: bad input (code 2), before anything is written.
     """
-    from ...contract import RecordsError, parse_size
-
     api = api or f"stateremat bench {name}"
-    try:
-        budget_bytes = None if budget is None else parse_size(budget)
-    except ValueError as exc:
-        raise fail(f"{api}: --budget: {exc}. Tip: e.g. --budget 46MiB.")
-    if budget_bytes is not None and budget_bytes <= 0:
-        raise fail(f"{api}: --budget must be positive, got {budget!r}. Tip: e.g. --budget 46MiB.")
-    if steps is not None and steps < 1:
-        raise fail(f"{api}: --steps must be >= 1, got {steps}. Tip: omit it for the preset's count.")
-    if warmups is not None and warmups < 0:
-        raise fail(f"{api}: --warmups must be >= 0, got {warmups}. Tip: omit it for the preset's count.")
+    check_preset(api, preset)
+    budget_bytes = parse_budget(api, budget)
+    check_device(api, device)
     check_out_dir(api, out)
-
-    if preset not in ("cpu", "h100"):
-        raise fail(f"--preset {preset!r}: expected cpu or h100. Tip: cpu runs here in minutes.")
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise fail("--device cuda: no CUDA device is visible. Tip: use --device cpu here.")
-    elif device != "cpu":
-        raise fail(f"--device {device!r}: expected cpu or cuda[:i].")
+    check_workload_memory(api, name, preset, device)
     from ..bench import run_experiment
 
-    try:
-        with progress_bar() as bar:
-            run_experiment(name, out, preset=preset, device=device, warmups=warmups, steps=steps,
-                           budget_bytes=budget_bytes, progress=bar)
-    except RecordsError as exc:
-        raise fail(str(exc))
+    with guarded(api, out), progress_bar() as bar:
+        run_experiment(name, out, preset=preset, device=device, warmups=warmups, steps=steps,
+                       budget_bytes=budget_bytes, progress=bar)
     typer.echo((out / "tables.md").read_text())  # the table, rendered once, as written
     if show_paths:
         typer.echo(f"rows: {out / 'bench'}  summary: {out / 'summary.json'}  tables: {out / 'tables.md'}")
@@ -68,10 +61,12 @@ def run_bench(name: str, out: Path, preset: str = "cpu", device: str = "cpu",
 
 _OUT = typer.Option(..., "--out", help="run folder (rerun with the same folder to resume)")
 _PRESET = typer.Option("cpu", help="cpu (paper shapes and budgets / 1024; fair: the paper's "
-                       "budget/eager-peak ratio) or h100")
-_DEVICE = typer.Option("cpu", help="cpu, or cuda for the GPU path")
-_WARM = typer.Option(None, help="override warmup steps per method")
-_STEPS = typer.Option(None, help="override measured steps per method")
+                       "budget/eager-peak ratio), h100, or tiny (bytes / 2^16, for tests)")
+_DEVICE = typer.Option("cpu", help="cpu, or cuda[:N] for the GPU path")
+_WARM = typer.Option(None, callback=in_range(0, MAX_WARMUPS, "omit it for the preset's count"),
+                     help=f"override warmup steps per method, 0 to {MAX_WARMUPS:,}")
+_STEPS = typer.Option(None, callback=in_range(1, MAX_STEPS, "omit it for the preset's count"),
+                      help=f"override measured steps per method, 1 to {MAX_STEPS:,}")
 _BUDGET = typer.Option(None, help="override the scaled paper budget, e.g. 46MiB (recorded)")
 
 

@@ -6,14 +6,18 @@ from typing import Optional
 
 import typer
 
-from ._app import check_json_target, check_out_dir, cohort_app, fail
+from stateremat.cli import check_device
+
+from ._app import check_json_target, check_out_dir, cohort_app, guarded
+from ._limits import MAX_SEED, MAX_STUDY_SEEDS, check_rows, parse_seeds
 from ._progress import progress_bar
 
 
 @cohort_app.command("semantics")
 def semantics(
     seeds: str = typer.Option("420000:420050", help="Seed keys, half-open A:B (paper: "
-                              "420000:420050, 50 seeds = 5,900 records)."),
+                              "420000:420050, 50 seeds = 5,900 records); seeds in "
+                              f"[0, {MAX_SEED}], at most {MAX_STUDY_SEEDS:,}."),
     out: Path = typer.Option(..., "--out", help="Run folder (resumed if it exists)."),
     json_path: Optional[Path] = typer.Option(None, "--json", help="Write the summary, "
                                              "recomputed from the raw rows, to this file."),
@@ -22,32 +26,22 @@ def semantics(
                                "cuda, cuda:N. JAX runs on CPU."),
 ) -> None:
     """Torch/JAX replay-semantics cohort (paper §5, Table 2): every row kept, resumable."""
-    from ...contract import RecordsError, atomic_write_json, parse_seed_range
+    from ...contract import atomic_write_json
 
-    try:
-        seed_list = list(parse_seed_range(seeds))
-    except ValueError as exc:
-        raise fail(f"stateremat cohort semantics: --seeds: {exc}. Tip: the paper's seeds are "
-                   "420000:420050.")
-    if not seed_list:
-        raise fail(f"stateremat cohort semantics: --seeds {seeds!r} is empty; expected A:B "
-                   "with A < B. Tip: 420000:420050 is the paper's 50 seeds.")
-    check_out_dir("stateremat cohort semantics", out)
-    check_json_target("stateremat cohort semantics", json_path)
+    api = "stateremat cohort semantics"
+    seed_list = parse_seeds(api, "--seeds", seeds, MAX_STUDY_SEEDS)
+    device = check_device(api, device, auto=True)
+    check_out_dir(api, out)
+    check_json_target(api, json_path)
+    check_rows(api, "semantics", 118 * len(seed_list), f"--seeds {seeds}")
     from ..report import report_semantics, report_semantics_extension
     from ..semantics import resolve_device, run_semantics, summarize_semantics
 
-    try:
-        device = resolve_device(device)
-    except ValueError as exc:
-        raise fail(str(exc))
-    try:
+    with guarded(api, out):
         with progress_bar(progress) as bar:
-            rep = run_semantics(seed_list, out, progress=bar, device=device)
+            rep = run_semantics(seed_list, out, progress=bar, device=resolve_device(device))
         summary = summarize_semantics(out)
         paths = report_semantics(out) + report_semantics_extension(out)
-    except RecordsError as exc:
-        raise fail(str(exc))
     for what, why in rep.unavailable.items():
         typer.echo(f"warning: {what} not run, no rows written: {why}", err=True)
     summary["unavailable"] = rep.unavailable

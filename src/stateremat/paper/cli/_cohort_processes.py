@@ -7,29 +7,52 @@ from typing import Optional
 
 import typer
 
-from ._app import check_out_dir, cohort_app, fail
+import signal
+
+from stateremat.cli import check_device, in_range
+
+from ._app import check_out_dir, check_preset, cohort_app, fail, guarded, parse_budget
+from ._bench import check_workload_memory
+from ._limits import (MAX_JOBS, MAX_PROCESSES, MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_TIMEOUT_S,
+                      MAX_WARMUPS, check_rows)
 from ._progress import progress_bar
+
+
+_API = "stateremat cohort processes"
 
 
 @cohort_app.command("processes")
 def processes(
     experiment: str = typer.Option(..., "--experiment",
                                    help="fair44 | pressure32 | workloads3 (paper §11)."),
-    n_processes: int = typer.Option(..., "--processes", help="Independent processes N."),
-    preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu or h100."),
+    n_processes: int = typer.Option(..., "--processes", callback=in_range(
+        1, MAX_PROCESSES, "the paper uses 50"), help=f"Independent processes N, 1 to "
+        f"{MAX_PROCESSES:,}."),
+    preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu, h100 or tiny (tests)."),
     out: Path = typer.Option(..., "--out", help="Run folder (rerun to resume)."),
     jobs: Optional[int] = typer.Option(
-        None, "--jobs", help="Concurrent local processes (default: cores // threads on cpu, "
-        "1 on cuda)."),
-    threads: int = typer.Option(1, "--threads", help="CPU threads per process."),
+        None, "--jobs", callback=in_range(1, MAX_JOBS, "omit it for cores // threads"),
+        help=f"Concurrent local processes, 1 to {MAX_JOBS:,} (default: cores // threads on "
+        "cpu, 1 on cuda)."),
+    threads: int = typer.Option(1, "--threads", callback=in_range(
+        1, MAX_THREADS, "1 avoids oversubscription"), help=f"CPU threads per process, 1 to "
+        f"{MAX_THREADS:,}."),
     dask: Optional[str] = typer.Option(None, "--dask",
                                        help="Dask scheduler address, e.g. tcp://host:8786."),
-    warmups: Optional[int] = typer.Option(None, "--warmups", help="Warmup steps per method."),
-    steps: Optional[int] = typer.Option(None, "--steps", help="Measured steps per method."),
-    seed: int = typer.Option(0, "--seed", help="Base seed of the per-process method orders."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    timeout_s: Optional[float] = typer.Option(None, "--timeout-s",
-                                              help="Kill a process after this many seconds."),
+    warmups: Optional[int] = typer.Option(None, "--warmups", callback=in_range(
+        0, MAX_WARMUPS, "omit it for the experiment's count"),
+        help=f"Warmup steps per method, 0 to {MAX_WARMUPS:,}."),
+    steps: Optional[int] = typer.Option(None, "--steps", callback=in_range(
+        1, MAX_STEPS, "omit it for the experiment's count"),
+        help=f"Measured steps per method, 1 to {MAX_STEPS:,}."),
+    seed: int = typer.Option(0, "--seed", callback=in_range(0, MAX_SEED, "the paper uses 0"),
+                             help=f"Base seed of the per-process method orders, 0 to {MAX_SEED}."),
+    device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N."),
+    timeout_s: Optional[float] = typer.Option(
+        None, "--timeout-s", callback=in_range(0, MAX_TIMEOUT_S, "omit it to wait for every "
+                                               "process", lo_open=True),
+        help=f"Kill a process after this many seconds, > 0 and at most {MAX_TIMEOUT_S:,.0f} "
+        "(a week)."),
     budget: Optional[str] = typer.Option(
         None, "--budget", help="Override the experiment's logical budget (bytes or KiB/MiB/GiB), "
         "e.g. 46MiB; recorded in the cohort config. Default: the paper's budget scaled by the "
@@ -38,55 +61,52 @@ def processes(
         None, "--profile", help="Folder of <cell>.json profile cards to freeze (default: "
         "measure each cell's card once, before any process starts)."),
 ) -> None:
-    """Launch N fresh interpreters, each timing every method; rows go to OUT/cohort_timing."""
-    from ...contract import ProfileCardError, RecordsError
+    """Launch N fresh interpreters, each timing every method; rows go to OUT/cohort_timing.
+
+    Ctrl-C (or SIGTERM) stops launching, terminates the running processes and keeps every
+    finished one; rerunning the same command resumes.
+    """
     from ..cohort import EXPERIMENTS, run_process_cohort
 
     if experiment not in EXPERIMENTS:
-        raise fail(f"stateremat cohort processes: --experiment must be one of "
-                   f"{', '.join(EXPERIMENTS)}, got {experiment!r}. Tip: fair44 is the 44 GiB "
-                   "fair-control cohort.")
-    for name, v, lo in (("--processes", n_processes, 1), ("--jobs", jobs, 1),
-                        ("--warmups", warmups, 0), ("--steps", steps, 1),
-                        ("--threads", threads, 1)):
-        if v is not None and v < lo:
-            raise fail(f"stateremat cohort processes: {name} must be >= {lo}, got {v}. "
-                       "Tip: see --help.")
-    from ...contract import parse_size
-
-    if timeout_s is not None and not timeout_s > 0:
-        raise fail(f"stateremat cohort processes: --timeout-s must be > 0, got {timeout_s}. "
-                   "Tip: omit it to wait for every process.")
-    if not (device == "cpu" or device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
-        raise fail(f"stateremat cohort processes: --device must be cpu, cuda or cuda:N, got "
-                   f"{device!r}. Tip: use cpu here.")
-    if device.startswith("cuda"):
-        import torch
-
-        if not torch.cuda.is_available():
-            raise fail("stateremat cohort processes: --device cuda, but torch sees no CUDA "
-                       "device. Tip: use --device cpu.")
-    check_out_dir("stateremat cohort processes", out)
-    try:
-        budget_bytes = None if budget is None else parse_size(budget)
-    except ValueError as exc:
-        raise fail(f"stateremat cohort processes: --budget: {exc}. Tip: e.g. --budget 46MiB.")
-    if budget_bytes is not None and budget_bytes <= 0:
-        raise fail("stateremat cohort processes: --budget must be positive. Tip: e.g. --budget 46MiB.")
-    try:
-        with progress_bar() as bar:
-            res = run_process_cohort(out, experiment, n_processes, preset=preset, warmups=warmups,
-                                     steps=steps, jobs=jobs, threads=threads, dask_address=dask,
-                                     seed=seed, device=device, timeout_s=timeout_s,
-                                     profile_dir=profile, budget_bytes=budget_bytes, progress=bar)
-    except (RecordsError, ProfileCardError, ValueError) as exc:
-        raise fail(str(exc))
+        raise fail(f"{_API}: --experiment must be one of {', '.join(EXPERIMENTS)}, got "
+                   f"{experiment!r}. Tip: fair44 is the 44 GiB fair-control cohort.")
+    check_preset(_API, preset)
+    budget_bytes = parse_budget(_API, budget)
+    check_device(_API, device)
+    check_out_dir(_API, out)
+    if profile is not None and not profile.is_dir():
+        raise fail(f"{_API}: --profile {str(profile)!r} is not a folder. Tip: pass a folder "
+                   "holding <cell>.json cards, or omit it to measure them here.")
+    check_workload_memory(_API, experiment, preset, device)
+    spec = _spec(experiment, preset)
+    rows = n_processes * sum(len(c.methods) * (c.steps if steps is None else steps)
+                             for c in spec.cells)
+    check_rows(_API, "cohort_timing", rows, f"--processes {n_processes} x methods x steps")
+    with guarded(_API, out), progress_bar() as bar:
+        res = run_process_cohort(out, experiment, n_processes, preset=preset, warmups=warmups,
+                                 steps=steps, jobs=jobs, threads=threads, dask_address=dask,
+                                 seed=seed, device=device, timeout_s=timeout_s,
+                                 profile_dir=profile, budget_bytes=budget_bytes, progress=bar)
     typer.echo(f"cohort {experiment}: {res['already_done']} processes already done, ran "
                f"{res['ran']}, ok {res['ok']}, failed {len(res['failed'])} -> {out}")
+    if res["interrupted"]:
+        signum = getattr(signal, res["interrupted"])
+        raise fail(f"{_API}: stopped by {res['interrupted']}: launched nothing more, terminated "
+                   f"{len(res['stopped'])} running process(es) {res['stopped']}; the rows of "
+                   f"{res['already_done'] + res['ok']} finished processes are kept in {out} "
+                   f"({res['not_started']} never started). Tip: rerun the same command to "
+                   "resume.", code=128 + signum)
     if res["failed"]:
-        raise fail(f"stateremat cohort processes: processes {res['failed']} failed (exit codes "
-                   f"and stderr tails in {out}/cohort_processes). Tip: rerun the same command "
-                   "to retry only those; finished processes are kept.", code=1)
+        raise fail(f"{_API}: processes {res['failed']} failed (exit codes and stderr tails in "
+                   f"{out}/cohort_processes). Tip: rerun the same command to retry only those; "
+                   "finished processes are kept.", code=1)
+
+
+def _spec(experiment: str, preset: str):
+    from ..bench import experiment_spec
+
+    return experiment_spec(experiment, preset)
 
 
 @cohort_app.command("process-worker", hidden=True,

@@ -6,14 +6,39 @@ from typing import Optional
 
 import typer
 
-from ._app import app_app, check_out_dir, fail
+from stateremat.cli import in_range
+
+from ._app import app_app, check_out_dir, fail, guarded
+from ._limits import MAX_MOCO_SEEDS, MAX_SEED, MAX_THREADS, parse_seeds
 from ._progress import progress_bar
+
+
+def parse_methods(api: str, text: str, known: tuple[str, ...]) -> tuple[str, ...]:
+    """``--methods a,b``: a non-empty list of known methods, each named once.
+
+    Raises:
+        typer.Exit: (code 2) on an empty list, an empty item, a duplicate or an unknown name.
+    """
+    chosen = tuple(m.strip() for m in text.split(","))
+    tip = f"Tip: name each of {', '.join(known)} at most once, or omit --methods for all seven."
+    if not any(chosen) or "" in chosen:
+        raise fail(f"{api}: --methods {text!r} names an empty method; expected a comma-separated "
+                   f"subset of the seven methods. {tip}")
+    dup = sorted({m for m in chosen if chosen.count(m) > 1})
+    if dup:
+        raise fail(f"{api}: --methods {text!r} names {', '.join(dup)} more than once; each "
+                   f"(seed, method) is one run and one row. {tip}")
+    bad = [m for m in chosen if m not in known]
+    if bad:
+        raise fail(f"{api}: unknown methods {bad}; expected a subset of {list(known)}. {tip}")
+    return chosen
 
 
 @app_app.command("moco")
 def moco(
     preset: str = typer.Option("cpu", help="tiny | cpu | paper (paper: GPU + CIFAR-100 --data)."),
-    seeds: str = typer.Option("2701:2703", help="Half-open seed range A:B."),
+    seeds: str = typer.Option("2701:2703", help=f"Half-open seed range A:B; seeds in "
+                              f"[0, {MAX_SEED}], at most {MAX_MOCO_SEEDS:,}."),
     out: Path = typer.Option(..., help="Run folder (resumable: rerun with the same --out)."),
     data: Optional[Path] = typer.Option(None, help="Dataset folder: the extracted "
                                         "cifar-100-python folder (or its parent), or a folder of "
@@ -23,32 +48,27 @@ def moco(
     dataset: Optional[str] = typer.Option(None, help="Override the preset's (and --data's "
                                           "detected) dataset: fashion-mnist | cifar-100 | digits."),
     device: Optional[str] = typer.Option(None, help="cpu | cuda (default: cuda when present)."),
-    methods: Optional[str] = typer.Option(None, help="Comma-separated subset of the seven methods."),
-    threads: Optional[int] = typer.Option(None, help="torch intra-op threads (1 is fastest on a "
-                                          "shared, oversubscribed machine); recorded in the rows."),
+    methods: Optional[str] = typer.Option(None, help="Comma-separated subset of the seven methods, "
+                                          "each at most once (default: all seven)."),
+    threads: Optional[int] = typer.Option(
+        None, callback=in_range(1, MAX_THREADS, "1 is fastest on a shared, oversubscribed "
+                                "machine; omit it for the preset's"),
+        help=f"torch intra-op threads, 1 to {MAX_THREADS:,} (1 is fastest on a shared, "
+        "oversubscribed machine); recorded in the rows."),
 ) -> None:
     """Dense-queue MoCo application: seven methods per seed, linear probe, summary.json (§12)."""
     from dataclasses import replace
 
-    from ...contract import RecordsError, parse_seed_range
-    from ..moco import METHODS, PRESETS, check_threads, failed_runs, resolve_device, run_moco
+    from ..moco import METHODS, PRESETS, failed_runs, resolve_device, run_moco
     from ..workloads import detect_dataset
 
     api = "app moco"
     if preset not in PRESETS:
         raise fail(f"{api}: unknown --preset {preset!r}; expected one of {sorted(PRESETS)}. "
                    "Tip: use cpu here, paper on a GPU with --data.")
-    try:
-        seed_list = parse_seed_range(seeds)
-    except ValueError as exc:
-        raise fail(f"{api}: bad --seeds {seeds!r}: {exc}")
-    chosen = tuple(m.strip() for m in methods.split(",")) if methods else METHODS
-    bad = [m for m in chosen if m not in METHODS]
-    if bad:
-        raise fail(f"{api}: unknown methods {bad}; expected a subset of {list(METHODS)}. "
-                   "Tip: omit --methods to run all seven.")
+    seed_list = parse_seeds(f"stateremat {api}", "--seeds", seeds, MAX_MOCO_SEEDS)
+    chosen = METHODS if methods is None else parse_methods(api, methods, METHODS)
     try:   # before anything is written: torch would raise later, mid-run
-        check_threads(threads)
         resolve_device(device)
     except ValueError as exc:
         raise fail(str(exc))
@@ -66,10 +86,10 @@ def moco(
                        err=True)
             cfg = replace(cfg, dataset=found)
     try:
-        with progress_bar() as bar:
+        with guarded(f"stateremat {api}", out), progress_bar() as bar:
             summary = run_moco(cfg, seed_list, out, data=data, device=device, methods=chosen,
                                threads=threads, progress=bar)
-    except (FileNotFoundError, RecordsError, ValueError) as exc:
+    except (FileNotFoundError, ValueError) as exc:
         raise fail(str(exc))
     entries = summary["methods"]
     n_ok = sum(e["status"] == "ok" for e in entries)

@@ -6,7 +6,8 @@ from typing import Iterator
 
 import typer
 
-from .. import NO_PROGRESS, Progress
+from .. import Progress
+from ._app import check_stop
 
 
 class _Task:
@@ -14,13 +15,17 @@ class _Task:
         self._bar, self._id = bar, task_id
 
     def advance(self, n: int = 1) -> None:
-        self._bar.advance(self._id, n)
+        check_stop()  # after every unit: a stop signal is acted on here at the latest
+        if self._bar is not None:
+            self._bar.advance(self._id, n)
 
     def update(self, *, description: str | None = None, total: int | None = None,
                completed: int | None = None) -> None:
-        kw = {k: v for k, v in (("description", description), ("total", total),
-                                ("completed", completed)) if v is not None}
-        self._bar.update(self._id, **kw)
+        check_stop()
+        if self._bar is not None:
+            kw = {k: v for k, v in (("description", description), ("total", total),
+                                    ("completed", completed)) if v is not None}
+            self._bar.update(self._id, **kw)
 
 
 class _Bar:
@@ -58,7 +63,7 @@ def progress_bar(enabled: bool = True) -> Iterator[Progress]:
 
 class _Quiet:
     def task(self, description: str, total: int | None = None, completed: int = 0):
-        return NO_PROGRESS.task(description, total, completed)
+        return _Task(None, None)
 
     def note(self, text: str) -> None:
         typer.echo(f"warning: {text}", err=True)

@@ -5,35 +5,63 @@ from pathlib import Path
 
 import typer
 
-from ._app import fail, paper_app
+from ._app import fail, guarded, paper_app
 
 
 @paper_app.command("report")
-def report(out_dir: Path = typer.Argument(..., help="Run folder holding raw records.")) -> None:
-    """Recompute tables and figures from the raw records in OUT_DIR (every known table)."""
-    from ...contract import RecordsError
-    from ..report import REPORTERS, tables_in
+def report(out_dir: Path = typer.Argument(..., help="Run folder holding raw records (any "
+                                          "command's --out: verify, cohort, bench, app)."),
+           allow_incomplete: bool = typer.Option(
+               False, "--allow-incomplete", help="Also render tables whose rows do not cover "
+               "everything the run's config implies (and exit 0); say what is missing.")) -> None:
+    """Recompute tables and figures from the raw records in OUT_DIR (every known table).
 
+    A table is rendered only when its rows are complete for its run's config (every process,
+    seed and method); otherwise its earlier outputs are removed, what is missing is listed and
+    the command exits 1 (``--allow-incomplete`` renders what there is).
+    """
+    from ..report import REPORTERS, check_complete, remove_outputs, tables_in
+
+    api = "stateremat report"
     if not out_dir.is_dir():
-        raise fail(f"stateremat report: {out_dir} is not a folder. Tip: pass the --out folder "
-                   "of a run.")
-    tables = tables_in(out_dir)
+        raise fail(f"{api}: {out_dir} is not a folder. Tip: pass the --out folder of a run.")
+    from ..records import lock_run
+
+    with guarded(api):
+        lock_run(out_dir)  # not while a run writes there: its outputs would be half-done
+        status = check_complete(out_dir)
+    tables = sorted(set(tables_in(out_dir)) | set(status))
     if not tables:
-        raise fail(f"stateremat report: {out_dir} holds no records (no <table>.json sidecar "
-                   "next to a <table>/ folder). Tip: pass the --out folder of a finished or "
-                   "interrupted run.")
+        raise fail(f"{api}: {out_dir} holds no records (no <table>.json sidecar next to a "
+                   "<table>/ folder). Tip: pass the --out folder of a finished or interrupted "
+                   "run.")
     known = [t for t in tables if t in REPORTERS]
-    unknown = [t for t in tables if t not in REPORTERS]
-    if not known:
-        raise fail(f"stateremat report: no reporter for the tables {unknown} in {out_dir}; "
-                   f"known tables: {sorted(REPORTERS)}. Tip: this folder may come from a newer "
-                   "stateremat.")
+    unknown = [t for t in tables if t not in REPORTERS and t in tables_in(out_dir)]
+    if not known and not any(t in status for t in tables):
+        raise fail(f"{api}: no reporter for the tables {unknown} in {out_dir}; known tables: "
+                   f"{sorted(REPORTERS)}. Tip: this folder may come from a newer stateremat.")
     for t in unknown:
         typer.echo(f"note: no reporter for table {t!r}; its rows are left as they are", err=True)
-    for t in known:
-        try:
+    bad = []
+    for t in tables:
+        st = status.get(t)
+        if st is not None and not st.complete:
+            if st.problem is not None or not allow_incomplete:
+                bad.append(st)
+                gone = remove_outputs(out_dir, t)
+                typer.echo(f"incomplete: {st.message()}"
+                           + (f" (removed stale {', '.join(p.name for p in gone)})" if gone
+                              else ""), err=True)
+                continue
+            typer.echo(f"warning: rendering incomplete rows: {st.message()}", err=True)
+        if t not in REPORTERS:
+            continue
+        with guarded(api):
             paths = REPORTERS[t](out_dir)
-        except RecordsError as exc:
-            raise fail(str(exc))
         for p in paths:
             typer.echo(f"{t}: wrote {p}")
+    if bad and not (allow_incomplete and all(st.problem is None for st in bad)):
+        raise fail(f"{api}: {len(bad)} table(s) of {out_dir} not rendered: "
+                   f"{', '.join(st.table for st in bad)} (see above). Tip: rerun the run's "
+                   "command with the same --out to finish it, or pass --allow-incomplete to "
+                   "render the rows there are.", code=1)

@@ -12,8 +12,15 @@ from typing import Optional
 
 import typer
 
-from ._app import check_json_target as _check_json_target, fail, verify_app
+from ._app import check_json_target, check_out_dir, fail, guarded, verify_app
+from stateremat.cli import in_range
+
+from ._limits import MAX_PROGRAMS, MAX_SEED, MAX_STUDY_SEEDS, check_rows, parse_seeds
 from ._progress import progress_bar
+
+_SEED = typer.Option(0, "--seed", callback=in_range(0, MAX_SEED, "the paper's runs use --seed 0"),
+                     help=f"Base seed of the program generators, 0 to {MAX_SEED}.")
+_JSON = typer.Option(None, "--json", help="Write the summary JSON here (a regular file).")
 
 def _emit(summary: dict, json_path: Optional[Path]) -> None:
     from ...contract import atomic_write_json
@@ -23,39 +30,13 @@ def _emit(summary: dict, json_path: Optional[Path]) -> None:
     typer.echo(json.dumps(summary, indent=2, default=float))
 
 
-def check_seed(command: str, seed: int) -> None:
-    """Reject a negative base seed before anything is created (NumPy seeds must be >= 0)."""
-    if seed < 0:
-        raise fail(f"stateremat verify {command}: --seed must be a non-negative integer, got {seed}. "
-                   "Tip: the paper's runs use --seed 0.")
-
-
-def check_json_target(command: str, json_path: Optional[Path]) -> None:
-    """Reject a ``--json`` target that cannot be written, before the run starts."""
-    _check_json_target(f"stateremat verify {command}", json_path)
-
-
-def parse_alias_seeds(seeds: str) -> list[int]:
-    """``--seeds N`` (seeds ``0..N-1``) or a half-open range ``A:B`` of non-negative seeds."""
-    tip = "Tip: use a count like 50 or a half-open range like 0:50."
-    where = f"stateremat verify alias: --seeds {seeds!r}"
-    from ...contract import parse_seed_range
-
-    if ":" in seeds:
-        try:
-            seed_list = parse_seed_range(seeds)
-        except ValueError as exc:
-            raise fail(f"{where}: {exc}. {tip}")
-        if seed_list[0] < 0:
-            raise fail(f"{where}: seeds must be non-negative integers, got a range from {seed_list[0]}. {tip}")
-        return seed_list
-    text = seeds.strip()
-    if not (text.lstrip("+-").isdigit()):
-        raise fail(f"{where}: expected a seed count (a non-negative integer) or a range A:B. {tip}")
-    n = int(text)
-    if n < 1:
-        raise fail(f"{where}: expected a seed count >= 1, got {n}. {tip}")
-    return list(range(n))
+def _checks(command: str, out: Path, json_path: Optional[Path], table: str, rows: int,
+            what: str) -> None:
+    """Everything checked before a verify command starts (nothing is written before)."""
+    api = f"stateremat verify {command}"
+    check_out_dir(api, out)
+    check_json_target(api, json_path)
+    check_rows(api, table, rows, what)
 
 
 def _exit_on_failures(command: str, fails: list[str]) -> None:
@@ -66,70 +47,59 @@ def _exit_on_failures(command: str, fails: list[str]) -> None:
                    "outcome, max_error and message columns of the failing check.", code=1)
 
 
-def _guard(fn):
-    from ...contract import RecordsError
-
-    try:
-        return fn()
-    except RecordsError as exc:  # a resume into another run's folder: bad input, nothing lost
-        raise fail(str(exc))
-
-
 @verify_app.command("finite")
 def verify_finite(
-    programs: int = typer.Option(1024, "--programs", help="Programs per suite (derivative, byte)."),
-    seed: int = typer.Option(0, "--seed", help="Base seed of the program generators."),
+    programs: int = typer.Option(1024, "--programs", callback=in_range(
+        1, MAX_PROGRAMS, "the paper's suites use --programs 1024"),
+        help=f"Programs per suite (derivative, byte), 1 to {MAX_PROGRAMS:,}."),
+    seed: int = _SEED,
     out: Path = typer.Option(Path("out/verify-finite"), "--out", help="Records folder (resumable)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the summary JSON here."),
+    json_path: Optional[Path] = _JSON,
 ) -> None:
     """Derivative and byte suites of the finite NumPy reference (paper §6)."""
-    if programs < 1:
-        raise fail(f"stateremat verify finite: --programs must be >= 1, got {programs}. "
-                   "Tip: the paper's suites use --programs 1024.")
-    check_seed("finite", seed)
-    check_json_target("finite", json_path)
+    _checks("finite", out, json_path, "finite", 7 * programs, f"--programs {programs}")
     from ..verify import finite_failures, run_finite
 
-    with progress_bar() as bar:
-        summary = _guard(lambda: run_finite(out, programs, seed, progress=bar))
+    with guarded("stateremat verify finite", out), progress_bar() as bar:
+        summary = run_finite(out, programs, seed, progress=bar)
     _emit(summary, json_path)
     _exit_on_failures("finite", finite_failures(summary, programs))
 
 
 @verify_app.command("engines")
 def verify_engines(
-    programs: int = typer.Option(1200, "--programs", help="Programs (families queue/prototype/recurrence)."),
-    seed: int = typer.Option(0, "--seed", help="Base seed of the program generator."),
+    programs: int = typer.Option(1200, "--programs", callback=in_range(
+        1, MAX_PROGRAMS, "the paper's study uses --programs 1200"),
+        help=f"Programs (families queue/prototype/recurrence), 1 to {MAX_PROGRAMS:,}."),
+    seed: int = _SEED,
     out: Path = typer.Option(Path("out/verify-engines"), "--out", help="Records folder (resumable)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the summary JSON here."),
+    json_path: Optional[Path] = _JSON,
 ) -> None:
     """Five preservation engines on the semantic study (paper §7, Table 1)."""
-    if programs < 1:
-        raise fail(f"stateremat verify engines: --programs must be >= 1, got {programs}. "
-                   "Tip: the paper's study uses --programs 1200.")
-    check_seed("engines", seed)
-    check_json_target("engines", json_path)
+    _checks("engines", out, json_path, "engines", 6 * programs, f"--programs {programs}")
     from ..verify import ENGINE_NAMES, engines_failures, run_engines
 
-    with progress_bar() as bar:
-        summary = _guard(lambda: run_engines(out, programs, seed, progress=bar))
+    with guarded("stateremat verify engines", out), progress_bar() as bar:
+        summary = run_engines(out, programs, seed, progress=bar)
     _emit(summary, json_path)
     _exit_on_failures("engines", engines_failures(summary, programs, list(ENGINE_NAMES)))
 
 
 @verify_app.command("alias")
 def verify_alias(
-    seeds: str = typer.Option("50", "--seeds", help="Number of seeds N (seeds 0..N-1) or a range A:B."),
+    seeds: str = typer.Option("50", "--seeds", help="Number of seeds N (seeds 0..N-1) or a "
+                              f"range A:B; seeds in [0, {MAX_SEED}], at most {MAX_STUDY_SEEDS:,}."),
     out: Path = typer.Option(Path("out/verify-alias"), "--out", help="Records folder (resumable)."),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="Write the summary JSON here."),
+    json_path: Optional[Path] = _JSON,
 ) -> None:
     """Joint-alias study: seeds x 3 patterns x dims 32/64 (paper §7, Table 3)."""
-    seed_list = parse_alias_seeds(seeds)
-    check_json_target("alias", json_path)
+    seed_list = parse_seeds("stateremat verify alias", "--seeds", seeds, MAX_STUDY_SEEDS,
+                            count_form=True)
+    _checks("alias", out, json_path, "alias", 42 * len(seed_list), f"--seeds {seeds}")
     from ..verify import ALIAS_DIMS, ALIAS_PATTERNS, ENGINE_NAMES, alias_failures, run_alias
 
-    with progress_bar() as bar:
-        summary = _guard(lambda: run_alias(out, seed_list, progress=bar))
+    with guarded("stateremat verify alias", out), progress_bar() as bar:
+        summary = run_alias(out, seed_list, progress=bar)
     _emit(summary, json_path)
     _exit_on_failures("alias", alias_failures(summary, len(seed_list), len(ENGINE_NAMES),
                                               len(ALIAS_PATTERNS) * len(ALIAS_DIMS)))

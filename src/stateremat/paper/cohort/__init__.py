@@ -8,10 +8,10 @@ from ._process_cohort import (
     prespecified_comparisons as prespecified_comparisons,
     run_process_cohort as run_process_cohort,
 )
+from ._launch import run_one_process as run_one_process
 from ._process_worker import (
     EXPERIMENTS as EXPERIMENTS,
     method_order as method_order,
-    run_one_process as run_one_process,
     worker_main as worker_main,
 )
 

@@ -11,6 +11,13 @@ exactly when its rows are in that table: a killed or crashed child leaves none, 
 as failed in ``cohort_processes`` (exit code, stderr tail) and is re-run on resume; finished
 processes are never redone, and every attempt's status row is kept.
 
+Stops (``._launch``): the run folder is locked before anything is written. SIGINT, SIGTERM or
+SIGHUP of the parent (or Ctrl-C to its process group) stops launching at once, terminates the
+running processes (recorded as ``interrupted``) and keeps every finished process's rows; the
+result says which signal stopped it. A ``kill -9`` of the parent takes its children with it
+(``PR_SET_PDEATHSIG``); their work folders under ``out_dir/.tmp`` are removed by the next
+launch, which re-runs them.
+
 Frozen profile: before launching anything the parent measures (or takes from ``--profile``)
 one profile card per cell, stores it in ``out_dir/profile/<cell>.json`` and its hash in the
 cohort config; each process receives the card's bytes and plans on it, so the profile digest
@@ -30,15 +37,17 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
+import signal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ...contract import source_hash
 from .. import Progress, as_progress
 from ..records import RecordStore
-from ._process_worker import (EXPERIMENTS, _dask_results, _local_results,
-                              method_order as method_order, run_one_process as run_one_process,
-                              worker_main as worker_main)
+from ..records import TEMP_DIR, check_resumable, lock_run
+from ._launch import StopRequest, dask_results, local_results
+from ._process_worker import EXPERIMENTS, method_order as method_order, worker_main as worker_main
 
 TIMING_TABLE = "cohort_timing"
 STATUS_TABLE = "cohort_processes"
@@ -127,7 +136,8 @@ def freeze_profiles(spec: Any, out_dir: str | os.PathLike, device: str = "cpu",
 
                 card = cell_card(spec, cell, device)
             save_card(card, path)
-        out[cell.name] = path.read_text()
+        load_card(path)  # a frozen card changed since: refused, naming the file
+        out[cell.name] = path.read_bytes().decode("utf-8")
     return out
 
 
@@ -179,7 +189,9 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
             None: nowhere.
 
     Returns:
-        ``{"out_dir", "processes", "already_done", "ran", "ok", "failed": [process ids]}``.
+        ``{"out_dir", "processes", "already_done", "ran", "ok", "failed": [process ids],
+        "interrupted": signal name or None, "stopped": [process ids stopped by it],
+        "not_started": count}`` (a stop by a signal returns, with everything finished kept).
 
     Raises:
         ValueError: on an unknown experiment or ``processes < 1``.
@@ -202,6 +214,9 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         from ..bench import with_budget
 
         spec = with_budget(spec, budget_bytes)
+    lock_run(out_dir)  # before anything is written: a refused second launch changes nothing
+    check_resumable(out_dir, TIMING_TABLE, {"experiment": experiment, "preset": preset,
+                                            "seed": int(seed), "device": device})
     cards = (profile_fn or freeze_profiles)(spec, out_dir, device, profile_dir)
     from ...contract import ProfileCard
     from ..bench import resolve_spec
@@ -221,46 +236,54 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
     done = set(done_df["process"].astype(int)) if not done_df.empty else set()
     st = status.read()
     attempts = st.groupby("process").size().to_dict() if not st.empty else {}
-    todo = [p for p in range(int(processes)) if p not in done]
-    tasks = []
-    for p in todo:
-        a = ["--experiment", experiment, "--preset", preset, "--process", str(p),
-             "--seed", str(seed), "--device", device]
-        if budget_bytes is not None:
-            a += ["--budget", str(int(budget_bytes))]
-        if warmups is not None:
-            a += ["--warmups", str(warmups)]
-        if steps is not None:
-            a += ["--steps", str(steps)]
-        tasks.append((p, a))
+    tasks = [(p, _worker_args(experiment, preset, p, seed, device, budget_bytes, warmups, steps))
+             for p in range(int(processes)) if p not in done]
     if jobs is None:
         jobs = 1 if device.startswith("cuda") else max(1, (os.cpu_count() or 1) // (threads or 1))
-    results = (_dask_results(tasks, dask_address, worker_cmd, timeout_s, cards, threads)
-               if dask_address else
-               _local_results(tasks, jobs, worker_cmd, timeout_s, cards, threads))
-    ok, failed = 0, []
+    ok, failed, stopped = 0, [], []
     task = as_progress(progress, "run_process_cohort").task(f"cohort {experiment}: processes",
                                                             total=len(tasks))
-    for p, res in results:
-        attempt = int(attempts.get(p, 0)) + 1
-        n_rows = 0
-        if res["status"] == "ok":
-            import pyarrow.parquet as pq
+    with StopRequest() as stop:
+        results = (dask_results(tasks, dask_address, worker_cmd, timeout_s, cards, threads, stop)
+                   if dask_address else
+                   local_results(tasks, jobs, Path(out_dir) / TEMP_DIR / "cohort", worker_cmd,
+                                 timeout_s, cards, threads, stop))
+        for p, res in results:
+            attempt = int(attempts.get(p, 0)) + 1
+            n_rows = 0
+            if res["status"] == "ok":
+                import pyarrow.parquet as pq
 
-            rows = pq.read_table(io.BytesIO(res["rows_parquet"])).to_pylist()
-            for r in rows:
-                r["attempt"] = attempt
-            n_rows = timing.append(rows)  # one atomic part: the process is now done
-            ok += 1
-        else:
-            failed.append(p)
-        status.append([{"process": p, "attempt": attempt, "status": res["status"],
-                        "exit_code": res["exit_code"], "stderr_tail": res["stderr_tail"],
-                        "wall_s": res["wall_s"], "hostname": res["hostname"],
-                        "n_rows": n_rows, "executor": "dask" if dask_address else "local",
-                        # N asked for at this launch: a cohort extended after results shows it
-                        "requested_processes": int(processes)}])
-        task.advance()
+                rows = pq.read_table(io.BytesIO(res["rows_parquet"])).to_pylist()
+                for r in rows:
+                    r["attempt"] = attempt
+                n_rows = timing.append(rows)  # one atomic part: the process is now done
+                ok += 1
+            else:
+                (stopped if res["status"] == "interrupted" else failed).append(p)
+            status.append([{"process": p, "attempt": attempt, "status": res["status"],
+                            "exit_code": res["exit_code"], "stderr_tail": res["stderr_tail"],
+                            "wall_s": res["wall_s"], "hostname": res["hostname"],
+                            "n_rows": n_rows, "executor": "dask" if dask_address else "local",
+                            # N asked for at this launch: a cohort extended after results shows it
+                            "requested_processes": int(processes)}])
+            task.advance()
+    shutil.rmtree(Path(out_dir) / TEMP_DIR, ignore_errors=True)  # every work folder collected
+    signame = None if stop.signum is None else signal.Signals(stop.signum).name
     return {"out_dir": str(out_dir), "processes": int(processes), "already_done": len(done),
-            "ran": len(tasks), "ok": ok, "failed": sorted(failed)}
+            "ran": ok + len(failed) + len(stopped), "ok": ok, "failed": sorted(failed),
+            "interrupted": signame, "stopped": sorted(stopped),
+            "not_started": len(tasks) - ok - len(failed) - len(stopped)}
 
+
+def _worker_args(experiment: str, preset: str, process: int, seed: int, device: str,
+                 budget_bytes: int | None, warmups: int | None, steps: int | None) -> list[str]:
+    a = ["--experiment", experiment, "--preset", preset, "--process", str(process),
+         "--seed", str(seed), "--device", device]
+    if budget_bytes is not None:
+        a += ["--budget", str(int(budget_bytes))]
+    if warmups is not None:
+        a += ["--warmups", str(warmups)]
+    if steps is not None:
+        a += ["--steps", str(steps)]
+    return a

@@ -1,29 +1,28 @@
-"""Child side of an independent-process cohort and the launcher of one process.
+"""Child side of an independent-process cohort: the body of one process.
 
 ``worker_main`` is the body of one cohort process (``stateremat cohort process-worker``);
-``run_one_process`` starts it as a fresh interpreter and collects its rows, in a thread of
-the parent or inside a Dask task on a worker. Paper §11.
+``._launch`` starts it as a fresh interpreter and collects its rows. Paper §11.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import io
 import os
 import platform
-import subprocess
+import signal
 import sys
-import tempfile
 import time
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ...contract import atomic_write_bytes, loadavg
 
 EXPERIMENTS = ("fair44", "pressure32", "workloads3")
-STDERR_TAIL_CHARS = 4000
+#: Environment variable carrying the launching process's pid to a child (set by ``._launch``).
+PARENT_ENV = "STATEREMAT_COHORT_PARENT_PID"
 
 
 def method_order(methods: Sequence[str], seed: int, process: int) -> list[str]:
@@ -31,6 +30,25 @@ def method_order(methods: Sequence[str], seed: int, process: int) -> list[str]:
     ``(seed, process)``, so it is recorded by the pair and reproducible."""
     rng = np.random.default_rng([int(seed), int(process)])
     return [methods[i] for i in rng.permutation(len(methods))]
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its launching parent dies (Linux).
+
+    The parent's pid comes in ``$STATEREMAT_COHORT_PARENT_PID``; if the parent is already gone
+    (``getppid()`` differs), exit at once. Done in the child rather than a ``preexec_fn``,
+    which would run fork handlers of threaded libraries in the parent (JAX warns on them).
+    """
+    parent = os.environ.get(PARENT_ENV)
+    if not parent or not sys.platform.startswith("linux"):
+        return
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return
+    prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):  # the parent died before prctl took effect
+        os._exit(1)
 
 
 # --------------------------------------------------------------------------- child side
@@ -51,6 +69,7 @@ def worker_main(argv: Sequence[str] | None = None, *,
     Returns:
         0 on success (the process exits with it).
     """
+    die_with_parent()
     a = _worker_parser().parse_args(argv)
     t0 = time.perf_counter()
     if cell_runner is None or spec_fn is None:
@@ -112,99 +131,3 @@ def _worker_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile", default=None, help="folder of frozen <cell>.json cards")
     p.add_argument("--rows-out", required=True)
     return p
-
-
-# --------------------------------------------------------------------------- launcher
-def run_one_process(args: Sequence[str], worker_cmd: Sequence[str] | None = None,
-                    timeout_s: float | None = None,
-                    cards: Mapping[str, str] | None = None,
-                    threads: int | None = None) -> dict[str, Any]:
-    """Launch one fresh interpreter for one cohort process and collect its rows.
-
-    Runs wherever it is called: in a thread of the parent (local executor) or inside a Dask
-    task on a worker, where ``sys.executable`` is the worker's interpreter. Needs no shared
-    file system: the rows come back as Parquet bytes.
-
-    Args:
-        args: worker arguments without ``--rows-out``.
-        worker_cmd: command prefix; default ``[sys.executable, "-m", "stateremat", "cohort",
-            "process-worker"]``.
-        timeout_s: kill the child after this many seconds (None: no limit).
-        cards: frozen profile cards ``{cell: card JSON text}``; written next to the child and
-            passed as ``--profile`` (no shared file system needed).
-        threads: CPU threads of the child (``OMP_NUM_THREADS``/``MKL_NUM_THREADS`` and
-            ``torch.set_num_threads``); None leaves the environment as it is.
-
-    Returns:
-        ``{"exit_code", "status" ("ok" | "failed" | "timeout"), "stderr_tail", "wall_s",
-        "hostname", "rows_parquet" (bytes or None)}``.
-    """
-    cmd = list(worker_cmd or [sys.executable, "-m", "stateremat", "cohort", "process-worker"])
-    with tempfile.TemporaryDirectory(prefix="stateremat-cohort-") as tmp:
-        rows_out = Path(tmp) / "rows.parquet"
-        extra = ["--rows-out", str(rows_out)]
-        if cards:
-            for cell, text in cards.items():
-                atomic_write_bytes(Path(tmp) / "profile" / f"{cell}.json", text.encode())
-            extra += ["--profile", str(Path(tmp) / "profile")]
-        env = dict(os.environ)
-        if threads:
-            env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-            extra += ["--threads", str(threads)]
-        t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(cmd + list(args) + extra, env=env,
-                                  capture_output=True, text=True, timeout=timeout_s)
-            code, err, status = proc.returncode, proc.stderr + proc.stdout, None
-            if code < 0:  # no traceback from a signal: say which one
-                err += f"\nkilled by signal {-code}"
-        except subprocess.TimeoutExpired as exc:
-            code, status = -9, "timeout"
-            err = _text(exc.stderr) + _text(exc.stdout) + f"\nkilled after {timeout_s} s"
-        data = rows_out.read_bytes() if code == 0 and rows_out.exists() else None
-        if status is None:
-            status = "ok" if data is not None else "failed"
-        return {"exit_code": int(code), "status": status, "stderr_tail": err[-STDERR_TAIL_CHARS:],
-                "wall_s": time.perf_counter() - t0, "hostname": platform.node(),
-                "rows_parquet": data}
-
-
-def _text(b: bytes | str | None) -> str:
-    if b is None:
-        return ""
-    return b.decode(errors="replace") if isinstance(b, bytes) else b
-
-
-def _local_results(tasks: list[tuple[int, list[str]]], jobs: int, worker_cmd, timeout_s, cards,
-                   threads) -> Iterator[tuple[int, dict]]:
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        pending = {pool.submit(run_one_process, a, worker_cmd, timeout_s, cards, threads): p
-                   for p, a in tasks}
-        while pending:
-            done, _ = wait(pending, return_when=FIRST_COMPLETED)
-            for f in done:
-                yield pending.pop(f), f.result()
-
-
-def _dask_results(tasks: list[tuple[int, list[str]]], address: Any, worker_cmd, timeout_s,
-                  cards, threads) -> Iterator[tuple[int, dict]]:
-    from distributed import Client, as_completed
-
-    own = not hasattr(address, "submit")
-    client = Client(address, set_as_default=False) if own else address
-    try:
-        futures = {client.submit(run_one_process, a, worker_cmd, timeout_s, cards, threads,
-                                 pure=False,
-                                 key=f"stateremat-process-{p}-{os.getpid()}-{time.time_ns()}"): p
-                   for p, a in tasks}
-        for fut in as_completed(list(futures), loop=client.loop):
-            p = futures[fut]
-            try:
-                yield p, fut.result()
-            except Exception as exc:  # the task itself died (worker lost): a failed attempt
-                yield p, {"exit_code": -1, "status": "failed", "stderr_tail":
-                          f"dask task error: {type(exc).__name__}: {exc}"[-STDERR_TAIL_CHARS:],
-                          "wall_s": float("nan"), "hostname": "unknown", "rows_parquet": None}
-    finally:
-        if own:
-            client.close()

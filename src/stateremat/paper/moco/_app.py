@@ -321,7 +321,8 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
                   "threads": torch.get_num_threads()}
         if images.note:
             config["data_note"] = images.note
-        store = RecordStore(out_dir, TABLE, key=list(KEY), meta=config)
+        store = RecordStore(out_dir, TABLE, key=list(KEY), meta=config,
+                            launch={"seeds": [int(x) for x in seeds], "methods": list(methods)})
         done = _done(store)
         todo = [(s, m) for s in seeds for m in methods if (s, m) not in done]
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

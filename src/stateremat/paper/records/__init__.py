@@ -3,6 +3,9 @@
 Every row is kept (matches, rejections, divergences); summaries are recomputed from the rows
 by separate code (DESIGN.md, "Records and artifacts").
 """
-from ._store import RecordStore as RecordStore, read_records as read_records
+from ._store import (TEMP_DIR as TEMP_DIR, RecordStore as RecordStore,
+                     check_resumable as check_resumable, lock_run as lock_run,
+                     read_records as read_records, read_sidecar as read_sidecar)
 
-__all__ = ["RecordStore", "read_records"]
+__all__ = ["RecordStore", "TEMP_DIR", "check_resumable", "lock_run", "read_records",
+           "read_sidecar"]

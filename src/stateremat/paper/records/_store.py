@@ -15,6 +15,7 @@ import io
 import json
 import itertools
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -29,9 +30,8 @@ _counter = itertools.count()
 _LOCKS: dict[str, int] = {}  # lock path -> fd held by this process for its lifetime
 
 
-def _lock_table(path: Path) -> None:
-    # One writer per (run folder, table): a second process appending the same units would
-    # duplicate rows. Stores opened again in the same process share the lock.
+def _lock(path: Path) -> None:
+    # Held by this process for its lifetime; opened again in the same process, shared.
     key = str(path.resolve())
     if key in _LOCKS:
         return
@@ -47,6 +47,85 @@ def _lock_table(path: Path) -> None:
     _LOCKS[key] = fd
 
 
+#: Leftovers of writes a stop cut short: atomic writes' temporary files, cohort work folders.
+_TEMP_GLOBS = (".*.tmp", "*/.*.tmp", "*/*/.*.tmp")
+TEMP_DIR = ".tmp"
+
+
+def lock_run(out_dir: str | os.PathLike) -> Path:
+    """Take this process's exclusive lock on run folder ``out_dir`` before writing anything.
+
+    One process writes into a run folder at a time: a second launch on the same folder is
+    refused here, before it has written a byte (profile cards, cards, rows). Holding the lock,
+    the folder's leftovers of an earlier stop are removed: atomic writes' ``.*.tmp`` files and
+    the ``.tmp/`` work folder (a killed process leaves them; nothing else writes them).
+
+    Returns:
+        The run folder (created if missing).
+
+    Raises:
+        RecordsError: another process holds the lock, or ``out_dir`` is a file.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise RecordsError(f"stateremat records: --out {out} is a file, not a folder. "
+                           "Tip: pass a folder path (it is created if missing).")
+    out.mkdir(parents=True, exist_ok=True)
+    key = str((out / ".run.lock").resolve())
+    first = key not in _LOCKS
+    _lock(out / ".run.lock")
+    if first:
+        for pattern in _TEMP_GLOBS:
+            for tmp in out.glob(pattern):
+                tmp.unlink(missing_ok=True)
+        shutil.rmtree(out / TEMP_DIR, ignore_errors=True)
+    return out
+
+
+def read_sidecar(path: Path) -> dict:
+    """The JSON object of a records sidecar; errors name the file and what to do.
+
+    Raises:
+        RecordsError: unreadable, not UTF-8, not JSON, or not a JSON object.
+    """
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise RecordsError(f"stateremat records: cannot read sidecar {path} "
+                           f"({type(exc).__name__}: {exc}). Tip: restore it from a copy, or use "
+                           "a new --out folder; its rows cannot be described without it.") from None
+    if not isinstance(doc, dict):
+        raise RecordsError(f"stateremat records: sidecar {path} holds {type(doc).__name__}, not "
+                           "a JSON object. Tip: restore it from a copy, or use a new --out folder.")
+    return doc
+
+
+def check_resumable(out_dir: str | os.PathLike, table: str, config: Mapping[str, Any]) -> None:
+    """Refuse early when ``out_dir`` holds a ``table`` run whose config differs in ``config``'s keys.
+
+    For runners that write other files (profile cards) before their full config is known:
+    what is known is compared first, so a mismatched launch writes nothing.
+
+    Raises:
+        RecordsError: a key of ``config`` has another value in the existing sidecar.
+    """
+    sidecar = Path(out_dir) / f"{table}.json"
+    if not sidecar.exists():
+        return
+    old = read_sidecar(sidecar).get("config") or {}
+    new = json.loads(json.dumps(dict(config), default=json_default))
+    diff = {k: v for k, v in new.items() if old.get(k) != v}
+    if diff:
+        raise _other_config(sidecar, {k: old.get(k) for k in diff}, diff)
+
+
+def _other_config(sidecar: Path, old: Mapping[str, Any], new: Mapping[str, Any]) -> RecordsError:
+    return RecordsError(
+        f"stateremat records: {sidecar} was written by a run with another config "
+        f"({_config_diff(old, new)}). Tip: use a new --out folder, or the same options as the "
+        "interrupted run to resume it.")
+
+
 class RecordStore:
     """Append-only, resumable store of raw rows for one table of one run.
 
@@ -56,6 +135,9 @@ class RecordStore:
         key: columns identifying a unit of work; :meth:`done_keys` lets a resumed run skip
             finished units.
         meta: run configuration written into the sidecar (merged with :func:`provenance`).
+        launch: what this launch asked for beyond the config (e.g. the seeds and methods of a
+            run that may be extended), appended to the sidecar's ``launches`` list; ``report``
+            checks completeness against it.
 
     Raises:
         RecordsError: if an existing sidecar belongs to a different run configuration
@@ -63,32 +145,35 @@ class RecordStore:
     """
 
     def __init__(self, out_dir: str | os.PathLike, table: str, key: Sequence[str],
-                 meta: Mapping[str, Any] | None = None):
+                 meta: Mapping[str, Any] | None = None, launch: Mapping[str, Any] | None = None):
         self.out_dir = Path(out_dir)
         self.table = table
         self.key = tuple(key)
         self.dir = self.out_dir / table
-        if self.out_dir.exists() and not self.out_dir.is_dir():
-            raise RecordsError(f"stateremat records: --out {self.out_dir} is a file, not a folder. "
-                               "Tip: pass a folder path (it is created if missing).")
+        lock_run(self.out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sidecar = self.out_dir / f"{table}.json"
-        _lock_table(self.out_dir / f".{table}.lock")
         config = dict(meta or {})
+        if not self.sidecar.exists() and any(self.dir.glob("part-*.parquet")):
+            raise RecordsError(
+                f"stateremat records: {self.dir} holds rows but its sidecar {self.sidecar} is "
+                "missing, so nothing says which run wrote them. Tip: restore the sidecar from a "
+                "copy to resume, or use a new --out folder.")
         if self.sidecar.exists():
-            old = json.loads(self.sidecar.read_text())
+            old = read_sidecar(self.sidecar)
             new = json.loads(json.dumps(config, default=json_default))
             if old.get("config") != new:
-                raise RecordsError(
-                    f"stateremat records: {self.sidecar} was written by a run with another "
-                    f"config ({_config_diff(old.get('config') or {}, new)}). Tip: use a new --out "
-                    "folder, or the same options as the interrupted run to resume it."
-                )
+                raise _other_config(self.sidecar, old.get("config") or {}, new)
             old.setdefault("resumed_utc", []).append(provenance()["created_utc"])
+            if launch is not None:
+                old.setdefault("launches", []).append(dict(launch))
             atomic_write_json(self.sidecar, old)
         else:
-            atomic_write_json(self.sidecar, {"table": table, "key": list(self.key),
-                                             "config": config, "provenance": provenance()})
+            doc = {"table": table, "key": list(self.key), "config": config,
+                   "provenance": provenance()}
+            if launch is not None:
+                doc["launches"] = [dict(launch)]
+            atomic_write_json(self.sidecar, doc)
 
     def done_keys(self) -> set[tuple]:
         """Keys (tuples over ``key`` columns) of rows already written."""

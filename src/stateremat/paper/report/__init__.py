@@ -7,7 +7,10 @@ from ._cohort import cohort_summary as cohort_summary  # registers the cohort re
 from ._semantics import report_semantics as report_semantics, report_semantics_extension as report_semantics_extension
 from ._bench import render as render_bench, report_bench as report_bench, write_tables as write_bench_tables
 from ._moco import report_moco as report_moco
+from ._verify import report_alias as report_alias, report_engines as report_engines, report_finite as report_finite
+from ._complete import check_complete as check_complete, remove_outputs as remove_outputs
 
-__all__ = ["REPORTERS", "cohort_summary", "register_reporter", "render_bench", "report_bench",
-           "report_moco", "report_semantics", "report_semantics_extension", "tables_in",
+__all__ = ["REPORTERS", "check_complete", "cohort_summary", "register_reporter", "render_bench",
+           "report_alias", "report_bench", "report_engines", "report_finite", "report_moco",
+           "remove_outputs", "report_semantics", "report_semantics_extension", "tables_in",
            "write_bench_tables"]

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ...contract import OPTIONS, atomic_write_bytes
+from ...contract import OPTIONS, atomic_write_bytes, atomic_write_json
 from ..records import read_records
-from ._registry import register_reporter
+from ._registry import Expected, register_reporter, steps_done
 from ._tables import method_label
 
 
@@ -129,9 +129,22 @@ def write_tables(out_dir: Path, summary: dict) -> Path:
     return atomic_write_bytes(Path(out_dir) / "tables.md", render(summary).encode())
 
 
-@register_reporter("bench")
-def report_bench(out_dir: Path) -> list[Path]:
-    """Write ``tables.md`` for a bench run folder from its raw rows; returns the paths written."""
-    from ..bench import summarize
+def expected_bench(doc: dict, out_dir: Path) -> Expected:
+    """Every (cell, method) of the experiment; complete with all its measured steps (or an
+    infeasible row)."""
+    from ..bench import experiment_spec
 
-    return [write_tables(out_dir, summarize(read_records(out_dir, "bench")))]
+    config = doc["config"]
+    spec = experiment_spec(config["experiment"], config["preset"])
+    units = [(c.name, m) for c in spec.cells if c.name in config["cells"] for m in c.methods]
+    return Expected(("cell", "method"), units, steps_done(int(config["steps"])), "(cell, method)")
+
+
+@register_reporter("bench", outputs=("summary.json", "tables.md"), expected=expected_bench)
+def report_bench(out_dir: Path) -> list[Path]:
+    """Write ``summary.json`` and ``tables.md`` for a bench run folder from its raw rows."""
+    from ..bench import bench_summary
+
+    summary = bench_summary(out_dir)
+    return [atomic_write_json(Path(out_dir) / "summary.json", summary),
+            write_tables(out_dir, summary)]

@@ -6,17 +6,16 @@ computed is reused. Paper §11, Tables 7 and 8, Figures 1 and 3.
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from ...contract import RecordsError, atomic_write_bytes, atomic_write_json
-from ..records import read_records
+from ..records import read_records, read_sidecar
 from ..stats import FAMILY_ALPHA, N_RESAMPLES, compare, comparisons_from, method_table
 from ._figures import method_color, new_figure, save_figure
-from ._registry import register_reporter
+from ._registry import Expected, register_reporter, steps_done
 from ._tables import byte_unit, fmt, markdown_table, method_label, method_rank, time_unit
 
 TIMING_TABLE = "cohort_timing"
@@ -50,10 +49,11 @@ def cohort_summary(out_dir: str | Path, *, n_resamples: int = N_RESAMPLES,
                            "`stateremat cohort processes ... --out DIR` first (a process's rows "
                            "appear when it finishes).")
     sidecar = out_dir / f"{TIMING_TABLE}.json"
+    doc = read_sidecar(sidecar)  # unreadable, not UTF-8 or not JSON: names the file
     try:
-        config = json.loads(sidecar.read_text())["config"]
+        config = doc["config"]
         config["cells"], config["comparisons"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (KeyError, TypeError) as exc:
         raise RecordsError(f"stateremat report: {sidecar} is not a cohort sidecar with a "
                            f"'config' holding 'cells' and 'comparisons' ({type(exc).__name__}: "
                            f"{exc}). Tip: report a folder written by `stateremat cohort "
@@ -113,7 +113,20 @@ def _unique(rows: pd.DataFrame, col: str) -> list:
     return sorted(map(str, rows[col].dropna().unique())) if col in rows else []
 
 
-@register_reporter(TIMING_TABLE)
+def expected_cohort(doc: dict, out_dir: Path) -> Expected:
+    """Every (process, cell, method) of processes ``0..N-1``, N the largest launch's
+    ``--processes``; a unit is complete with all its measured steps (or an infeasible row)."""
+    status = read_records(out_dir, STATUS_TABLE)
+    n = int(status["requested_processes"].max()) if "requested_processes" in status else 0
+    cells = doc["config"]["cells"]
+    done = {c["cell"]: steps_done(int(c["steps"])) for c in cells}
+    units = [(p, c["cell"], m) for p in range(n) for c in cells for m in c["methods"]]
+    return Expected(("process", "cell", "method"), units,
+                    lambda g: done[g["cell"].iloc[0]](g), "(process, cell, method)")
+
+
+@register_reporter(TIMING_TABLE, outputs=("summary.json", "cohort.md", "figure1.png", "figure1.svg",
+                                          "figure3.png", "figure3.svg"), expected=expected_cohort)
 def report_cohort(out_dir: Path) -> list[Path]:
     """Write ``summary.json``, ``cohort.md``, ``figure1.{png,svg}``, ``figure3.{png,svg}``."""
     out_dir = Path(out_dir)
@@ -125,7 +138,7 @@ def report_cohort(out_dir: Path) -> list[Path]:
     return paths
 
 
-@register_reporter(STATUS_TABLE)
+@register_reporter(STATUS_TABLE, outputs=("processes.md",))
 def report_processes(out_dir: Path) -> list[Path]:
     """Write ``processes.md``: every launch attempt with its status and exit code."""
     st = read_records(out_dir, STATUS_TABLE)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...contract import atomic_write_bytes
 from ._figures import new_figure, save_figure
-from ._registry import register_reporter
+from ._registry import Expected, register_reporter
 from ._tables import byte_unit, markdown_table
 
 LABELS = {"eager": "Eager", "whole": "Whole", "regions": "Regions", "functional": "Functional",
@@ -101,7 +101,20 @@ def moco_figure(summary: dict, stem: Path) -> list[Path]:
     return save_figure(fig, stem)
 
 
-@register_reporter("moco")
+def expected_moco(doc: dict, out_dir: Path) -> Expected | None:
+    """Every (seed, method) some launch asked for (the sidecar's ``launches``); a unit is
+    complete once a row of it finished (a failed run is retried on resume). None for runs
+    written before launches were recorded."""
+    launches = doc.get("launches")
+    if not launches:
+        return None
+    units = {(int(s), m) for ln in launches for s in ln["seeds"] for m in ln["methods"]}
+    return Expected(("seed", "method"), units, lambda g: bool((g["outcome"] == "ok").any()),
+                    "(seed, method)")
+
+
+@register_reporter("moco", outputs=("summary.json", "moco_table9.md", "moco_fig3c.png",
+                                    "moco_fig3c.svg"), expected=expected_moco)
 def report_moco(out_dir: Path) -> list[Path]:
     """Rewrite ``summary.json`` from the raw rows and score files, then write ``moco_table9.md``
     and ``moco_fig3c.{png,svg}`` under ``out_dir``."""

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from ...contract import atomic_write_bytes
 from ..records import read_records
-from ._registry import register_reporter
+from ._registry import Expected, register_reporter
 
 #: The paper's Table 2 (torch 2.8.0+cu126 on H100), quoted for side-by-side comparison only.
 PAPER_TABLE2: dict[tuple[str, str], tuple[int, int, int]] = {
@@ -50,7 +50,16 @@ def _markdown(title: str, summary: dict, with_paper: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-@register_reporter("semantics")
+def expected_semantics(doc: dict, out_dir: Path) -> Expected:
+    """Every (backend, method, family, seed, dtype) of the configured seeds in this table."""
+    from ..semantics import KEY, cohort_units
+
+    table = doc.get("table")
+    units = [u.key for u in cohort_units(doc["config"]["seeds"]) if u.table == table]
+    return Expected(tuple(KEY), units, None, "(backend, method, family, seed, dtype)")
+
+
+@register_reporter("semantics", outputs=("semantics.md",), expected=expected_semantics)
 def report_semantics(out_dir: Path) -> list[Path]:
     """Write ``semantics.md``: the Table 2 counts beside the paper's, and per-family counts.
 
@@ -66,7 +75,8 @@ def report_semantics(out_dir: Path) -> list[Path]:
     return [path]
 
 
-@register_reporter("semantics_stateremat_jax")
+@register_reporter("semantics_stateremat_jax", outputs=("semantics_stateremat_jax.md",),
+                   expected=expected_semantics)
 def report_semantics_extension(out_dir: Path) -> list[Path]:
     """Write ``semantics_stateremat_jax.md``: outcomes of ``stateremat.jax.checkpoint``."""
     from ..semantics import summarize_frame

@@ -25,7 +25,8 @@ from ._families import (DTYPES, FAMILIES, JAX_METHODS, STATEREMAT_JAX_METHOD, TO
 SEMANTICS_TABLE = "semantics"
 EXTENSION_TABLE = "semantics_stateremat_jax"
 KEY = ("backend", "method", "family", "seed", "dtype")
-_FLUSH_EVERY = 100
+_FLUSH_EVERY = 100  # rows, or
+_FLUSH_S = 2.0  # seconds: a kill -9 loses at most this much finished work
 
 
 @dataclass(frozen=True)
@@ -232,10 +233,13 @@ def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: Progre
     buffers: dict[str, list[dict]] = {t: [] for t in stores}
     written = {t: 0 for t in stores}
 
+    last = [time.monotonic()]
+
     def flush() -> None:
         for t, rows in buffers.items():
             written[t] += stores[t].append(rows)
             rows.clear()
+        last[0] = time.monotonic()
 
     task = as_progress(progress, "run_semantics").task("semantics", total=len(pending))
     try:
@@ -251,7 +255,8 @@ def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: Progre
                 for u in group:
                     buffers[u.table].append(execute_unit(u, reference, versions, device))
                     task.advance()
-            if sum(map(len, buffers.values())) >= _FLUSH_EVERY:
+            if (sum(map(len, buffers.values())) >= _FLUSH_EVERY
+                    or time.monotonic() - last[0] >= _FLUSH_S):
                 flush()
     finally:
         flush()  # finished rows are never lost on interruption

@@ -9,6 +9,9 @@ keeps exactly the bytes each write changes (``granularity_bytes=None``, the libr
 since issue 15); ``granularity_bytes=4096`` gives the paper's 4,096-byte pages, which at the cpu
 scale touch relatively more of the buffer than on the H100 (1 region of 256 per segment instead
 of 256 of 262,144).
+
+The ``tiny`` preset divides bytes by 2^16 (width and batch by 256 each): every run of an
+experiment takes seconds, which is what the test suite uses; its numbers are not the paper's.
 """
 from __future__ import annotations
 
@@ -16,11 +19,14 @@ import dataclasses
 from dataclasses import dataclass
 
 WORKLOADS = ("feature_queue", "prototype_memory", "unrolled_recurrence")
-PRESETS = ("h100", "cpu")
+PRESETS = ("h100", "cpu", "tiny")
 
 #: cpu preset = h100 bytes / CPU_BYTES_FACTOR (width and batch each / CPU_DIM_FACTOR).
 CPU_BYTES_FACTOR = 1024
 CPU_DIM_FACTOR = 32
+#: tiny preset (the test suite's scale: seconds per run) = h100 bytes / TINY_BYTES_FACTOR.
+TINY_BYTES_FACTOR = 2**16
+TINY_DIM_FACTOR = 256
 _MIB = 1024**2
 _GIB = 1024**3
 
@@ -104,6 +110,21 @@ class WorkloadConfig:
         """Rows each live segment writes per step (at least one)."""
         return max(1, min(self.state_rows, round(self.write_fraction * self.state_rows)))
 
+    @property
+    def estimated_peak_bytes(self) -> int:
+        """A rough upper estimate of one training step's peak allocation, bytes.
+
+        Parameters with gradients and momentum (3 × ``segments × (2 width hidden + hidden)``
+        elements), every segment's eager activations (``batch × (width + hidden)`` elements
+        each) and the state buffer with one whole snapshot per live version
+        (``(2 + live_versions) × state_bytes``). Commands refuse a shape whose estimate exceeds
+        the memory the device has, before allocating anything.
+        """
+        per_segment = 3 * (2 * self.width * self.hidden + self.hidden) \
+            + self.batch * (self.width + self.hidden)
+        return int(self.segments * per_segment * self.itemsize
+                   + (2 + self.live_versions) * self.state_bytes)
+
     def replace(self, **changes) -> "WorkloadConfig":
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
@@ -126,6 +147,8 @@ def scale(preset: str) -> dict:
         return {"bytes_factor": 1, "dim_factor": 1}
     if preset == "cpu":
         return {"bytes_factor": CPU_BYTES_FACTOR, "dim_factor": CPU_DIM_FACTOR}
+    if preset == "tiny":
+        return {"bytes_factor": TINY_BYTES_FACTOR, "dim_factor": TINY_DIM_FACTOR}
     raise ValueError(f"preset {preset!r} is not one of {PRESETS}. Tip: use --preset cpu here, "
                      "h100 on an 80+ GiB GPU.")
 
@@ -146,7 +169,7 @@ def preset_config(preset: str, *, workload: str = "feature_queue", state_mib: in
     """A :class:`WorkloadConfig` given in the paper's H100 units, scaled to ``preset``.
 
     Args:
-        preset: ``"h100"`` or ``"cpu"``.
+        preset: ``"h100"``, ``"cpu"`` or ``"tiny"`` (tests).
         workload: one of :data:`WORKLOADS`.
         state_mib: the paper's state size in MiB (64 or 1,024), scaled by the preset.
         write_fraction: 0.001 (sparse) or 1 (dense); not scaled.

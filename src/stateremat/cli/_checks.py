@@ -1,0 +1,206 @@
+"""Checks every command makes before any work: output paths, devices, memory estimates.
+
+Commands call these before they measure, plan or write anything, so bad input costs nothing
+and never replaces a file it should not (a FIFO, a device such as ``/dev/null``, a folder).
+Each raises :class:`typer.Exit` (code 2) after printing one ``error:`` line with a tip.
+"""
+from __future__ import annotations
+
+import math
+import os
+import stat
+from pathlib import Path
+from typing import Any, Callable
+
+import typer
+
+from ._app import fail
+
+#: Largest seed any command accepts (seeds are NumPy/torch/JAX generator seeds; 32 bits).
+MAX_SEED = 2**32 - 1
+
+_KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(path: Path) -> str | None:
+    """What ``path`` is when it exists and is neither a regular file nor a folder (else None)."""
+    if os.path.islink(path) and not path.exists():
+        return "a broken symbolic link"
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    for test, name in _KINDS:
+        if test(mode):
+            return ("a symbolic link to " + name) if os.path.islink(path) else name
+    return None
+
+
+def in_range(lo: float, hi: float, tip: str, *, lo_open: bool = False) -> Callable[..., Any]:
+    """A typer ``callback=`` refusing a number outside ``[lo, hi]`` (``(lo, hi]`` if
+    ``lo_open``), NaN included, while the command line is parsed (before any work).
+
+    The error names the command and option, the range and the value, and ends with ``tip``.
+    """
+    low = f"> {lo:,}" if lo_open else f">= {lo:,}"
+
+    def check(ctx: typer.Context, param: Any, value: Any) -> Any:
+        if value is None:
+            return value
+        ok = (value > lo if lo_open else value >= lo) and value <= hi
+        if not ok or (isinstance(value, float) and math.isnan(value)):
+            raise fail(f"{ctx.command_path}: {param.opts[0]} must be {low} and <= {hi:,}, got "
+                       f"{value}. Tip: {tip}.")
+        return value
+
+    return check
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path.absolute()
+    while not os.path.lexists(p) and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _check_parent(where: str, path: Path, option: str) -> None:
+    parent = _nearest_existing(path.absolute().parent)
+    if not parent.is_dir():
+        raise fail(f"{where}: {parent} is a file, not a folder, so {path.name!r} cannot be "
+                   f"created there. Tip: choose a {option} path inside a folder.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise fail(f"{where}: folder {parent} is not writable. Tip: choose a {option} path you "
+                   "can write.")
+
+
+def check_output_file(api: str, option: str, path: Path | None) -> None:
+    """Refuse an output *file* path that cannot or must not be written, before any work.
+
+    Refused: a folder; anything that exists and is not a regular file (a device such as
+    ``/dev/null``, a FIFO, a socket, a symbolic link to one, a broken link), because the
+    atomic write would replace it; a path whose nearest existing parent is not a writable
+    folder (missing parent folders are created when the file is written).
+
+    Args:
+        api: command name for the message (``"stateremat plan"``).
+        option: the option naming the path (``"--json"``).
+        path: the path, or None (nothing to check).
+
+    Raises:
+        typer.Exit: (code 2) after printing what was wrong and a tip.
+    """
+    if path is None:
+        return
+    path = Path(path)
+    where = f"{api}: {option} {str(path)!r}"
+    if path.is_dir():
+        raise fail(f"{where} is a folder; expected a file path. Tip: e.g. {option} "
+                   f"{path / 'out.json'}.")
+    kind = _kind(path)
+    if kind is not None:
+        raise fail(f"{where} exists and is {kind}, not a regular file; writing the output "
+                   "would replace it. Tip: choose a regular file path.")
+    _check_parent(where, path, option)
+
+
+def check_out_dir(api: str, out: Path, option: str = "--out") -> None:
+    """Refuse a run folder that is not (and cannot become) a writable folder, before any work.
+
+    Also refuses a folder holding an entry that is neither a regular file nor a folder (a FIFO,
+    a device, a link to one): outputs written there would replace it.
+
+    Raises:
+        typer.Exit: (code 2) after printing what was wrong and a tip.
+    """
+    out = Path(out)
+    where = f"{api}: {option} {str(out)!r}"
+    kind = _kind(out)
+    if kind is not None or (out.exists() and not out.is_dir()):
+        raise fail(f"{where} is {kind or 'a file'}, not a folder. Tip: pass a folder path (it "
+                   "is created if missing).")
+    if out.is_dir():
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise fail(f"{where}: the folder is not writable. Tip: choose a {option} folder you "
+                       "can write.")
+        for entry in sorted(out.iterdir()):
+            kind = _kind(entry)
+            if kind is not None:
+                raise fail(f"{where}: {entry.name!r} in it is {kind}, not a regular file; this "
+                           "run's outputs would replace it. Tip: move it away or use another "
+                           f"{option} folder.")
+        return
+    _check_parent(where, out, option)
+
+
+def check_device(api: str, device: str, *, auto: bool = False) -> str:
+    """Refuse a device name other than ``cpu``/``cuda``/``cuda:N`` (and ``auto`` if allowed),
+    or a CUDA device torch cannot see, before any work.
+
+    Returns:
+        ``device`` unchanged (``auto`` is resolved by the caller).
+
+    Raises:
+        typer.Exit: (code 2) after printing what was wrong and a tip.
+    """
+    names = "auto, cpu, cuda or cuda:N" if auto else "cpu, cuda or cuda:N"
+    if device == "cpu" or (auto and device == "auto"):
+        return device
+    if not (device == "cuda" or (device.startswith("cuda:") and device[5:].isdigit())):
+        raise fail(f"{api}: --device must be {names}, got {device!r}. Tip: use --device "
+                   f"{'auto' if auto else 'cpu'} here.")
+    import torch
+
+    if not torch.cuda.is_available():
+        raise fail(f"{api}: --device {device}, but this torch ({torch.__version__}) sees no "
+                   "CUDA device. Tip: use --device cpu.")
+    index = int(device[5:]) if ":" in device else 0
+    if index >= torch.cuda.device_count():
+        raise fail(f"{api}: --device {device}, but only {torch.cuda.device_count()} CUDA "
+                   "device(s) are visible. Tip: use cuda:0.")
+    return device
+
+
+def available_memory_bytes(device: str = "cpu") -> int | None:
+    """Bytes this machine can still give (``MemAvailable``; on CUDA the device's free memory),
+    or None when unknown."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.mem_get_info(torch.device(device))[0])
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:  # psutil is optional: read /proc/meminfo where there is one
+        try:
+            for line in Path("/proc/meminfo").read_text().splitlines():
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+    return None
+
+
+def check_memory(api: str, what: str, estimate_bytes: int, device: str = "cpu",
+                 tip: str = "use a smaller size or count") -> None:
+    """Refuse work whose estimated allocation exceeds what the machine (or device) has.
+
+    Args:
+        api: command name for the message.
+        what: what the estimate is of, with the options that set it.
+        estimate_bytes: estimated peak allocation, bytes.
+        device: where it would be allocated (``cpu`` or ``cuda[:N]``).
+        tip: what to change.
+
+    Raises:
+        typer.Exit: (code 2) naming the estimate and what is available.
+    """
+    from ..contract import format_bytes
+
+    have = available_memory_bytes(device)
+    if have is not None and estimate_bytes > have:
+        where = "this machine has" if device == "cpu" else f"{device} has"
+        raise fail(f"{api}: {what} needs about {format_bytes(estimate_bytes)} "
+                   f"({estimate_bytes:,} bytes, estimated), but {where} "
+                   f"{format_bytes(have)} available. Tip: {tip}.")

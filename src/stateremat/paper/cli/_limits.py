@@ -1,0 +1,77 @@
+"""The documented range of every numeric option of the paper commands, checked before any work.
+
+Counts are capped where the work (or the rows a summary reads back) would outgrow any machine
+long before it finished; the README's "Commands" section lists the same numbers. Options with
+a plain integer range declare it to typer (``min=``/``max=``, shown by ``--help``); seed
+ranges are checked here before a list of seeds is built.
+"""
+from __future__ import annotations
+
+import re
+
+from stateremat.cli import MAX_SEED, check_memory, fail
+
+#: Programs of ``verify finite`` / ``verify engines`` (paper: 1,024 and 1,200).
+MAX_PROGRAMS = 100_000
+#: Seeds of ``verify alias`` (paper: 50) and ``cohort semantics`` (paper: 50).
+MAX_STUDY_SEEDS = 10_000
+#: Seeds of ``app moco`` (paper: 6).
+MAX_MOCO_SEEDS = 1_000
+#: Processes of ``cohort processes`` (paper: 50) and concurrent jobs.
+MAX_PROCESSES = 10_000
+MAX_JOBS = 1_024
+#: CPU threads per process.
+MAX_THREADS = 1_024
+#: Measured steps and warmups per method (paper: at most 1,000 and 50).
+MAX_STEPS = 10_000
+MAX_WARMUPS = 1_000
+#: ``--timeout-s`` of a cohort process: at most a week.
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+
+#: Bytes a row of each table takes once read back into pandas (measured), times the copies a
+#: summary makes (concatenation, grouping): what ``check_rows`` multiplies by.
+ROW_BYTES = {"finite": 300, "engines": 350, "alias": 400, "semantics": 600, "cohort_timing": 600}
+_COPIES = 4
+
+
+def parse_seeds(api: str, option: str, text: str, max_count: int, *,
+                count_form: bool = False) -> list[int]:
+    """Seeds of ``text``: a half-open range ``A:B``, one seed ``A``, or (``count_form``) a
+    count ``N`` meaning ``0:N``; every seed in ``[0, MAX_SEED]``, at most ``max_count`` of them.
+
+    The bounds are checked before the list is built, so a 20-digit range costs nothing.
+
+    Raises:
+        typer.Exit: (code 2) naming the option, what was expected and what was given.
+    """
+    from ...contract import parse_seed_range
+
+    where = f"{api}: {option} {text!r}"
+    form = "a count N (seeds 0..N-1) or a half-open range A:B" if count_form else \
+        "a half-open range A:B (or one seed A)"
+    tip = f"Tip: {option} takes {form} of seeds in [0, {MAX_SEED}], at most {max_count:,} seeds."
+    m = re.fullmatch(r"\s*\+?(\d+)\s*(?::\s*\+?(\d+)\s*)?", str(text))
+    if m:
+        a, b = int(m.group(1)), None if m.group(2) is None else int(m.group(2))
+        if b is None:
+            a, b = (0, a) if count_form else (a, a + 1)
+        if b > a and b - 1 > MAX_SEED:
+            raise fail(f"{where}: seeds must be at most {MAX_SEED} (32 bits), got {b - 1}. {tip}")
+        if b - a > max_count:
+            raise fail(f"{where}: {b - a:,} seeds, more than the {max_count:,} allowed. {tip}")
+        if count_form and m.group(2) is None:
+            if a == b:
+                raise fail(f"{where}: expected a seed count >= 1 or a range A:B, got 0. {tip}")
+            return list(range(a, b))
+    if count_form and ":" not in str(text):
+        raise fail(f"{where}: expected a seed count >= 1 or a range A:B, got {text!r}. {tip}")
+    try:
+        return parse_seed_range(text)
+    except ValueError as exc:
+        raise fail(f"{where}: {exc}. {tip}")
+
+
+def check_rows(api: str, table: str, rows: int, what: str) -> None:
+    """Refuse a run whose rows, read back for its summary, would not fit in memory."""
+    check_memory(api, f"{what} ({rows:,} rows of {table!r}, read back for the summary)",
+                 rows * ROW_BYTES[table] * _COPIES, tip="ask for fewer")

@@ -1,0 +1,99 @@
+"""Is a run folder complete? Its rows against the units its config implies, table by table.
+
+``stateremat report`` renders a table only when every unit its run's config implies has its
+rows (count per method, seed and process), unless told ``--allow-incomplete``; a table it does
+not render has its earlier outputs removed, so no stale table or figure sits beside new ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ...contract import RecordsError
+from ..records import read_records, read_sidecar
+from ._registry import EXPECTED, OUTPUTS, REPORTERS, missing_units, orphan_tables, tables_in
+
+_SHOW = 5  # missing units named in a message
+
+
+@dataclass
+class TableStatus:
+    """Completeness of one table of a run folder.
+
+    Attributes:
+        table: records table.
+        rows: rows present.
+        expected: units the config implies (None: not checked for this table).
+        missing: units without (complete) rows.
+        noun: what a unit is.
+        problem: why completeness could not be judged (no sidecar, unreadable rows, ...).
+    """
+
+    table: str
+    rows: int = 0
+    expected: int | None = None
+    missing: list[tuple] = field(default_factory=list)
+    noun: str = ""
+    problem: str | None = None
+
+    @property
+    def complete(self) -> bool:
+        """Nothing missing and nothing wrong."""
+        return self.problem is None and not self.missing
+
+    def message(self) -> str:
+        """What is missing, in one line (names the first units)."""
+        if self.problem is not None:
+            return f"{self.table}: {self.problem}"
+        shown = "; ".join(", ".join(map(str, u)) for u in self.missing[:_SHOW])
+        more = f"; and {len(self.missing) - _SHOW:,} more" if len(self.missing) > _SHOW else ""
+        return (f"{self.table}: {len(self.missing):,} of {self.expected:,} {self.noun} units have "
+                f"no complete rows ({self.rows:,} rows present): {shown}{more}")
+
+
+def _status(out_dir: Path, table: str) -> TableStatus:
+    st = TableStatus(table)
+    try:
+        doc = read_sidecar(out_dir / f"{table}.json")
+        rows = read_records(out_dir, table)
+    except RecordsError as exc:
+        st.problem = str(exc)
+        return st
+    st.rows = len(rows)
+    if table not in EXPECTED or rows.empty:  # no rows at all: the reporter says so (exit 2)
+        return st
+    try:
+        exp = EXPECTED[table](doc, out_dir)
+    except (KeyError, TypeError, ValueError, RecordsError):
+        return st  # a config that does not say: the reporter judges the sidecar itself
+    if exp is not None:
+        st.expected, st.noun = len(exp.units), exp.noun
+        st.missing = missing_units(rows, exp)
+    return st
+
+
+def check_complete(out_dir: str | Path) -> dict[str, TableStatus]:
+    """Completeness of every table of ``out_dir`` a reporter knows, and of folders of rows
+    whose sidecar is missing.
+
+    Returns:
+        ``{table: TableStatus}``.
+    """
+    out_dir = Path(out_dir)
+    out = {t: _status(out_dir, t) for t in tables_in(out_dir) if t in REPORTERS}
+    for t in orphan_tables(out_dir):
+        out[t] = TableStatus(t, problem=f"rows in {out_dir / t} but no sidecar "
+                             f"{out_dir / (t + '.json')}, so nothing says which run wrote them "
+                             "(restore the sidecar from a copy)")
+    return out
+
+
+def remove_outputs(out_dir: str | Path, table: str) -> list[Path]:
+    """Delete the files ``table``'s reporter writes (they would be stale); returns those removed."""
+    gone = []
+    for name in OUTPUTS.get(table, ()):
+        p = Path(out_dir) / name
+        if p.is_file():
+            p.unlink()
+            gone.append(p)
+    return gone
