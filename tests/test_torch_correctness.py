@@ -654,3 +654,126 @@ def test_clear_errors_for_lazy_modules_and_too_many_sequential_segments():
     wrapped = StatefulCheckpoint(nn.Sequential(nn.Tanh(), nn.ReLU()))
     wrapped[1] = nn.Sigmoid()
     assert len(wrapped) == 2 and isinstance(list(wrapped)[1], nn.Sigmoid)
+
+
+# ---- state reached by any path the forward can take (user review of issue 14) --------------
+class _Bag:  # a plain object holding state
+    def __init__(self):
+        self.t = torch.zeros(3, dtype=D)
+        self.g = torch.Generator().manual_seed(5)
+
+
+_GLOBAL_BAG = _Bag()
+
+
+class _Holder(nn.Module):
+    """One block whose state sits at ``path``; ``op`` is an in-place write, a rebinding or a draw."""
+
+    table = torch.zeros(3, dtype=D)  # a class attribute
+    bag = _Bag()
+
+    def __init__(self, path, op, parent=None):
+        super().__init__()
+        self.path, self.op = path, op
+        self.w = nn.Parameter(torch.ones(3, dtype=D))
+        if path == "underscore":
+            self._t, self._g = torch.zeros(3, dtype=D), torch.Generator().manual_seed(5)
+        elif path == "plain_object":
+            self.mem = _Bag()
+        elif path == "underscore_plain_object":
+            self._mem = _Bag()
+        elif path == "list_in_object":
+            self.mem = _Bag()
+            self.mem.t = [torch.zeros(3, dtype=D)]
+        elif path == "unregistered_module":
+            object.__setattr__(self, "parent", parent)
+
+    def _get(self):
+        return {"underscore": lambda: (self, "_t", "_g"), "plain_object": lambda: (self.mem, "t", "g"),
+                "underscore_plain_object": lambda: (self._mem, "t", "g"),
+                "global_object": lambda: (_GLOBAL_BAG, "t", "g"),
+                "class_object": lambda: (type(self).bag, "t", "g"),
+                "list_in_object": lambda: (self.mem.t, 0, None),
+                "class_tensor": lambda: (type(self), "table", None),
+                "unregistered_module": lambda: (self.parent, "count", None)}[self.path]()
+
+    def forward(self, x):
+        obj, name, gname = self._get()
+        t = obj[name] if isinstance(obj, list) else getattr(obj, name)
+        if self.op == "draw":
+            return (self.w * x * (torch.rand(3, generator=getattr(obj, gname), dtype=D) > 0.5)).sum()
+        y = (self.w * x * (1 + t)).sum()
+        if self.op == "write":
+            t.add_(1)
+        else:  # rebind
+            new = t + 1
+            obj.__setitem__(name, new) if isinstance(obj, list) else setattr(obj, name, new)
+        return y
+
+
+def _holder_pair(path, op):
+    def one():
+        torch.manual_seed(0)
+        parent = nn.Module()
+        parent.register_buffer("count", torch.zeros(3, dtype=D))
+        if path == "global_object":
+            _GLOBAL_BAG.__init__()
+        if path.startswith("class_"):
+            _Holder.table, _Holder.bag = torch.zeros(3, dtype=D), _Bag()
+        return _Holder(path, op, parent)
+    return one
+
+
+_PATHS = ["underscore", "plain_object", "underscore_plain_object", "global_object", "class_object",
+          "list_in_object", "class_tensor", "unregistered_module"]
+
+
+@pytest.mark.parametrize("path", _PATHS)
+@pytest.mark.parametrize("op", ["write", "rebind", "draw"])
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("nested", [False, True])
+def test_state_reached_by_any_path_is_replayed_or_refused(path, op, preserve, nested):
+    if op == "draw" and path in ("list_in_object", "class_tensor", "unregistered_module"):
+        pytest.skip("no generator on this path")
+    x = torch.arange(1.0, 4.0, dtype=D)
+    make = _holder_pair(path, op)
+    ref = make()
+    ref(x).backward()
+    want = (ref.w.grad.clone(), ref._get())
+    m = make()
+    def run():
+        if nested:
+            return checkpoint(lambda x: checkpoint(m, x, preserve=preserve), x, preserve=preserve)
+        return checkpoint(m, x, preserve=preserve)
+
+    if op == "draw":  # generators are captured and replayed: exactly eager
+        run().backward()
+        assert torch.equal(m.w.grad, want[0])
+        assert torch.equal(getattr(m._get()[0], m._get()[2]).get_state(),
+                           getattr(want[1][0], want[1][2]).get_state())
+        return
+    with pytest.raises(UndeclaredStateError, match=r"not declared state|rebound|rebinds|bound"):
+        run().backward()
+
+
+@pytest.mark.parametrize("path", _PATHS)
+def test_profile_puts_back_state_reached_by_any_path(path):
+    from stateremat.torch import profile
+
+    make = _holder_pair(path, "write")
+    model = nn.Sequential(make(), make())
+
+    def state():
+        out = []
+        for b in model:
+            obj, name, gname = b._get()
+            t = obj[name] if isinstance(obj, list) else getattr(obj, name)
+            out.append((t, t.clone(), getattr(obj, gname).get_state() if gname else None))
+        return out
+
+    before = state()
+    profile(model, ["0", "1"], lambda mdl: mdl(torch.ones(3, dtype=D)).backward(), repeats=1,
+            options=["eager", "whole"], on_undeclared="declare")
+    for (t0, v0, g0), (t1, v1, g1) in zip(before, state()):
+        assert t1 is t0 and torch.equal(t1, v0)
+        assert g0 is None or torch.equal(g1, g0)

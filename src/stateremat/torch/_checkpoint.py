@@ -330,6 +330,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
         held_keys = {(id(m), d, k) for m, d, k, _ in held}
         seg.slots = [(path, m, tensor_slots(m), {(d, k) for (i, d, k) in held_keys if i == id(m)})
                      for path, m in r.modules if id(m) not in declared_mods]
+        seg.plain_slots = r.slots  # tensors bound outside modules: a rebinding is refused
         if probes:
             with library_ops():
                 seg.norm_probes = [(n, t, t.clone()) for n, t in probes.values()]

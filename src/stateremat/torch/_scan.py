@@ -1,23 +1,29 @@
 """What a segment declares and what it can reach (undeclared-write detection R7, RNG R3).
 
 A segment *declares* tensors (``state=``: tensors, modules = all their buffers, generators).
-It can *reach*: the parameters, buffers and tensor attributes of the modules it runs (``fn``
-itself, a bound method's ``self``, modules captured in its closure, named as globals or passed
-as arguments), tensors in its arguments, closure and globals, and — up to :data:`MAX_DEPTH`
-levels — tensors inside captured lists, tuples, dicts and plain objects' attributes
-(``self.memory.bank``). Version counters of reachable tensors are read before and after the
-forward (and around the replay): a change on one that is not declared is an undeclared
-in-place write. Reachable ``torch.Generator`` objects are captured and replayed like the
-default generators (R3). Running statistics of reachable normalization layers in training are
-compared byte for byte, because ``native_batch_norm`` updates them without bumping a version.
+It can *reach*: the parameters, buffers and other attributes (underscored or not, unregistered
+modules included) of the modules it runs (``fn`` itself, a bound method's ``self``, modules
+captured in its closure, named as globals or passed as arguments), their classes' attributes,
+the globals their methods (``forward`` and its helpers) and ``fn`` load, tensors in its
+arguments and closure, and — up to :data:`MAX_DEPTH` levels — tensors inside captured lists,
+tuples, dicts and plain objects' attributes (``self.memory.bank``). Version counters of
+reachable tensors are read before and after the forward (and around the replay): a change on
+one that is not declared is an undeclared in-place write; a list, dict, object, class or
+module global that holds another tensor after the forward was *rebound* (refused the same
+way). Reachable ``torch.Generator`` objects are captured and replayed like the default
+generators (R3). Running statistics of reachable normalization layers in training are compared
+byte for byte, because ``native_batch_norm`` updates them without bumping a version.
 
 Danger:
-    Tensors reachable only through deeper object graphs (or past :data:`MAX_OBJECTS` objects)
-    are not checked: an undeclared write to one repeats at replay.
+    Tensors reachable only through deeper object graphs (or past :data:`MAX_OBJECTS` objects),
+    through functions outside the modules' classes that load globals of their own, or through
+    objects of standard-library classes (other than ``SimpleNamespace``) are not checked: an
+    undeclared write to one repeats at replay.
 """
 from __future__ import annotations
 
 import functools
+import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -33,6 +39,67 @@ MAX_DEPTH = 4
 MAX_OBJECTS = 20_000
 
 _NORM_TYPES = (nn.modules.batchnorm._NormBase,)
+#: ``nn.Module``'s own instance attributes (tables, hooks, flags): everything else a module
+#: holds in its ``__dict__``, underscored or not, is user state the scan follows.
+_MODULE_INTERNALS = frozenset(nn.Module().__dict__)
+#: Plain values that hold no tensor (not followed).
+_ATOMS = (str, bytes, int, float, complex, bool, type, types.ModuleType)
+
+
+def _code_names(code: types.CodeType) -> set[str]:
+    """Global names a code object and the functions nested in it may load."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, types.CodeType):
+            names |= _code_names(c)
+    return names
+
+
+@functools.lru_cache(maxsize=None)
+def _class_globals(cls: type) -> tuple[tuple[str, dict], ...]:
+    """``(name, module globals)`` of every global the methods of ``cls`` (classes outside
+    torch) may load: ``forward`` and the helpers it calls."""
+    out: dict[tuple[str, int], tuple[str, dict]] = {}
+    for c in cls.__mro__:
+        if c is object or c.__module__.split(".")[0] == "torch":
+            continue
+        for v in vars(c).values():
+            f = v.fget if isinstance(v, property) else getattr(v, "__func__", v)
+            code, glb = getattr(f, "__code__", None), getattr(f, "__globals__", None)
+            if isinstance(code, types.CodeType) and isinstance(glb, dict):
+                for n in _code_names(code):
+                    out.setdefault((n, id(glb)), (n, glb))
+    return tuple(out.values())
+
+
+def _state_global(v: Any) -> bool:
+    """A global worth following: tensors, modules, generators, containers and plain objects
+    (not functions, classes, imported modules or plain values)."""
+    return isinstance(v, (torch.Tensor, nn.Module, torch.Generator)) or not (
+        v is None or callable(v) or isinstance(v, _ATOMS))
+
+
+def module_attrs(m: nn.Module) -> list[tuple[str, Any]]:
+    """``m``'s unregistered attributes (``s.count``, ``s._cache``, ``s.memory``, an unregistered
+    module), without ``nn.Module``'s own tables and hooks."""
+    return [(k, v) for k, v in m.__dict__.items() if k not in _MODULE_INTERNALS]
+
+
+@functools.lru_cache(maxsize=None)
+def _class_state(cls: type) -> tuple[str, ...]:
+    """Names of class attributes of ``cls`` (classes outside torch) that may hold tensors:
+    tensors, generators, containers and plain objects (not functions, types or descriptors)."""
+    names = []
+    for c in cls.__mro__:
+        if c is object or c.__module__.split(".")[0] == "torch":
+            continue
+        for k, v in vars(c).items():
+            if k.startswith("__") or k in names or v is None or isinstance(v, _ATOMS):
+                continue
+            if isinstance(v, (torch.Tensor, torch.Generator, list, tuple, dict)) or not (
+                    callable(v) or hasattr(v, "__get__")):
+                names.append(k)
+    return tuple(names)
 
 
 def root_module(fn: Callable) -> nn.Module | None:
@@ -138,6 +205,11 @@ class Reach:
     norm_stats: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
     modules: list[tuple[str, nn.Module]] = field(default_factory=list)
     seen: set[int] = field(default_factory=set)
+    #: lists, dicts, sets and plain objects followed (what a profiling run must put back)
+    mutables: list[Any] = field(default_factory=list)
+    #: ``(name, holder, key, tensor)``: a tensor bound in a list, dict, plain object, class or
+    #: module globals (see :func:`rebound`)
+    slots: list[tuple[str, Any, Any, torch.Tensor]] = field(default_factory=list)
 
     def budget_left(self) -> bool:
         return len(self.seen) < MAX_OBJECTS
@@ -160,15 +232,28 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
                 v = sub._buffers.get(k)
                 if v is not None:
                     r.norm_stats[id(v)] = (("buffer", path, k), v)
-        for k, v in sub.__dict__.items():
-            # Unregistered attributes (s.count = torch.zeros(1), s.memory = Memory()) that replay
-            # would otherwise write twice; module internals (_parameters, hooks) are skipped.
-            if k.startswith("_") or isinstance(v, nn.Module):
-                continue
+        for k, v in module_attrs(sub):
+            # Unregistered attributes (s.count = torch.zeros(1), s._gen, s.memory = Memory(), an
+            # unregistered module) that replay would otherwise write twice or draw from again.
             if isinstance(v, torch.Tensor):
                 r.tensors.setdefault(id(v), (("tensor attribute", path, k), v))
             else:
-                _add_value(r, v, f"attribute {path + '.' if path else ''}{k}", 1)
+                where = f"{path}.{k}" if path else k
+                _add_value(r, v, f"attribute {where}", 1, where)
+        cls = type(sub)
+        for k in _class_state(cls):
+            if k not in sub.__dict__:  # a class attribute the instance does not shadow
+                v = getattr(cls, k, None)
+                what = f"class attribute {cls.__name__}.{k}"
+                if isinstance(v, torch.Tensor):
+                    r.slots.append((what, cls, k, v))
+                _add_value(r, v, what, 1)
+        for name, glb in _class_globals(cls):  # globals its forward and helpers use
+            v = glb.get(name)
+            if _state_global(v):
+                if isinstance(v, torch.Tensor):
+                    r.slots.append((f"global {name!r}", glb, name, v))
+                _add_value(r, v, f"global {name!r}", 0, name)
 
 
 def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
@@ -194,9 +279,11 @@ def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
             continue
         _add_value(r, v, f"captured variable {name!r}", 0, name)
     glb = getattr(fn, "__globals__", {})
-    for name in code.co_names:
+    for name in _code_names(code):
         v = glb.get(name)
-        if isinstance(v, (torch.Tensor, nn.Module, torch.Generator, list, tuple, dict)):
+        if _state_global(v):
+            if isinstance(v, torch.Tensor):
+                r.slots.append((f"global {name!r}", glb, name, v))
             _add_value(r, v, f"global {name!r}", 0, name)
 
 
@@ -210,19 +297,30 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
     if isinstance(v, nn.Module):
         _add_module(r, v, prefix or what)
         return
-    if depth >= MAX_DEPTH or v is None or isinstance(v, (str, bytes, int, float, bool, type, types.ModuleType)):
+    if depth >= MAX_DEPTH or v is None or isinstance(v, _ATOMS):
         return
     if id(v) in r.seen or not r.budget_left():
         return
     r.seen.add(id(v))
-    if isinstance(v, (list, tuple)):
+    if isinstance(v, (list, tuple, set, frozenset)):
+        mutable = isinstance(v, list)
+        if mutable or isinstance(v, set):
+            r.mutables.append(v)
         for i, x in enumerate(v):
+            if mutable and isinstance(x, torch.Tensor):
+                r.slots.append((f"{what}[{i}]", v, i, x))
             _add_value(r, x, f"{what}[{i}]", depth + 1, prefix)
     elif isinstance(v, dict):
+        r.mutables.append(v)
         for k, x in v.items():
+            if isinstance(x, torch.Tensor):
+                r.slots.append((f"{what}[{k!r}]", v, k, x))
             _add_value(r, x, f"{what}[{k!r}]", depth + 1, prefix)
-    elif not callable(v) and isinstance(getattr(v, "__dict__", None), dict):
+    elif not callable(v) and isinstance(getattr(v, "__dict__", None), dict) and _may_hold_state(v):
+        r.mutables.append(v)
         for k, x in vars(v).items():  # attributes of a plain object
+            if isinstance(x, torch.Tensor):
+                r.slots.append((f"{what}.{k}", v, k, x))
             _add_value(r, x, f"{what}.{k}", depth + 1, prefix)
 
 
@@ -253,9 +351,36 @@ def tensor_slots(m: nn.Module) -> dict[tuple[str, str], Any]:
     for d in ("_parameters", "_buffers"):
         for k, v in getattr(m, d).items():
             out[(d, k)] = v
-    for k, v in m.__dict__.items():
-        if isinstance(v, torch.Tensor) and not k.startswith("_"):
+    for k, v in module_attrs(m):
+        if isinstance(v, torch.Tensor):
             out[("__dict__", k)] = v
+    return out
+
+
+_MISSING = object()
+
+
+def _may_hold_state(obj: Any) -> bool:
+    """Plain objects of standard-library classes (loggers, locks, handlers) hold no tensors of
+    a model's; ``SimpleNamespace`` is the exception users keep state in."""
+    top = type(obj).__module__.partition(".")[0]
+    return top not in sys.stdlib_module_names or isinstance(obj, types.SimpleNamespace)
+
+
+def rebound(slots: list[tuple[str, Any, Any, torch.Tensor]]) -> list[str]:
+    """Names of ``slots`` (from :attr:`Reach.slots`) that no longer hold their tensor: a
+    forward that rebinds state outside modules (``obj.t = obj.t + 1``) would have its replay
+    read the new tensor."""
+    out = []
+    for name, holder, key, t in slots:
+        if isinstance(holder, list):
+            now = holder[key] if key < len(holder) else _MISSING
+        elif isinstance(holder, dict):
+            now = holder.get(key, _MISSING)
+        else:
+            now = getattr(holder, key, _MISSING)
+        if now is not t:
+            out.append(f"{name} (rebound to another tensor)")
     return out
 
 

@@ -37,7 +37,7 @@ from ._compat import (
 from ._errors import ReplayDivergenceError, ReplayError, UndeclaredStateError
 from ._mode import StrictMode, warn_undeclared
 from ._runtime import Runtime
-from ._scan import describe, reachable, tensor_slots
+from ._scan import describe, reachable, rebound, tensor_slots
 from ._storage import fingerprint, storage_key
 from ._txn import Bindings, Transaction
 
@@ -159,6 +159,7 @@ class Segment:
         self.ptrs: list[tuple[Any, torch.Tensor, int]] = []  # data pointers of reachable tensors
         self.fingerprints: list[tuple[Any, torch.Tensor, tuple[int, int]]] = []
         self.slots: list[tuple[str, Any, dict, set]] = []  # tensor bindings of reachable undeclared modules
+        self.plain_slots: list = []  # tensors bound in lists, dicts, plain objects, classes, globals
         self.param_versions: list[tuple[Any, torch.Tensor, int]] = []
         self._candidates: dict | None = None
         self.weak_holders: list[weakref.ref] = []
@@ -252,6 +253,8 @@ class Segment:
                     kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
                     full = f"{path}.{k}" if path else k
                     found.setdefault(f"{kind} {full!r} (rebound to another tensor)", "binding")
+        for name in rebound(self.plain_slots):
+            found.setdefault(name, "binding")
         return list(found)
 
     def note_parameters(self) -> None:

@@ -15,13 +15,18 @@ def _clone(v: Any) -> Any:
 
 class ModelSnapshot:
     """Every module's attributes (parameters, buffers, plain attributes, tensor contents and which
-    object each name is bound to; the contents of list/dict/set attributes), every gradient, the
-    CPU/CUDA generator states and those of generators the model holds, and the
+    object each name is bound to), the contents of the lists, dicts and sets and the attributes
+    of the plain objects the model reaches (as :func:`~._scan.reach` follows them: the state a
+    checkpointed segment of it can reach), the bytes of every tensor among them, every
+    gradient, the CPU/CUDA generator states and those of generators the model holds, and the
     ``state_dict`` of the given optimizers; :meth:`restore` puts all of it back, byte for byte,
     into the same tensor objects (so optimizers keep referring to the model's parameters).
     """
 
     def __init__(self, model: nn.Module, optimizers: tuple = ()) -> None:
+        from ._scan import reach
+
+        found = reach(model, (), {})  # what a segment of the model can reach, as checkpoint sees it
         self.modules = list(model.modules())
         self.attrs = [dict(vars(m)) for m in self.modules]
         self.tables = [{k: dict(getattr(m, k)) for k in ("_parameters", "_buffers", "_modules")}
@@ -35,12 +40,14 @@ class ModelSnapshot:
             for p in m._parameters.values():
                 if p is not None:
                     self.grads[id(p)] = (p, p.grad, _clone(p.grad))
-        # plain containers the forward may append to, and generators it may draw from
-        self.containers = [(v, copy.copy(v)) for m in self.modules for k, v in vars(m).items()
-                           if not k.startswith("_") and type(v) in (list, dict, set)]
-        from ._scan import reach
-
-        self.generators = [(g, g.get_state()) for _, g in reach(model, (), {}).generators.values()]
+        for _, v in found.tensors.values():  # inside containers and plain objects too
+            if id(v) not in self.data:
+                self.data[id(v)] = (v, _clone(v))
+        # containers the forward may append to, plain objects whose attributes it may rebind
+        self.containers = [(v, copy.copy(v)) for v in found.mutables if type(v) in (list, dict, set)]
+        self.objects = [(v, dict(vars(v))) for v in found.mutables
+                        if not isinstance(v, (list, dict, set))]
+        self.generators = [(g, g.get_state()) for _, g in found.generators.values()]
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         self.optimizers = [(o, copy.deepcopy(o.state_dict())) for o in optimizers]
@@ -67,6 +74,10 @@ class ModelSnapshot:
         for obj, saved in self.containers:
             obj.clear()
             obj.update(saved) if not isinstance(obj, list) else obj.extend(saved)
+        for obj, saved in self.objects:
+            for k in set(vars(obj)) - set(saved):
+                delattr(obj, k)
+            vars(obj).update(saved)
         for g, state in self.generators:
             g.set_state(state)
         torch.set_rng_state(self.cpu_rng)
