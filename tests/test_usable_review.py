@@ -1,0 +1,46 @@
+"""A user review's findings (profile/auto_checkpoint/apply_plan/integrations/CLI), each as a kind."""
+import re
+
+import pytest
+import torch
+from torch import nn
+
+from stateremat.planner import plan
+from stateremat.torch import apply_plan, auto_checkpoint, expected_peak_bytes, profile
+
+
+def _bn_mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(8, 32), *[nn.Sequential(nn.Linear(32, 32), nn.BatchNorm1d(32), nn.Dropout(0.3),
+                                                           nn.Tanh()) for _ in range(3)], nn.Linear(32, 2))
+
+
+def _eq3(card, options):
+    """P + Σ r + max q on the card's measured costs (preservation included)."""
+    costs = [s.options[o] for s, o in zip(card.segments, options)]
+    return card.persistent_bytes + sum(c.retained_bytes for c in costs) + max(c.temp_bytes for c in costs)
+
+
+def test_auto_checkpoint_refuses_a_plan_over_budget_that_the_planners_own_model_admitted():
+    x = torch.randn(64, 8)
+    model = _bn_mlp()
+    card = profile(model, None, x, options=["eager", "whole", "region", "recompute_only"], repeats=1)
+    # a budget the state-agnostic planner believes (preservation omitted) but its policy does not fit
+    least = plan(card, plan(card, 0, planner="state_agnostic").min_feasible_peak_bytes, planner="state_agnostic")
+    assert least.model_peak_bytes < least.predicted_peak_bytes  # preservation costs bytes here
+    budget = (least.model_peak_bytes + least.predicted_peak_bytes) // 2
+    r = plan(card, budget, planner="state_agnostic")
+    assert r.feasible and not r.fits_budget  # the planner's own model admits it: the check below can fail
+    with pytest.raises(ValueError, match="exceeds the budget") as info:
+        auto_checkpoint(model, budget, sample=x, planner="state_agnostic", repeats=1)
+    res = info.value.plan
+    assert res.feasible and not res.fits_budget and res.options is not None
+    true_peak = _eq3(res.card, res.options)
+    assert true_peak == res.predicted_peak_bytes > budget
+    msg = str(info.value)
+    assert f"({true_peak} B" in msg and f"({expected_peak_bytes(res.card, res.options)} B" in msg
+    assert f"({res.model_peak_bytes} B" not in msg  # never the planner's internal (preservation-free) peak
+    assert all("forward" not in vars(m) for m in model.modules())  # nothing applied
+    # the reviewer's case
+    with pytest.raises(ValueError, match="exceeds the budget"):
+        auto_checkpoint(_bn_mlp(), 99000, sample=x, planner="state_agnostic", repeats=1)
