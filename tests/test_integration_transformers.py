@@ -147,3 +147,11 @@ def test_a_kv_cache_updated_inside_any_checkpoint_form_is_refused(form):
             Checkpointer()(lambda x, past_key_values: past_key_values.update(x, x, 0)[0].sum(), x,
                            past_key_values=cache)
     gc.collect()
+
+
+def test_profile_with_a_kv_cache_propagates_the_refusal_not_a_did_not_run_error():
+    from stateremat.torch import profile
+
+    with pytest.raises(UnsupportedError, match=r"use_cache=False") as info:
+        profile(build("llama"), LAYERS["llama"], batch(use_cache=True), repeats=1)
+    assert "did not run" not in str(info.value)

@@ -44,3 +44,46 @@ def test_auto_checkpoint_refuses_a_plan_over_budget_that_the_planners_own_model_
     # the reviewer's case
     with pytest.raises(ValueError, match="exceeds the budget"):
         auto_checkpoint(_bn_mlp(), 99000, sample=x, planner="state_agnostic", repeats=1)
+
+
+class _Counter(nn.Module):
+    """Writes a plain tensor attribute (not a buffer, so not declared by state='buffers')."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(32, 32)
+        self.t = torch.zeros(32)
+
+    def forward(self, x):
+        self.t.add_(1)
+        return self.lin(x)
+
+
+def test_an_error_inside_a_segment_while_profiling_propagates_unmasked():
+    from stateremat import UndeclaredStateError
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), _Counter(), _Counter(), _Counter())
+    with pytest.raises(UndeclaredStateError, match="tensor attribute '1.t'|'t'") as info:
+        profile(model, None, torch.randn(4, 8), repeats=1)
+    assert "did not run" not in str(info.value)
+    with pytest.raises(UndeclaredStateError):
+        auto_checkpoint(model, "1GiB", sample=torch.randn(4, 8), repeats=1)
+    assert all("forward" not in vars(m) for m in model.modules())
+
+    class Boom(Exception):
+        pass
+
+    calls = []
+
+    def step(m):  # raises inside the third step (the first step the profiler probes), mid-forward
+        calls.append(1)
+        h = m[1](m[0](torch.randn(4, 8)))
+        if len(calls) == 3:
+            raise Boom("user bug after segment 1")
+        m[3](m[2](h)).sum().backward()
+
+    model = nn.Sequential(nn.Linear(8, 32), nn.Linear(32, 32), nn.Linear(32, 32), nn.Linear(32, 32))
+    with pytest.raises(Boom, match="user bug after segment 1"):
+        profile(model, ["1", "2", "3"], step, repeats=1)
+    assert len(calls) == 3

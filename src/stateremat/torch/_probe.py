@@ -95,10 +95,14 @@ class Probe:
         self.event("bwd_end", i)
 
     def close(self) -> None:
-        """Remove the gradient hooks (inputs may outlive the step)."""
+        """Remove the gradient hooks (inputs may outlive the step); never raises, so an error the
+        step raised propagates as it was."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+    def check_every_segment_ran(self) -> None:
+        """After a step that completed: raise ``ValueError`` naming the segments that did not run."""
         missing = sorted(set(self.index.values()) - self._entered)
         if missing:
             names = [n for n, i in self.index.items() if i in missing]

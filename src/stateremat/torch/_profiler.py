@@ -93,6 +93,7 @@ class _Runner:
                 with journal_writes() if journal else contextlib.nullcontext():
                     self.run()
                 probe.event("end")
+                probe.check_every_segment_ran()  # only when the step completed: its own error wins
                 if pm is not None and self.device.type != "cuda":
                     self.carried += [weakref.ref(st) for st in pm.new_storages()]
             finally:
@@ -182,7 +183,9 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         ValueError: bad segments (see ``resolve_segments``), an unknown option or one missing
             that every card needs, ``repeats < 1``, a segment that does not run or runs twice.
         TypeError: ``step`` is neither a function nor a batch.
-        ReplayError: from the checkpoint while a segment runs under a replaying option.
+        ReplayError: from the checkpoint while a segment runs under a replaying option; this and
+            any other error the step raises (``UndeclaredStateError``, ``UnsupportedError`` for a
+            KV cache, the step's own) propagate as raised, the model restored.
 
     Danger:
         ``step_fn`` should do the same work every call; objects it changes other than the model
