@@ -87,3 +87,28 @@ def test_an_error_inside_a_segment_while_profiling_propagates_unmasked():
     with pytest.raises(Boom, match="user bug after segment 1"):
         profile(model, ["1", "2", "3"], step, repeats=1)
     assert len(calls) == 3
+
+
+def test_one_module_object_at_two_segment_paths_is_refused_naming_both():
+    torch.manual_seed(0)
+    shared = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8))
+    model = nn.Sequential(shared, nn.Tanh(), shared, nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+    with pytest.raises(ValueError, match=r"apply_plan: segments '0' and '2' are the same module object"):
+        apply_plan(model, {"segment_names": ["0", "2"], "options": ["eager", "whole"]})
+    assert "forward" not in vars(shared)  # refused before anything was wrapped
+    with pytest.raises(ValueError, match=r"segments '0' and '2' are the same module object"):
+        profile(model, ["0", "2"], x, repeats=1)
+    with pytest.raises(ValueError, match=r"segments '0' and '2' are the same module object"):
+        profile(model, "?", x, repeats=1)  # a pattern that selects both paths
+    with pytest.raises(ValueError, match=r"segment names must be unique, got \['0'\]"):
+        apply_plan(model, {"segment_names": ["0", "0"], "options": ["whole", "eager"]})
+    # a segment reached again inside another segment through a second path
+    outer = nn.Sequential(nn.Linear(8, 8), shared)
+    model = nn.Sequential(outer, shared, nn.Linear(8, 2))
+    with pytest.raises(ValueError, match=r"segment '1' is also inside segment '0' \(as '0.1'"):
+        profile(model, ["0", "1"], x, repeats=1)
+    # one path of a shared module is fine for apply_plan: every call is that segment
+    model = nn.Sequential(shared, nn.Tanh(), shared, nn.Linear(8, 2))
+    apply_plan(model, {"segment_names": ["0"], "options": ["whole"]})
+    model(x).sum().backward()
