@@ -112,3 +112,76 @@ def test_one_module_object_at_two_segment_paths_is_refused_naming_both():
     model = nn.Sequential(shared, nn.Tanh(), shared, nn.Linear(8, 2))
     apply_plan(model, {"segment_names": ["0"], "options": ["whole"]})
     model(x).sum().backward()
+
+
+class _Reversed(nn.Module):
+    """Blocks registered in one order and called in the reverse one; widths differ per block."""
+
+    def __init__(self):
+        super().__init__()
+        widths = [24, 192, 96, 48, 12]  # in forward order
+        run = [nn.Sequential(nn.Linear(a, b), nn.BatchNorm1d(b), nn.ReLU(), nn.Dropout(0.1))
+               for a, b in zip(widths, widths[1:])]
+        self.blocks = nn.ModuleList(run[::-1])  # registration order: the last block first
+        self.stem = nn.Linear(8, widths[0])
+        self.head = nn.Linear(widths[-1], 3)
+
+    def forward(self, x, y):
+        h = self.stem(x)
+        for blk in reversed(self.blocks):
+            h = blk(h)
+        return nn.functional.cross_entropy(self.head(h), y)
+
+
+def _peak_of_step(model, step, opt):
+    from stateremat.torch import PeakMemory
+
+    step(model)
+    state = (t for s in opt.state.values() for t in s.values() if isinstance(t, torch.Tensor))
+    grads = (p.grad for p in model.parameters() if p.grad is not None)
+    with PeakMemory("cpu", roots=[*model.parameters(), *grads, *model.buffers(), *state]) as pm:
+        step(model)
+    return pm.peak_bytes
+
+
+@pytest.mark.parametrize("between", [0.0, 0.5])
+def test_card_orders_segments_as_the_forward_runs_them_and_predicts_the_measured_peak(between):
+    from stateremat.planner import all_eager
+
+    torch.manual_seed(0)
+    model = _Reversed().double()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(256, 8, generator=g, dtype=torch.float64), torch.randint(0, 3, (256,), generator=g)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(m):
+        opt.zero_grad(set_to_none=True)
+        m(x, y).backward()
+        opt.step()
+
+    card = profile(model, "blocks.*", step, repeats=1, optimizers=[opt])
+    assert card.segment_names == ["blocks.3", "blocks.2", "blocks.1", "blocks.0"]  # as the forward runs them
+    lo, hi = plan(card, 0).min_feasible_peak_bytes, all_eager(card, 1).predicted_peak_bytes
+    res = plan(card, int(lo + between * (hi - lo)), planner="joint")
+    assert res.feasible and set(res.options) != {"eager"}
+    apply_plan(model, res)
+    measured = _peak_of_step(model, step, opt)
+    expected = expected_peak_bytes(card, res.options)
+    assert abs(measured - expected) <= 0.05 * expected, (measured, expected, res.options)
+    assert measured <= 1.05 * res.budget_bytes
+
+
+def test_profile_refuses_segments_whose_order_changes_between_steps():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8))
+    calls = []
+
+    def step(m):
+        calls.append(1)
+        h = torch.randn(4, 8)
+        for i in ([1, 2] if len(calls) % 2 else [2, 1]):
+            h = m[i](h)
+        h.sum().backward()
+
+    with pytest.raises(ValueError, match="segment '1' started before segment '2'.*cannot be known"):
+        profile(model, ["1", "2"], step, repeats=1)
