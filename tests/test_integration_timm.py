@@ -95,3 +95,15 @@ def test_auto_checkpoint_on_a_timm_vit_fits_its_prediction():
     expected = expected_peak_bytes(res.card, res.options)
     assert abs(pm.peak_bytes - expected) <= 0.05 * expected, (pm.peak_bytes, expected, res.options)
     assert pm.peak_bytes <= 1.05 * res.budget_bytes
+
+
+def test_profile_refuses_a_model_whose_own_grad_checkpointing_is_on():
+    from stateremat.torch import profile
+
+    model = resnet()
+    model.set_grad_checkpointing(True)
+    with pytest.raises(ValueError, match=r"own timm checkpointing is on \(grad_checkpointing=True.*"
+                                         r"set_grad_checkpointing\(False\)"):
+        profile(model, "layer?.*", images(2)[:1], repeats=1)
+    model.set_grad_checkpointing(False)
+    assert len(profile(model, "layer1.*", images(2)[:1], repeats=1).segments) == 2

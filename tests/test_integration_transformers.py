@@ -155,3 +155,21 @@ def test_profile_with_a_kv_cache_propagates_the_refusal_not_a_did_not_run_error(
     with pytest.raises(UnsupportedError, match=r"use_cache=False") as info:
         profile(build("llama"), LAYERS["llama"], batch(use_cache=True), repeats=1)
     assert "did not run" not in str(info.value)
+
+
+def test_profile_refuses_a_model_whose_own_gradient_checkpointing_is_on():
+    from stateremat.torch import profile
+
+    model = build("llama")
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    with pytest.raises(ValueError, match=r"own transformers checkpointing is on \(gradient_checkpointing=True on "
+                                         r"\[.*'model.layers.0'.*activation_checkpointing_disable\(\)"):
+        profile(model, LAYERS["llama"], batch(), repeats=1)
+    with pytest.raises(ValueError, match="activation_checkpointing_disable"):
+        auto_checkpoint(model, "1GiB", sample=batch(), segments=LAYERS["llama"], repeats=1)
+    enable(model)  # stateremat's own hook is a framework checkpoint too
+    with pytest.raises(ValueError, match="gradient_checkpointing=True"):
+        profile(model, LAYERS["llama"], batch(), repeats=1)
+    model.activation_checkpointing_disable()
+    card = profile(model, LAYERS["llama"], batch(), repeats=1)
+    assert card.segment_names == ["model.layers.0", "model.layers.1"]

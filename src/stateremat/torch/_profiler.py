@@ -145,6 +145,28 @@ def _chain_journal(runner: "_Runner", names: list[str], stateful: list[bool]) ->
     return out
 
 
+#: Attributes by which frameworks switch their own (torch) checkpointing on, and how to turn it off.
+_FRAMEWORK_SWITCHES = (
+    ("gradient_checkpointing", "transformers",
+     "model.activation_checkpointing_disable() (gradient_checkpointing_disable() before transformers 5; "
+     "stateremat.integrations.transformers.disable(model) after its enable)"),
+    ("grad_checkpointing", "timm", "model.set_grad_checkpointing(False)"),
+)
+
+
+def refuse_framework_checkpointing(model: nn.Module, api: str = _API) -> None:
+    """Raise ``ValueError`` if a framework's own checkpointing is on in ``model`` (a module with
+    ``gradient_checkpointing=True``, transformers, or ``grad_checkpointing=True``, timm): a card
+    would then measure ``eager`` with the framework's checkpoint replaying those modules."""
+    for attr, framework, off in _FRAMEWORK_SWITCHES:
+        on = [n or type(model).__name__ for n, m in model.named_modules() if getattr(m, attr, False) is True]
+        if on:
+            raise ValueError(f"{api}: the model's own {framework} checkpointing is on ({attr}=True on "
+                             f"{on[:3]}{' ...' if len(on) > 3 else ''}); expected it off, or every option measured, "
+                             "'eager' included, would run under that checkpoint and the card would be wrong. "
+                             f"Tip: call {off} first; apply the plan stateremat makes instead.")
+
+
 def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Iterable[Any] = OPTIONS,
             device: Any = None, repeats: int = 5, state: Any = "buffers", optimizers: Iterable[Any] = (),
             **segment_options: Any) -> ProfileCard:
@@ -195,7 +217,10 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
     Raises:
         ValueError: bad segments (see ``resolve_segments``), an unknown option or one missing
             that every card needs, ``repeats < 1``, a segment that does not run or runs twice, or
-            segments that run in another order in another step.
+            segments that run in another order in another step, or a framework's own
+            checkpointing switched on (transformers' ``activation_checkpointing_enable()`` /
+            ``gradient_checkpointing_enable()``, timm's
+            ``set_grad_checkpointing()``: turn it off first).
         TypeError: ``step`` is neither a function nor a batch.
         ReplayError: from the checkpoint while a segment runs under a replaying option; this and
             any other error the step raises (``UndeclaredStateError``, ``UnsupportedError`` for a
@@ -216,6 +241,7 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
     References:
         Paper §4 (profile cards: r, q, c and P; eq. 3).
     """
+    refuse_framework_checkpointing(model)
     names = resolve_segments(model, segments)
     option_names = _option_names(options)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
