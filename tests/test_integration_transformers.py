@@ -173,3 +173,50 @@ def test_profile_refuses_a_model_whose_own_gradient_checkpointing_is_on():
     model.activation_checkpointing_disable()
     card = profile(model, LAYERS["llama"], batch(), repeats=1)
     assert card.segment_names == ["model.layers.0", "model.layers.1"]
+
+
+def test_enable_journals_exactly_the_written_bytes_and_checks_arguments_before_changing_the_model():
+    from stateremat.torch import preservation_stats
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    class Cfg(transformers.PretrainedConfig):
+        model_type = "stateremat_queue_toy"
+
+    class Layer(GradientCheckpointingLayer):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.register_buffer("queue", torch.zeros(1024, 8))  # 32 KiB; one 32-byte row written per forward
+
+        def forward(self, h):
+            h = torch.tanh(self.lin(h))
+            self.queue[0] = h[0].detach()
+            return h + self.queue[1:3].sum()
+
+    class Toy(transformers.PreTrainedModel):
+        config_class = Cfg
+        supports_gradient_checkpointing = True
+
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+            self.post_init()
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    torch.manual_seed(0)
+    model = Toy(Cfg()).train()
+    for bad, error in [({"preserve": "eager"}, "preserve must be one of"), ({"granularity_bytes": -1}, "granularity"),
+                       ({"on_undeclared": "ignore"}, "on_undeclared"), ({"state": "everything"}, "state must be"),
+                       ({"every_n_layers": 0}, "every_n_layers")]:
+        with pytest.raises(ValueError, match=error):
+            enable(model, **bad)
+        assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())  # unchanged
+    enable(model)
+    before = preservation_stats().journal_bytes
+    out = model(torch.randn(4, 8))
+    assert preservation_stats().journal_bytes - before == 2 * 32  # one row per layer, not 4096-byte chunks
+    out.sum().backward()
