@@ -185,3 +185,19 @@ def test_profile_refuses_segments_whose_order_changes_between_steps():
 
     with pytest.raises(ValueError, match="segment '1' started before segment '2'.*cannot be known"):
         profile(model, ["1", "2"], step, repeats=1)
+
+
+def test_apply_plan_and_profile_refuse_bad_segment_options_before_wrapping_anything():
+    model = _bn_mlp()
+    plan_ = {"segment_names": ["1", "2"], "options": ["whole", "region"]}
+    for bad, error in [({"state": "everything"}, ValueError), ({"state": ["not a tensor"]}, TypeError),
+                       ({"granularity_bytes": 0}, ValueError), ({"on_undeclared": "ignore"}, ValueError)]:
+        with pytest.raises(error, match="state must be|state=|granularity_bytes must be|on_undeclared must be"):
+            apply_plan(model, plan_, **bad)
+        assert all("forward" not in vars(m) for m in model.modules())  # refused at apply time, nothing wrapped
+    calls = []
+    with pytest.raises(ValueError, match="state must be 'buffers'"):
+        profile(model, None, lambda m: calls.append(1), state="everything", repeats=1)
+    assert calls == []  # refused before any step ran
+    apply_plan(model, plan_, state="buffers", granularity_bytes=64)
+    model(torch.randn(8, 8)).sum().backward()
