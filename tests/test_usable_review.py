@@ -201,3 +201,57 @@ def test_apply_plan_and_profile_refuse_bad_segment_options_before_wrapping_anyth
     assert calls == []  # refused before any step ran
     apply_plan(model, plan_, state="buffers", granularity_bytes=64)
     model(torch.randn(8, 8)).sum().backward()
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_an_in_place_write_to_a_tracked_segment_input_gets_the_out_of_place_tip(verify):
+    from stateremat import UndeclaredStateError
+
+    def model(inplace):
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8), nn.Sequential(nn.ReLU(inplace=inplace), nn.Linear(8, 8)),
+                             nn.Linear(8, 2))
+
+    x = torch.randn(4, 8)
+    m = apply_plan(model(True), {"segment_names": ["1"], "options": ["region"]}, verify=verify)
+    with pytest.raises(UndeclaredStateError, match=r"argument 0 is an input of the segment.*"
+                                                    r"out-of-place, e.g. nn.ReLU\(inplace=False\)") as info:
+        m(x).sum().backward()
+    assert "or pass on_undeclared='declare'" not in str(info.value)
+    # the tip is right: declaring does not help, the out-of-place op does
+    m = apply_plan(model(True), {"segment_names": ["1"], "options": ["region"]}, on_undeclared="declare")
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        m(x).sum().backward()
+    ref = model(False)
+    ref(x).sum().backward()
+    m = apply_plan(model(False), {"segment_names": ["1"], "options": ["region"]}, verify=verify)
+    m(x).sum().backward()
+    assert torch.equal(m[0].weight.grad, ref[0].weight.grad)
+
+
+def test_an_in_place_write_to_an_untracked_input_gets_the_out_of_place_tip_and_state_the_declare_tip():
+    from stateremat import UndeclaredStateError
+    from stateremat.torch import checkpoint
+
+    lin = nn.Linear(8, 8)
+
+    def fn(x):
+        x.mul_(0.5)  # the raw batch, which autograd does not track
+        return lin(x)
+
+    with pytest.raises(UndeclaredStateError, match=r"argument 0 is an input of the segment.*out-of-place") as info:
+        checkpoint(fn, torch.randn(4, 8)).sum().backward()
+    assert "or pass on_undeclared='declare'" not in str(info.value)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):  # the tip is right
+        checkpoint(fn, torch.randn(4, 8), on_undeclared="declare").sum().backward()
+    # module state (not an input) keeps the declare tip, and declaring works there
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 32), _Counter())
+    m = apply_plan(model, {"segment_names": ["1"], "options": ["region"]})
+    with pytest.raises(UndeclaredStateError, match="or pass on_undeclared='declare'") as info:
+        m(torch.randn(4, 8)).sum().backward()
+    assert "out-of-place" not in str(info.value)
+    apply_plan(model, {"segment_names": ["1"], "options": ["region"]}, on_undeclared="declare")
+    t0 = model[1].t.clone()
+    model(torch.randn(4, 8)).sum().backward()
+    assert torch.equal(model[1].t, t0 + 1)  # written once per step, as in eager
