@@ -95,3 +95,57 @@ def test_auto_checkpoint_on_a_timm_vit_fits_its_prediction():
     expected = expected_peak_bytes(res.card, res.options)
     assert abs(pm.peak_bytes - expected) <= 0.05 * expected, (pm.peak_bytes, expected, res.options)
     assert pm.peak_bytes <= 1.05 * res.budget_bytes
+
+
+def test_profile_refuses_a_model_whose_own_grad_checkpointing_is_on():
+    from stateremat.torch import profile
+
+    model = resnet()
+    model.set_grad_checkpointing(True)
+    with pytest.raises(ValueError, match=r"own timm checkpointing is on \(grad_checkpointing=True.*"
+                                         r"set_grad_checkpointing\(False\)"):
+        profile(model, "layer?.*", images(2)[:1], repeats=1)
+    model.set_grad_checkpointing(False)
+    assert len(profile(model, "layer1.*", images(2)[:1], repeats=1).segments) == 2
+
+
+class _QueueBlock(torch.nn.Module):
+    """A block that writes one 64-byte row of a 64 KiB queue buffer per forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8).double()
+        self.register_buffer("queue", torch.zeros(1024, 8, dtype=torch.float64))
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        self.queue[0] = h[0].detach()
+        return h + self.queue[1:3].sum()
+
+
+def test_enable_and_checkpoint_seq_journal_exactly_the_written_bytes_by_default():
+    from stateremat.torch import preservation_stats
+
+    x = torch.randn(4, 8, dtype=torch.float64)
+    model = torch.nn.Sequential(_QueueBlock(), _QueueBlock())
+    before = preservation_stats().journal_bytes
+    enable(model, ["0"])
+    out = model(x)
+    assert preservation_stats().journal_bytes - before == 64  # one row, not a 4096-byte chunk
+    out.sum().backward()
+    out = checkpoint_seq(model, x)
+    assert preservation_stats().journal_bytes - before == 2 * 64
+    out.sum().backward()
+
+
+def test_enable_checks_every_argument_before_switching_timms_checkpointing_off():
+    for bad, error in [({"preserve": "eager"}, "preserve must be one of"), ({"preserve": "bogus"}, "preserve must be"),
+                       ({"granularity_bytes": 0}, "granularity_bytes must be"),
+                       ({"on_undeclared": "ignore"}, "on_undeclared must be"),
+                       ({"state": "everything"}, "state must be 'buffers'")]:
+        model = resnet()
+        model.set_grad_checkpointing(True)
+        with pytest.raises(ValueError, match=error):
+            enable(model, **bad)
+        assert model.grad_checkpointing is True  # timm's own checkpointing untouched
+        assert not any("forward" in vars(m) for m in model.modules())

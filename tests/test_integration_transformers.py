@@ -147,3 +147,76 @@ def test_a_kv_cache_updated_inside_any_checkpoint_form_is_refused(form):
             Checkpointer()(lambda x, past_key_values: past_key_values.update(x, x, 0)[0].sum(), x,
                            past_key_values=cache)
     gc.collect()
+
+
+def test_profile_with_a_kv_cache_propagates_the_refusal_not_a_did_not_run_error():
+    from stateremat.torch import profile
+
+    with pytest.raises(UnsupportedError, match=r"use_cache=False") as info:
+        profile(build("llama"), LAYERS["llama"], batch(use_cache=True), repeats=1)
+    assert "did not run" not in str(info.value)
+
+
+def test_profile_refuses_a_model_whose_own_gradient_checkpointing_is_on():
+    from stateremat.torch import profile
+
+    model = build("llama")
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    with pytest.raises(ValueError, match=r"own transformers checkpointing is on \(gradient_checkpointing=True on "
+                                         r"\[.*'model.layers.0'.*activation_checkpointing_disable\(\)"):
+        profile(model, LAYERS["llama"], batch(), repeats=1)
+    with pytest.raises(ValueError, match="activation_checkpointing_disable"):
+        auto_checkpoint(model, "1GiB", sample=batch(), segments=LAYERS["llama"], repeats=1)
+    enable(model)  # stateremat's own hook is a framework checkpoint too
+    with pytest.raises(ValueError, match="gradient_checkpointing=True"):
+        profile(model, LAYERS["llama"], batch(), repeats=1)
+    model.activation_checkpointing_disable()
+    card = profile(model, LAYERS["llama"], batch(), repeats=1)
+    assert card.segment_names == ["model.layers.0", "model.layers.1"]
+
+
+def test_enable_journals_exactly_the_written_bytes_and_checks_arguments_before_changing_the_model():
+    from stateremat.torch import preservation_stats
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    class Cfg(transformers.PretrainedConfig):
+        model_type = "stateremat_queue_toy"
+
+    class Layer(GradientCheckpointingLayer):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 8)
+            self.register_buffer("queue", torch.zeros(1024, 8))  # 32 KiB; one 32-byte row written per forward
+
+        def forward(self, h):
+            h = torch.tanh(self.lin(h))
+            self.queue[0] = h[0].detach()
+            return h + self.queue[1:3].sum()
+
+    class Toy(transformers.PreTrainedModel):
+        config_class = Cfg
+        supports_gradient_checkpointing = True
+
+        def __init__(self, cfg):
+            super().__init__(cfg)
+            self.layers = torch.nn.ModuleList([Layer(), Layer()])
+            self.post_init()
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return x
+
+    torch.manual_seed(0)
+    model = Toy(Cfg()).train()
+    for bad, error in [({"preserve": "eager"}, "preserve must be one of"), ({"granularity_bytes": -1}, "granularity"),
+                       ({"on_undeclared": "ignore"}, "on_undeclared"), ({"state": "everything"}, "state must be"),
+                       ({"every_n_layers": 0}, "every_n_layers")]:
+        with pytest.raises(ValueError, match=error):
+            enable(model, **bad)
+        assert not any(getattr(m, "gradient_checkpointing", False) for m in model.modules())  # unchanged
+    enable(model)
+    before = preservation_stats().journal_bytes
+    out = model(torch.randn(4, 8))
+    assert preservation_stats().journal_bytes - before == 2 * 32  # one row per layer, not 4096-byte chunks
+    out.sum().backward()

@@ -51,3 +51,19 @@ def test_profile_target_errors_name_the_target(tmp_path):
     assert res.returncode == 2 and "mymodel:wrong returned int" in res.stderr
     res = _run(tmp_path, "nosuchmodule:build", "--out", "c.json")
     assert res.returncode == 2 and "cannot import 'nosuchmodule'" in res.stderr
+
+
+def test_workload_only_options_are_refused_for_a_target_and_segments_items_are_stripped(tmp_path):
+    (tmp_path / "mymodel.py").write_text(FACTORY)
+    for flags in (["--preset", "tiny"], ["--state-mib", "64"], ["--dtype", "float64", "--live", "2"]):
+        res = _run(tmp_path, "mymodel:build", "--out", "c.json", "--repeats", "1", *flags)
+        assert res.returncode == 2, res.stderr
+        assert "only to the built-in workloads" in res.stderr and flags[0] in res.stderr, res.stderr
+        assert not (tmp_path / "c.json").exists()
+    res = _run(tmp_path, "feature_queue", "--out", "c.json", "--segments", "1")
+    assert res.returncode == 2 and "--segments applies only to a pkg.module:factory target" in res.stderr
+    res = _run(tmp_path, "mymodel:build", "--out", "c.json", "--repeats", "1", "--segments", "1, 2")
+    assert res.returncode == 0, res.stderr
+    assert [s["name"] for s in json.loads((tmp_path / "c.json").read_text())["segments"]] == ["1", "2"]
+    res = _run(tmp_path, "mymodel:build", "--out", "c.json", "--repeats", "1", "--segments", "1,")
+    assert res.returncode == 2 and "--segments has an empty item" in res.stderr

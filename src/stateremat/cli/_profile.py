@@ -21,25 +21,53 @@ MAX_LIVE = 1024
 MAX_REPEATS = 1000
 
 
+#: Options of the built-in workloads only (a ``pkg.module:factory`` target's model defines its own shapes).
+WORKLOAD_ONLY = {"preset": "--preset", "activations": "--activations", "state_mib": "--state-mib",
+                 "write_fraction": "--write-fraction", "live": "--live", "dtype": "--dtype"}
+#: Options of a ``pkg.module:factory`` target only.
+TARGET_ONLY = {"segments": "--segments"}
+
+
+def _given(ctx: typer.Context, options: dict[str, str]) -> list[str]:
+    """The flags among ``options`` the command line (or the environment) set, not their defaults."""
+    # by name: typer may bring its own click, whose ParameterSource is another enum
+    return [flag for name, flag in options.items()
+            if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")]
+
+
+def segment_rule(segments: str) -> str | list[str]:
+    """``--segments``: comma-separated module paths (spaces around items stripped) or one pattern.
+
+    Raises:
+        typer.Exit: an empty item (``"a,,b"``, a trailing comma) or an empty value.
+    """
+    items = [item.strip() for item in segments.split(",")]
+    if not all(items):
+        raise fail(f"{_API}: --segments has an empty item in {segments!r}; expected comma-separated module paths "
+                   "or one pattern. Tip: e.g. --segments 'layers.0,layers.1' or --segments 'layers.*'.")
+    return items if len(items) > 1 else items[0]
+
+
 @app.command("profile")
 def profile_cmd(
+    ctx: typer.Context,
     workload: str = typer.Argument(..., help="pkg.module:factory (your model: the factory returns {'model', "
                                    "'sample' or 'step_fn', optional 'optimizers', 'segments'}), or a built-in "
                                    "workload: feature_queue, prototype_memory or unrolled_recurrence"),
     out: Path = typer.Option(..., "--out", help="profile card JSON to write (a regular file)"),
-    preset: str = typer.Option("cpu", help="cpu (paper shapes / 1024), h100 (paper shapes) or tiny "
-                               "(paper shapes / 2^16, for tests)"),
-    activations: str = typer.Option("large", help="large (4096/65536) or small (256/256), paper units"),
+    preset: str = typer.Option("cpu", help="built-in workloads only: cpu (paper shapes / 1024), h100 (paper "
+                               "shapes) or tiny (paper shapes / 2^16, for tests)"),
+    activations: str = typer.Option("large", help="built-in workloads only: large (4096/65536) or small (256/256), paper units"),
     state_mib: int = typer.Option(1024, callback=in_range(1, MAX_STATE_MIB, "the paper uses 64 and "
                                                           "1024"),
-                                  help=f"state buffer MiB in paper units (scaled by the preset), 1 to "
+                                  help=f"built-in workloads only: state buffer MiB in paper units (scaled by the preset), 1 to "
                                   f"{MAX_STATE_MIB:,}"),
     write_fraction: float = typer.Option(0.001, callback=in_range(0, 1, "0.001 is sparse, 1 dense",
                                                                   lo_open=True),
-                                         help="fraction of the buffer each segment writes, in (0, 1]"),
+                                         help="built-in workloads only: fraction of the buffer each segment writes, in (0, 1]"),
     live: int = typer.Option(16, callback=in_range(1, MAX_LIVE, "the paper uses 1, 16 and 64"),
-                             help=f"live versions = segments writing the buffer, 1 to {MAX_LIVE:,}"),
-    dtype: str = typer.Option("float32", help="float32 or float64"),
+                             help=f"built-in workloads only: live versions = segments writing the buffer, 1 to {MAX_LIVE:,}"),
+    dtype: str = typer.Option("float32", help="built-in workloads only: float32 or float64"),
     device: str = typer.Option("cpu", help="cpu, cuda or cuda:N"),
     repeats: int = typer.Option(3, callback=in_range(1, MAX_REPEATS, "3 to 5"),
                                 help=f"least timed runs per segment and option (minimum kept); for a "
@@ -52,7 +80,17 @@ def profile_cmd(
     check_output_file(_API, "--out", out)
     check_device(_API, device)
     if ":" in workload:
-        return _profile_target(workload, out, segments, device, repeats)
+        ignored = _given(ctx, WORKLOAD_ONLY)
+        if ignored:
+            raise fail(f"{_API}: {', '.join(ignored)} {'applies' if len(ignored) == 1 else 'apply'} only to the "
+                       f"built-in workloads, got {'it' if len(ignored) == 1 else 'them'} with the target {workload!r}, "
+                       "whose factory defines the model, its shapes and dtype. Tip: drop "
+                       f"{'it' if len(ignored) == 1 else 'them'}; change the model in the factory instead.")
+        return _profile_target(workload, out, None if segments is None else segment_rule(segments), device, repeats)
+    ignored = _given(ctx, TARGET_ONLY)
+    if ignored:
+        raise fail(f"{_API}: {', '.join(ignored)} applies only to a pkg.module:factory target, got it with the "
+                   f"built-in workload {workload!r} (its segments are fixed). Tip: drop it.")
     from stateremat.paper.cli import progress_bar  # lazy: the built-in workloads are the paper's
     from stateremat.paper.profile import profile_workload
     from stateremat.paper.workloads import preset_config
@@ -82,7 +120,7 @@ def profile_cmd(
                    f"q = {format_bytes(c.temp_bytes)}, c = {c.time_s * 1e3:.2f} ms")
 
 
-def _profile_target(target: str, out: Path, segments: str | None, device: str, repeats: int) -> None:
+def _profile_target(target: str, out: Path, segments: str | list[str] | None, device: str, repeats: int) -> None:
     from ..contract import format_bytes, save_card
     from ._target import profile_target
 

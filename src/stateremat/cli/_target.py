@@ -50,14 +50,15 @@ def load_target(target: str) -> dict[str, Any]:
     return dict(got)
 
 
-def profile_target(target: str, segments: str | None, device: str | None, repeats: int) -> Any:
-    """The card of a target (``--segments`` wins over the factory's ``segments``)."""
+def profile_target(target: str, segments: str | list[str] | None, device: str | None, repeats: int) -> Any:
+    """The card of a target (``segments``, the parsed ``--segments``: a pattern or a list of
+    module paths, wins over the factory's ``segments``)."""
     from stateremat.torch import profile
 
     parts = load_target(target)
     rule: Any = parts.get("segments")
     if segments is not None:
-        rule = segments.split(",") if "," in segments else segments
+        rule = segments
     step = parts.get("step_fn", parts.get("sample"))
     return profile(parts["model"], rule, step, device=device, repeats=repeats,
                    optimizers=parts.get("optimizers", ()))

@@ -21,7 +21,7 @@ _API = "stateremat.integrations.timm"
 
 
 def enable(model: nn.Module, segments: Any = None, *, preserve: str = "region", state: Any = "buffers",
-           granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False) -> nn.Module:
+           granularity_bytes: int | None = None, on_undeclared: str = "raise", verify: bool = False) -> nn.Module:
     """Checkpoint ``model``'s blocks with stateremat instead of timm's ``set_grad_checkpointing``.
 
     Args:
@@ -30,7 +30,8 @@ def enable(model: nn.Module, segments: Any = None, *, preserve: str = "region", 
             a ViT's ``blocks.{i}``), a pattern such as ``"stages.*.blocks.*"``, or module paths.
         preserve: an option that replays: ``"region"`` or ``"whole"``.
         state: ``"buffers"`` (each block's buffers) or tensors/modules.
-        granularity_bytes: region journal chunk size in bytes.
+        granularity_bytes: region journal chunk size in bytes; ``None`` (the default, as in
+            :func:`stateremat.torch.checkpoint`) keeps exactly the written bytes.
         on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"``.
         verify: compare recomputed saved tensors bit for bit (debugging).
 
@@ -40,12 +41,18 @@ def enable(model: nn.Module, segments: Any = None, *, preserve: str = "region", 
 
     Raises:
         ValueError: no blocks found or bad segment paths (see
-            :func:`stateremat.torch.resolve_segments`), a bad option.
+            :func:`stateremat.torch.resolve_segments`), a bad option (``preserve="eager"``
+            included). Every argument is checked before the model changes: a refused call leaves
+            timm's own checkpointing as it was.
+        TypeError: a bad ``state`` entry.
 
     References:
         Paper §3.1 (BatchNorm statistics updated once per forward), §5.
     """
     names = resolve_segments(model, segments)
+    # every option checked before the model changes (Checkpointer refuses "eager" and bad values)
+    Checkpointer(state=None if state == "buffers" else state, preserve=preserve,
+                 granularity_bytes=granularity_bytes, on_undeclared=on_undeclared, verify=verify)
     if hasattr(model, "set_grad_checkpointing"):
         model.set_grad_checkpointing(False)
     apply_plan(model, {"options": [preserve] * len(names), "segment_names": names}, state=state,
@@ -69,7 +76,7 @@ def _run(functions: list, start: int, end: int) -> Callable[[Any], Any]:
 
 def checkpoint_seq(functions: Any, x: torch.Tensor, every: int = 1, flatten: bool = False, skip_last: bool = False,
                    use_reentrant: bool | None = None, *, preserve: str = "region", state: Any = "buffers",
-                   granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False) -> Any:
+                   granularity_bytes: int | None = None, on_undeclared: str = "raise", verify: bool = False) -> Any:
     """timm's ``checkpoint_seq`` with a state transaction per chunk of ``every`` functions.
 
     Args:

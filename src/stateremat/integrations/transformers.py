@@ -95,7 +95,7 @@ def _hook(model: Any) -> Callable:
 
 
 def enable(model: Any, *, every_n_layers: int = 1, state: Any = "buffers", preserve: str = "region",
-           granularity_bytes: int = 4096, on_undeclared: str = "raise", verify: bool = False) -> Any:
+           granularity_bytes: int | None = None, on_undeclared: str = "raise", verify: bool = False) -> Any:
     """Turn on stateremat checkpointing of a transformers model's layers (training mode only).
 
     Args:
@@ -103,7 +103,8 @@ def enable(model: Any, *, every_n_layers: int = 1, state: Any = "buffers", prese
         every_n_layers: checkpoint every n-th layer (as transformers' ``every_n_layers``); int ≥ 1.
         state: ``"buffers"`` (each layer's buffers) or tensors/modules declared in every layer.
         preserve: ``"region"`` or ``"whole"`` (see :func:`stateremat.torch.checkpoint`).
-        granularity_bytes: region journal chunk size in bytes.
+        granularity_bytes: region journal chunk size in bytes; ``None`` (the default, as in
+            :func:`stateremat.torch.checkpoint`) keeps exactly the written bytes.
         on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"``.
         verify: compare recomputed saved tensors with the forward's bit for bit (debugging).
 
@@ -113,7 +114,8 @@ def enable(model: Any, *, every_n_layers: int = 1, state: Any = "buffers", prese
 
     Raises:
         TypeError: the model offers no such hook (the message names what was expected).
-        ValueError: a bad option value or ``every_n_layers``.
+        ValueError: a bad option value (``preserve="eager"`` included) or ``every_n_layers``;
+            every argument is checked before the model changes.
         UnsupportedError: at the first training forward, a KV cache object reached a replayed layer.
 
     Danger:

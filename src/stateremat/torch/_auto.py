@@ -82,8 +82,11 @@ def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, 
     Raises:
         ValueError: no policy fits ``budget`` (the model is left unwrapped; the message gives the
             minimum predicted peak and the exception's ``plan`` attribute is the infeasible
-            :class:`~stateremat.planner.PlanResult`, ``plan.card`` the measured card), a bad budget, both or neither of ``sample``/``step_fn``, and
-            the errors of :func:`profile`.
+            :class:`~stateremat.planner.PlanResult`, ``plan.card`` the measured card); the chosen
+            plan's predicted peak (eq. 3 with the measured costs) exceeds ``budget`` although the
+            planner's own model admitted it (``state_agnostic``; the message quotes the true
+            peak, ``plan`` is that PlanResult); a bad budget, both or neither of
+            ``sample``/``step_fn``, and the errors of :func:`profile`.
 
     Danger:
         The plan is as good as the profiled step: a different batch size or sequence length
@@ -119,6 +122,17 @@ def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, 
         err.plan = res  # the infeasible PlanResult, its card included (plan.card)
         raise err
     expected = expected_peak_bytes(card, res.options)
+    if not res.fits_budget:  # feasible in the planner's own model (state_agnostic omits preservation)
+        err = ValueError(f"{_API}: planner {planner!r} chose {res.options}, whose predicted peak "
+                         f"{format_bytes(res.predicted_peak_bytes)} ({res.predicted_peak_bytes} B; eq. (3) with the "
+                         f"measured costs, preservation included; expected {format_bytes(expected)} ({expected} B) "
+                         f"as a chain) exceeds the budget {format_bytes(budget_bytes)} ({budget_bytes} B)"
+                         + (" — its own cost model omits preservation" if res.model_peak_bytes is not None
+                            and res.model_peak_bytes != res.predicted_peak_bytes else "")
+                         + ". The model is unchanged. Tip: use planner='joint' (or 'eager_whole'), or raise "
+                         "the budget.")
+        err.plan = res  # the over-budget PlanResult, its card included (plan.card)
+        raise err
     note = (f"expected peak {format_bytes(expected)} ({expected} B) when the segments run as a chain; "
             f"predicted_peak_bytes is eq. (3)'s bound P + Σ r + max q")
     res = dataclasses.replace(res, notes=[*res.notes, note])

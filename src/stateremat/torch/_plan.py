@@ -8,8 +8,8 @@ from torch import nn
 from stateremat.contract import OPTIONS
 
 from ._module import StatefulCheckpoint
-from ._segments import check_submodules
-from ._wrap import unwrap_module, wrap_module
+from ._segments import check_submodules, refuse_shared_segments
+from ._wrap import check_segment_options, unwrap_module, wrap_module
 
 
 def _plan_fields(plan: Any) -> tuple[list[str], list[str]]:
@@ -56,8 +56,12 @@ def apply_plan(model: nn.Module, plan: Any, *, state: Any = "buffers", **segment
 
     Raises:
         ValueError: lengths differ, an option is unknown, the plan is infeasible, a name is not a
-            submodule, or the segment is the whole model (name ``""``).
-        TypeError: ``plan`` has no options/segment names; an unknown segment option.
+            submodule or appears twice, two names are the same module object (``m[0] is m[2]``),
+            or the segment is the whole model (name ``""``).
+        TypeError: ``plan`` has no options/segment names; an unknown segment option; a bad
+            ``state`` entry.
+        ValueError: also, before anything is wrapped, an unknown ``state`` string (only
+            ``"buffers"``) or a bad ``granularity_bytes``/``on_undeclared``.
         UnsupportedError: at the first forward, a checkpointed segment received a transformers
             KV cache (train with ``use_cache=False``).
 
@@ -79,7 +83,13 @@ def apply_plan(model: nn.Module, plan: Any, *, state: Any = "buffers", **segment
     if "" in names:
         raise ValueError("apply_plan: segment '' is the whole model; expected submodule paths. "
                          "Tip: checkpoint a whole model with stateremat.torch.checkpoint(model, x).")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"apply_plan: segment names must be unique, got {dup} more than once (one option "
+                         "would silently replace the other). Tip: regenerate the plan for this model.")
     check_submodules(model, names, "apply_plan")
+    refuse_shared_segments(model, names, "apply_plan")
+    check_segment_options(state, segment_options, "apply_plan")  # not only at the first forward
     for option, name in zip(options, names):
         sub = model.get_submodule(name)
         if isinstance(sub, StatefulCheckpoint):  # the older wrapper module: put the block back

@@ -43,13 +43,21 @@ class Probe:
         names: segment names in forward order.
         device: where the step runs (CUDA is synchronized at every event).
         memory: a :class:`PeakMemory` that is active during the step, or ``None`` (timing only).
+        ordered: refuse a step whose segments start in another order than ``names`` (the card's
+            chain order, learned from the first probed step); ``False`` only records it.
+
+    Attributes:
+        order: indices of the segments in the order their forwards started.
     """
 
-    def __init__(self, names: list[str], device: torch.device, memory: PeakMemory | None) -> None:
+    def __init__(self, names: list[str], device: torch.device, memory: PeakMemory | None,
+                 ordered: bool = True) -> None:
         self.index = {n: i for i, n in enumerate(names)}
         self.device = device
         self.memory = memory
+        self.ordered = ordered
         self.events: list[Event] = []
+        self.order: list[int] = []
         self._entered: set[int] = set()
         self._started: set[int] = set()
         self._handles: list[Any] = []
@@ -73,7 +81,14 @@ class Probe:
             raise ValueError(f"{_API}: segment {name!r} ran twice in one step; expected each segment once "
                              "per step (shared or looped modules cannot be profiled as one segment). "
                              "Tip: choose segments that run once, e.g. the blocks of the loop.")
+        if self.ordered and i != len(self.order):
+            expected = next(n for n, j in self.index.items() if j == len(self.order))
+            raise ValueError(f"{_API}: segment {name!r} started before segment {expected!r} in this step, but after "
+                             "it in the first profiled step; expected the forward to run the segments in one "
+                             "order every step (the card's chain order, eq. 3, cannot be known otherwise). Tip: "
+                             "choose segments the forward always runs in the same order, or a step_fn that does.")
         self._entered.add(i)
+        self.order.append(i)
         self.event("fwd_enter", i)
         for t in _grad_leaves((args, kwargs)):
             self._handles.append(t.register_hook(lambda g, i=i: self._end(i)))
@@ -95,10 +110,14 @@ class Probe:
         self.event("bwd_end", i)
 
     def close(self) -> None:
-        """Remove the gradient hooks (inputs may outlive the step)."""
+        """Remove the gradient hooks (inputs may outlive the step); never raises, so an error the
+        step raised propagates as it was."""
         for h in self._handles:
             h.remove()
         self._handles.clear()
+
+    def check_every_segment_ran(self) -> None:
+        """After a step that completed: raise ``ValueError`` naming the segments that did not run."""
         missing = sorted(set(self.index.values()) - self._entered)
         if missing:
             names = [n for n, i in self.index.items() if i in missing]

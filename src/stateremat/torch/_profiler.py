@@ -27,7 +27,7 @@ from ._segments import resolve_segments
 from ._snapshot import ModelSnapshot
 from ._step import make_step, model_device
 from ._timeline import StepCosts, read_timeline
-from ._wrap import unwrap_module, wrap_module
+from ._wrap import check_segment_options, unwrap_module, wrap_module
 
 _API = "stateremat.torch.profile"
 
@@ -73,14 +73,24 @@ class _Runner:
             self.run()
             self.carried += [weakref.ref(st) for st in pm.new_storages()]
 
-    def step(self, option: str | list[str], memory: bool, journal: bool = False) -> StepCosts:
+    def learn_order(self) -> list[str]:
+        """One eager step (memory tracked; what it creates and keeps is carried, as every memory
+        step's); afterwards ``names`` are in the order the segments first ran. Returns them."""
+        order: list[int] = []
+        self.step("eager", memory=True, order=order)
+        self.names = [self.names[i] for i in order]
+        return self.names
+
+    def step(self, option: str | list[str], memory: bool, journal: bool = False,
+             order: list[int] | None = None) -> StepCosts:
         """One step with segment ``i`` under ``option`` (or ``option[i]``); ``journal``: inside
-        :func:`journal_writes` (writes outside segments are journaled, R6)."""
+        :func:`journal_writes` (writes outside segments are journaled, R6); ``order``: a list that
+        receives the segments' indices in the order they ran (otherwise another order is refused)."""
         options = [option] * len(self.names) if isinstance(option, str) else option
         for name, o in zip(self.names, options):
             wrap_module(self.model.get_submodule(name), o, name, self.state, **self.opts)
         pm = PeakMemory(self.device, roots=self.roots()) if memory else None
-        probe = Probe(self.names, self.device, pm)
+        probe = Probe(self.names, self.device, pm, ordered=order is None)
         for name in self.names:
             self.model.get_submodule(name).forward.probe = probe
         try:
@@ -93,6 +103,9 @@ class _Runner:
                 with journal_writes() if journal else contextlib.nullcontext():
                     self.run()
                 probe.event("end")
+                probe.check_every_segment_ran()  # only when the step completed: its own error wins
+                if order is not None:
+                    order[:] = probe.order
                 if pm is not None and self.device.type != "cuda":
                     self.carried += [weakref.ref(st) for st in pm.new_storages()]
             finally:
@@ -132,6 +145,28 @@ def _chain_journal(runner: "_Runner", names: list[str], stateful: list[bool]) ->
     return out
 
 
+#: Attributes by which frameworks switch their own (torch) checkpointing on, and how to turn it off.
+_FRAMEWORK_SWITCHES = (
+    ("gradient_checkpointing", "transformers",
+     "model.activation_checkpointing_disable() (gradient_checkpointing_disable() before transformers 5; "
+     "stateremat.integrations.transformers.disable(model) after its enable)"),
+    ("grad_checkpointing", "timm", "model.set_grad_checkpointing(False)"),
+)
+
+
+def refuse_framework_checkpointing(model: nn.Module, api: str = _API) -> None:
+    """Raise ``ValueError`` if a framework's own checkpointing is on in ``model`` (a module with
+    ``gradient_checkpointing=True``, transformers, or ``grad_checkpointing=True``, timm): a card
+    would then measure ``eager`` with the framework's checkpoint replaying those modules."""
+    for attr, framework, off in _FRAMEWORK_SWITCHES:
+        on = [n or type(model).__name__ for n, m in model.named_modules() if getattr(m, attr, False) is True]
+        if on:
+            raise ValueError(f"{api}: the model's own {framework} checkpointing is on ({attr}=True on "
+                             f"{on[:3]}{' ...' if len(on) > 3 else ''}); expected it off, or every option measured, "
+                             "'eager' included, would run under that checkpoint and the card would be wrong. "
+                             f"Tip: call {off} first; apply the plan stateremat makes instead.")
+
+
 def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Iterable[Any] = OPTIONS,
             device: Any = None, repeats: int = 5, state: Any = "buffers", optimizers: Iterable[Any] = (),
             **segment_options: Any) -> ProfileCard:
@@ -154,7 +189,8 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         model: any ``nn.Module`` (on CPU or one CUDA device).
         segments: module paths (list), a pattern (``"model.layers.*"``: every child of
             ``model.layers``), a container module, or ``None`` (the repeated block); see
-            :func:`stateremat.torch._segments.resolve_segments`.
+            :func:`stateremat.torch._segments.resolve_segments`. The card lists them in the
+            order the forward first runs them (eq. 3's chain), whatever their module order.
         step: ``step_fn(model)`` running one whole training step (forward, ``backward()``,
             optimizer step), or a sample batch (a tensor, a tuple of positional arguments or a dict
             of keyword arguments; the step is then ``loss.backward()`` with the output's ``.loss``
@@ -180,9 +216,15 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
 
     Raises:
         ValueError: bad segments (see ``resolve_segments``), an unknown option or one missing
-            that every card needs, ``repeats < 1``, a segment that does not run or runs twice.
+            that every card needs, ``repeats < 1``, a segment that does not run or runs twice, or
+            segments that run in another order in another step, or a framework's own
+            checkpointing switched on (transformers' ``activation_checkpointing_enable()`` /
+            ``gradient_checkpointing_enable()``, timm's
+            ``set_grad_checkpointing()``: turn it off first).
         TypeError: ``step`` is neither a function nor a batch.
-        ReplayError: from the checkpoint while a segment runs under a replaying option.
+        ReplayError: from the checkpoint while a segment runs under a replaying option; this and
+            any other error the step raises (``UndeclaredStateError``, ``UnsupportedError`` for a
+            KV cache, the step's own) propagate as raised, the model restored.
 
     Danger:
         ``step_fn`` should do the same work every call; objects it changes other than the model
@@ -199,6 +241,8 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
     References:
         Paper §4 (profile cards: r, q, c and P; eq. 3).
     """
+    refuse_framework_checkpointing(model)
+    check_segment_options(state, segment_options, _API)
     names = resolve_segments(model, segments)
     option_names = _option_names(options)
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
@@ -209,7 +253,9 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
     try:
         runner = _Runner(model, names, run, inputs, device, state, segment_options, tuple(optimizers))
         runner.warm_up()  # gradients, optimizer state, lazily built buffers
-        runner.step("eager", memory=True)  # what a step creates and keeps (carried as roots)
+        # what a step creates and keeps (carried as roots); the card's segments (eq. 3's chain) are
+        # then in the order they first run, which need not be the modules' registration order
+        names = runner.learn_order()
         mem = {o: runner.step(o, memory=True) for o in option_names}
         stateful = [_has_state(model.get_submodule(n), state) for n in names]
         chain = _chain_journal(runner, names, stateful) if "region" in option_names else {}
@@ -272,7 +318,8 @@ def _card(model: nn.Module, names: list[str], option_names: list[str], mem: dict
                        "head_rule": "the last segment's temp_bytes include the head and loss (head_bytes)",
                        "before_first_segment_peak_bytes": outside[0], "after_backward_peak_bytes": outside[1]},
         "measured_step_peak_bytes": {o: c.peak_bytes for o, c in mem.items()},
-        "segments_rule": "in-context: every segment under one option per measured step",
+        "segments_rule": "in-context: every segment under one option per measured step; segments in the order "
+                         "the step first runs them",
         "torch_version": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "loadavg": loadavg(),

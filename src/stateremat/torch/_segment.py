@@ -10,6 +10,7 @@ tensors are kept): the enclosing transaction already restores and reinstates its
 from __future__ import annotations
 
 import contextlib
+import re
 import uuid
 import weakref
 from collections import defaultdict
@@ -107,14 +108,38 @@ def _release(txn: Transaction, rt: Runtime) -> None:
     rt.counters.touch()
 
 
-def undeclared_message(seg: "Segment", names: str, when: str, reachable: bool = True) -> str:
+#: A scan name of an input of the segment: an argument itself or an element of a container argument
+#: (not an attribute of an object passed in, which is state that object holds).
+_INPUT_NAME = re.compile(r"(partial |keyword )?argument (\d+|'[^']*')(\[[^\]]*\])*")
+
+
+def _written_inputs(written: Any) -> list[str]:
+    """Names of written tensors that are inputs of the segment: the replay needs them as they were
+    at the forward, and autograd refuses a saved input written in place ('modified by an inplace
+    operation'), so declaring them with on_undeclared='declare' cannot help."""
+    return [describe(n) for n, _ in written if isinstance(n, str) and _INPUT_NAME.fullmatch(n)]
+
+
+def undeclared_message(seg: "Segment", names: str, when: str, reachable: bool = True, written: Any = ()) -> str:
+    """The ``UndeclaredStateError`` text; ``written``: ``(scan name, tensor)`` of the written tensors
+    (a write to an input that autograd tracks gets the out-of-place tip instead of declaring)."""
+    inputs = _written_inputs(written)
+    head = (f"stateremat.torch.checkpoint: segment {seg.name!r} wrote in place to {names}, which existed "
+            f"before the segment and is not declared state (expected only declared tensors to be "
+            f"mutated, got a write {when}); replay would repeat this write ({rule('R7')}).")
+    if inputs:
+        rest = [n for n in names.split(", ") if n not in inputs]
+        return (f"{head} Tip: {', '.join(inputs)} {'is an input' if len(inputs) == 1 else 'are inputs'} of the "
+                "segment (e.g. the activation of the layer before it): make the op that writes it out-of-place, "
+                "e.g. nn.ReLU(inplace=False) as the segment's first layer, or x = x * 0.5 instead of "
+                "x.mul_(0.5); on_undeclared='declare' cannot help (autograd refuses the saved input written in "
+                "place: 'modified by an inplace operation', as under torch.utils.checkpoint)"
+                + (f"; declare the other tensors ({', '.join(rest)})." if rest else "."))
     alt = ", or pass on_undeclared='declare'" if reachable else (
         " (on_undeclared='declare' cannot help: the forward's scan does not reach this tensor; "
         "pass it as an argument, register it as a buffer, or declare it)")
     return (
-        f"stateremat.torch.checkpoint: segment {seg.name!r} wrote in place to {names}, which existed "
-        f"before the segment and is not declared state (expected only declared tensors to be "
-        f"mutated, got a write {when}); replay would repeat this write ({rule('R7')}). Tip: declare "
+        f"{head} Tip: declare "
         "it, e.g. checkpoint(fn, ..., state=[tensor_or_module]) or StatefulCheckpoint(block, "
         f"state='buffers'){alt}."
     )
@@ -199,7 +224,8 @@ class Segment:
             return
         name, t = describe(entry[0]), entry[1]
         if self.on_undeclared == "raise":
-            raise UndeclaredStateError(undeclared_message(self, name, f"by {func} (not applied)"))
+            raise UndeclaredStateError(undeclared_message(self, name, f"by {func} (not applied)",
+                                                          written=[(entry[0], t)]))
         if self.on_undeclared == "declare":
             self.txn.promote(name, t)
             self.candidates.pop(key, None)
@@ -207,16 +233,20 @@ class Segment:
 
     def undeclared_at_replay(self, w: torch.Tensor, func: Any, what: str) -> None:
         """Called before ``func`` writes pre-existing undeclared state during the replay (R7)."""
+        raw = self._raw_name_of(w)
+        name = describe(raw) if raw is not None else \
+            f"a tensor of shape {tuple(w.shape)} {w.dtype} the scan cannot name"
+        written = [(raw, w)] if raw is not None else []
         if self.on_undeclared == "warn":
-            warn_undeclared(undeclared_message(self, self._name_of(w), f"at recomputation by {func} "
-                                               "(applied a second time)"))
+            warn_undeclared(undeclared_message(self, name, f"at recomputation by {func} "
+                                               "(applied a second time)", written=written))
             return
-        name = self._name_of(w)
         raise UndeclaredStateError(undeclared_message(
             self, name, f"at recomputation by {func} to {what} (not applied; the forward already made "
-            "this write once, the replay would make it twice)", reachable=not name.startswith("a tensor of shape")))
+            "this write once, the replay would make it twice)", reachable=raw is not None, written=written))
 
-    def _name_of(self, w: torch.Tensor) -> str:
+    def _raw_name_of(self, w: torch.Tensor) -> Any:
+        """The scan's name of the reachable tensor sharing ``w``'s storage, or ``None``."""
         try:
             args, kwargs = self.inputs()
         except RuntimeError:  # an input changed since the forward: name from fn alone
@@ -224,7 +254,7 @@ class Segment:
         with DisableTorchFunctionSubclass():
             key = storage_key(w)
             names = [n for n, t in reachable(self.fn, args, kwargs) if storage_key(t) == key]
-        return describe(names[0]) if names else f"a tensor of shape {tuple(w.shape)} {w.dtype} the scan cannot name"
+        return names[0] if names else None
 
     def undeclared_writes(self) -> list[str]:
         """Reachable undeclared tensors written since the forward began (versions and norm bytes)."""
@@ -283,10 +313,12 @@ class Segment:
         if not names:
             return
         listed = ", ".join(names)
+        wanted = set(names)
+        written = [(n, t) for n, t, _ in self.scan if describe(n) in wanted]
         if self.on_undeclared == "warn":
-            warn_undeclared(undeclared_message(self, listed, f"seen {when}"))
+            warn_undeclared(undeclared_message(self, listed, f"seen {when}", written=written))
             return
-        raise UndeclaredStateError(undeclared_message(self, listed, f"seen {when}"))
+        raise UndeclaredStateError(undeclared_message(self, listed, f"seen {when}", written=written))
 
     def adopt(self, inner: "Segment") -> None:
         """An inner segment ended: its declared storages are replayed by us too."""

@@ -56,6 +56,32 @@ def check_submodules(model: nn.Module, names: list[str], api: str) -> None:
                              "Tip: segment names are module paths as in model.named_modules().") from None
 
 
+def refuse_shared_segments(model: nn.Module, names: list[str], api: str, nested: bool = False) -> None:
+    """Raise ``ValueError`` (naming ``api`` and both paths) if two segment paths name the same module
+    object (``model[0] is model[2]``: one module has one checkpointed ``forward``, so the options
+    would overwrite each other); with ``nested``, also if a segment's module lies inside another
+    segment's module through another path (an alias of a nested segment)."""
+    first: dict[int, str] = {}
+    for n in names:
+        other = first.setdefault(id(model.get_submodule(n)), n)
+        if other != n:
+            raise ValueError(f"{api}: segments {other!r} and {n!r} are the same module object "
+                             f"({type(model.get_submodule(n)).__name__}); expected each segment to be a distinct "
+                             "module (one module has one checkpointed forward, so one option would silently "
+                             f"replace the other). Tip: list it once (e.g. {other!r}); every call of it is then "
+                             "that segment, or give the model distinct copies.")
+    if not nested:
+        return
+    for n in names:
+        inside = {id(m): p for p, m in model.get_submodule(n).named_modules(remove_duplicate=False) if p}
+        for other in names:
+            if other != n and id(model.get_submodule(other)) in inside:
+                path = f"{n}.{inside[id(model.get_submodule(other))]}"
+                raise ValueError(f"{api}: segment {other!r} is also inside segment {n!r} (as {path!r}, the same "
+                                 "module object); expected disjoint segments. Tip: choose one level, e.g. the "
+                                 "blocks.")
+
+
 def resolve_segments(model: nn.Module, segments: Any) -> list[str]:
     """Segment module paths of ``model`` in forward (module) order.
 
@@ -71,7 +97,7 @@ def resolve_segments(model: nn.Module, segments: Any) -> list[str]:
 
     Raises:
         ValueError: a path that is not a submodule, an empty result, duplicates, ``""`` (the whole
-            model), or one segment inside another.
+            model), one segment inside another, or two paths of one module object.
         TypeError: ``segments`` of another type.
     """
     if segments is None:
@@ -112,5 +138,6 @@ def resolve_segments(model: nn.Module, segments: Any) -> list[str]:
     if nested:
         raise ValueError(f"{_API}: segment {nested[0][0]!r} lies inside segment {nested[0][1]!r}; "
                          "expected disjoint segments. Tip: choose one level, e.g. the blocks.")
+    refuse_shared_segments(model, names, _API, nested=True)
     order = {n: i for i, (n, _) in enumerate(model.named_modules(remove_duplicate=False))}
     return sorted(names, key=order.__getitem__)

@@ -22,6 +22,23 @@ from ._pystate import refuse_python_state
 SEGMENT_OPTIONS = ("state", "granularity_bytes", "on_undeclared", "verify", "preserve_rng_state")
 
 
+def check_segment_options(state: Any, opts: dict[str, Any], api: str = "stateremat.torch") -> None:
+    """Refuse bad segment options when a plan is applied or a profile starts, not at the first
+    forward: unknown keywords (``TypeError``), a bad ``state`` (:func:`check_state`: an unknown string
+    such as ``"everything"`` is a ``ValueError``, a bad entry a ``TypeError``) and bad values of
+    ``granularity_bytes``/``on_undeclared`` (``ValueError``)."""
+    from ._checkpoint import Checkpointer
+    from ._scan import check_state
+
+    unknown = sorted(set(opts) - set(SEGMENT_OPTIONS))
+    if unknown:
+        raise TypeError(f"{api}: unknown segment option(s) {unknown}; expected a subset "
+                        f"of {list(SEGMENT_OPTIONS)[1:]}. Tip: check the spelling.")
+    check_state(state)
+    Checkpointer(state=None if isinstance(state, str) else state,
+                 **{k: v for k, v in opts.items() if k != "preserve_rng_state"})
+
+
 def _checkpoint_call(option: str, state: Any, opts: dict[str, Any], name: str | None = None) -> Callable[..., Any]:
     """A function with ``torch.utils.checkpoint.checkpoint``'s signature running ``option``."""
     rng = {"preserve_rng_state": opts["preserve_rng_state"]} if "preserve_rng_state" in opts else {}

@@ -107,8 +107,8 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
     card = profile(chain, list(chain.segment_names), train_step, options=options, device=device,
                    repeats=repeats, granularity_bytes=cfg.granularity_bytes)
     segments = []
-    for i, (seg, name) in enumerate(zip(card.segments, chain.segment_names)):
-        live = bool(getattr(chain, name).live)
+    for i, seg in enumerate(card.segments):  # in the order the chain runs them (the card's)
+        live = bool(chain.get_submodule(seg.name).live)
         meta = {"state": live, "write_rows": cfg.write_rows if live else 0}
         if "region_chain_journal_bytes" in seg.meta:
             meta["region_preserved_bytes"] = seg.meta["region_chain_journal_bytes"]
