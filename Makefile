@@ -10,6 +10,7 @@ STAMP   := $(VENV)/.installed
 .PHONY: setup data run test clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	@$(PY) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "stateremat needs Python 3.11 (found " + sys.version.split()[0] + "); run make PY=python3.11 ...")'
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements.txt
