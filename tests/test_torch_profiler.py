@@ -308,3 +308,25 @@ def test_region_retained_bytes_include_later_writes_to_shared_state_r6():
     for (n, a), b in zip(ref.named_parameters(), ours.parameters()):
         assert torch.equal(a.grad, b.grad), n
     assert torch.equal(ref[0].shared, ours[0].shared)
+
+
+@pytest.mark.parametrize("make_opt", [lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+                                      lambda ps: torch.optim.Adam(ps, lr=1e-2)], ids=["sgd_momentum", "adam"])
+def test_an_optimizer_not_given_is_found_restored_and_counted_like_a_given_one(make_opt):
+    """C8 of the user review: step_fn steps an optimizer the caller forgot to pass; its momentum
+    and step counts must not advance through profiling, and P must count its state."""
+    cards = {}
+    for given in (True, False):
+        model = _resnet()
+        opt = make_opt(model.parameters())
+        _sgd_step(opt)(model)  # optimizer state exists before profiling
+        before = _fingerprint(model, opt)
+        cards[given] = profile(model, SEGMENTS, _sgd_step(opt), repeats=1, optimizers=[opt] if given else ())
+        after = _fingerprint(model, opt)
+        for k in before:
+            assert _same(before[k], after[k]), (given, k)
+        step_counts = [float(s["step"]) for s in opt.state_dict()["state"].values() if "step" in s]
+        assert step_counts in ([], [1.0] * len(step_counts))  # one step before profiling, none since
+    assert cards[True].persistent_bytes == cards[False].persistent_bytes
+    assert [s.options["eager"].retained_bytes for s in cards[True].segments] == \
+        [s.options["eager"].retained_bytes for s in cards[False].segments]

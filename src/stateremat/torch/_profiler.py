@@ -50,9 +50,10 @@ class _Runner:
     and, for memory steps, the tracker (whose roots are what the step starts with)."""
 
     def __init__(self, model: nn.Module, names: list[str], run: Callable[[], Any], inputs: list[torch.Tensor],
-                 device: torch.device, state: Any, opts: dict[str, Any], optimizers: tuple = ()) -> None:
+                 device: torch.device, state: Any, opts: dict[str, Any], optimizers: list | None = None) -> None:
         self.model, self.names, self.run, self.inputs = model, names, run, inputs
-        self.device, self.state, self.opts, self.optimizers = device, state, opts, optimizers
+        self.device, self.state, self.opts = device, state, opts
+        self.optimizers = list(optimizers or [])
         self.carried: list[weakref.ref] = []  # storages a step created that outlive it (grads, optimizer state)
 
     def roots(self) -> list[Any]:
@@ -183,7 +184,7 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
     every segment's ``r`` live, are charged as the last segment's ``q``. The card's
     ``meta["persistent"]`` says how ``P`` and that ``q`` were made up. Profiling leaves the model as it was: every parameter, gradient,
     buffer and attribute (bytes and bindings), the generator states and the given optimizers'
-    state are restored afterwards.
+    state (given or found stepping the model's parameters) are restored afterwards.
 
     Args:
         model: any ``nn.Module`` (on CPU or one CUDA device).
@@ -203,9 +204,10 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
             live-storage tracker, see :class:`PeakMemory`).
         repeats: timed rounds per option (int ≥ 1), after the two warm-up steps.
         state: declared state of each segment: ``"buffers"`` (its buffers) or tensors/modules.
-        optimizers: optimizers ``step_fn`` steps: their state counts in ``P`` (on CPU, state that
-            exists before profiling is seen only through them) and their ``state_dict`` is
-            restored afterwards.
+        optimizers: optimizers ``step_fn`` steps: their state counts in ``P`` and their
+            ``state_dict`` is restored afterwards. One not given that steps a parameter of
+            ``model`` is found at its first step (torch's global optimizer step pre-hook) and
+            treated the same way; giving them counts their pre-existing state from the first step.
         **segment_options: ``granularity_bytes`` (bytes), ``on_undeclared``, ``verify``,
             ``preserve_rng_state``, as in :func:`apply_plan`.
 
@@ -228,7 +230,7 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
 
     Danger:
         ``step_fn`` should do the same work every call; objects it changes other than the model
-        and ``optimizers`` (learning-rate schedulers, data iterators) are advanced by the
+        and its optimizers (learning-rate schedulers, data iterators) are advanced by the
         ``2 + (1 + repeats) × len(options)`` steps profiling runs (plus one per segment whose
         buffers are shared with other parts of the model). On CPU, bytes allocated outside
         torch's dispatcher are not seen (see :class:`PeakMemory`). A region journal also covers
@@ -250,21 +252,24 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
     run, inputs = make_step(model, step)
     device = model_device(model, device)
     snapshot = ModelSnapshot(model, tuple(optimizers))
+    runner = _Runner(model, names, run, inputs, device, state, segment_options, list(optimizers))
     try:
-        runner = _Runner(model, names, run, inputs, device, state, segment_options, tuple(optimizers))
-        runner.warm_up()  # gradients, optimizer state, lazily built buffers
-        # what a step creates and keeps (carried as roots); the card's segments (eq. 3's chain) are
-        # then in the order they first run, which need not be the modules' registration order
-        names = runner.learn_order()
-        mem = {o: runner.step(o, memory=True) for o in option_names}
-        stateful = [_has_state(model.get_submodule(n), state) for n in names]
-        chain = _chain_journal(runner, names, stateful) if "region" in option_names else {}
-        secs: dict[str, list[list[float]]] = {o: [] for o in option_names}
-        for rep in range(repeats + 1):
-            for o in option_names:
-                costs = runner.step(o, memory=False)
-                if rep:  # the first round is a warm-up
-                    secs[o].append([s.time_s for s in costs.segments])
+        # an optimizer step_fn steps but that was not given is found at its first step: saved and
+        # restored like the given ones, its state counted in P
+        with snapshot.watching_optimizers(runner.optimizers.append):
+            runner.warm_up()  # gradients, optimizer state, lazily built buffers
+            # what a step creates and keeps (carried as roots); the card's segments (eq. 3's chain) are
+            # then in the order they first run, which need not be the modules' registration order
+            names = runner.learn_order()
+            mem = {o: runner.step(o, memory=True) for o in option_names}
+            stateful = [_has_state(model.get_submodule(n), state) for n in names]
+            chain = _chain_journal(runner, names, stateful) if "region" in option_names else {}
+            secs: dict[str, list[list[float]]] = {o: [] for o in option_names}
+            for rep in range(repeats + 1):
+                for o in option_names:
+                    costs = runner.step(o, memory=False)
+                    if rep:  # the first round is a warm-up
+                        secs[o].append([s.time_s for s in costs.segments])
     finally:
         for name in names:
             unwrap_module(model.get_submodule(name))

@@ -1,11 +1,13 @@
 """Save and restore everything a profiling run may change: module state, gradients, RNG, optimizers."""
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 
 
@@ -51,6 +53,28 @@ class ModelSnapshot:
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
         self.optimizers = [(o, copy.deepcopy(o.state_dict())) for o in optimizers]
+        self.params = {id(p) for p in model.parameters()}
+
+    @contextlib.contextmanager
+    def watching_optimizers(self, found: Callable[[Any], None] = lambda opt: None) -> Iterator[None]:
+        """While open, an optimizer that steps one of the model's parameters and was not given is
+        saved just before its first step (so :meth:`restore` puts its state back too) and passed
+        to ``found``. Uses torch's global optimizer step pre-hook (public ``torch.optim`` API)."""
+        seen = {id(o) for o, _ in self.optimizers}
+
+        def pre_step(opt: Any, args: Any, kwargs: Any) -> None:
+            if id(opt) in seen:
+                return
+            seen.add(id(opt))
+            if any(id(p) in self.params for g in opt.param_groups for p in g["params"]):
+                self.optimizers.append((opt, copy.deepcopy(opt.state_dict())))
+                found(opt)
+
+        handle = register_optimizer_step_pre_hook(pre_step)
+        try:
+            yield
+        finally:
+            handle.remove()
 
     @torch.no_grad()
     def restore(self) -> None:
