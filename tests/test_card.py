@@ -179,3 +179,17 @@ def test_cards_whose_total_could_overflow_int64_are_refused_at_the_crossing_segm
     with pytest.raises(ProfileCardError, match=r"segment 't'\.options\.whole\.temp_bytes"):
         ProfileCard(big, segs)  # 2^53 + 510 · 2^53 + 2^53 = 2^62
     assert ProfileCard(big - 1, segs).persistent_bytes == big - 1  # one byte less fits
+
+
+@pytest.mark.parametrize("text, says, tip", [
+    ("", "is empty", "profile again if that run was cut short"),
+    ("  \n", "is empty", "profile again"),
+    ('{"persistent_bytes": 1, ', "is not valid JSON", "a card is the JSON `stateremat profile --out`"),
+    ('{"persistent_bytes": Infinity, ', "is not valid JSON", "NaN/Infinity are not JSON"),
+])
+def test_an_unreadable_card_file_gets_a_tip_that_fits_its_cause(tmp_path, text, says, tip):
+    path = tmp_path / "card.json"
+    path.write_text(text)
+    with pytest.raises(ProfileCardError) as e:
+        load_card(path)
+    assert says in str(e.value) and tip in str(e.value) and str(path) in str(e.value)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -431,8 +432,12 @@ def load_card(path: str | os.PathLike) -> ProfileCard:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ProfileCardError(f"{where} is not valid JSON ({exc}). "
-                               "Tip: NaN/Infinity are not JSON; the profiler writes null.") from exc
+        if not text.strip():
+            raise ProfileCardError(f"{where} is empty. Tip: a card is the JSON `stateremat profile "
+                                   "--out` or save_card writes; profile again if that run was cut short.") from None
+        tip = ("NaN/Infinity are not JSON; the profiler writes null." if re.search(r"\b(NaN|-?Infinity)\b", text)
+               else "a card is the JSON `stateremat profile --out` or save_card writes; check the file.")
+        raise ProfileCardError(f"{where} is not valid JSON ({exc}). Tip: {tip}") from exc
     except RecursionError:
         raise ProfileCardError(f"{where} nests JSON too deeply to read (a card is at most a few "
                                "levels deep). Tip: check the file is a profile card.") from None
