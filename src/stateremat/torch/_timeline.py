@@ -76,8 +76,11 @@ def read_timeline(events: list[Event], n: int) -> StepCosts:
         s = first.get(("bwd_start", i))
         if s is not None:
             e = last.get(("bwd_end", i))
-            if e is None or e < s:  # inputs need no gradient: the backward ends at the next event
-                e = min(s + 1, end)
+            if e is None or e < s:
+                # inputs need no gradient (the first segment on the batch): its backward lasts until
+                # another segment's backward starts or the backward pass ends — not until the next
+                # event, which can be the next segment's bwd_end fired by the same gradient
+                e = next((k for k in range(s + 1, end + 1) if events[k].kind in ("bwd_start", "bwd_done")), end)
             peak = max(peak, _peak(events, s, e))
             bwd_s = events[e].time_s - events[s].time_s
         segs.append(SegmentCost(max(0, exit_.live_bytes - entry.live_bytes), max(0, peak - exit_.live_bytes),
