@@ -72,8 +72,9 @@ def resnet18_stem(device):
 
     A segment is one submodule's call, so the stem's activations (the largest in the network) can
     only be replayed when the stem is one module; the fold renames its parameters (``conv1.0.*``,
-    ``conv1.1.*``). Batch 64: at 24 the persistent bytes plus the stem's own backward already
-    exceed 0.5 x eager's peak (least plan 0.588 x eager, measured with this script's card).
+    ``conv1.1.*``). Batch 64, so that parameters, gradients and momentum weigh less against the
+    activations than at 24. Replaying the stem still leaves its own backward (its activations
+    recomputed, their gradients, every parameter's gradient live), which bounds every plan.
     """
     timm = import_timm()
     torch.manual_seed(0)
