@@ -102,7 +102,9 @@ def moco(
         typer.echo(f"failed: seed {f['seed']} {f['method']}: {f['error_type']}: {first}", err=True)
     for e in entries:
         if e["status"] == "score file mismatch":
-            typer.echo(f"score file mismatch: seed {e['seed']} {e['method']}: the file on disk "
-                       "differs from its row's hash", err=True)
+            typer.echo(f"score file mismatch: seed {e['seed']} {e['method']}: "
+                       f"{out}/scores/seed-{e['seed']}/{e['method']}.npy is missing or differs "
+                       "from its row's hash. Tip: rerun with --seeds and --methods naming it to "
+                       "redo that run.", err=True)
     if n_ok < len(entries) or summary["identical_within_seed"] is False:
         raise typer.Exit(1)

@@ -18,7 +18,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -150,6 +150,7 @@ class RecordStore:
         self.table = table
         self.key = tuple(key)
         self.dir = self.out_dir / table
+        self._last_part: str | None = None
         lock_run(self.out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sidecar = self.out_dir / f"{table}.json"
@@ -196,7 +197,39 @@ class RecordStore:
         pq.write_table(tbl, buf)
         name = f"part-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{next(_counter):06d}.parquet"
         atomic_write_bytes(self.dir / name, buf.getvalue())
+        self._last_part = name
         return len(rows)
+
+    def drop_rows(self, match: Callable[[pd.DataFrame], "pd.Series"],
+                  keep_last_part: bool = False) -> int:
+        """Remove the rows ``match`` selects, each part rewritten atomically (or removed when it
+        holds nothing else); for rows that describe something no longer on disk.
+
+        Args:
+            match: rows of one part -> boolean mask of the rows to drop.
+            keep_last_part: leave the part this store appended last untouched (the rows that
+                replace the dropped ones).
+
+        Returns:
+            The number of rows dropped.
+        """
+        dropped = 0
+        for p in sorted(self.dir.glob("part-*.parquet")):
+            if keep_last_part and p.name == self._last_part:
+                continue
+            tbl = pq.read_table(p)
+            df = tbl.to_pandas()
+            mask = match(df).to_numpy(dtype=bool)
+            if not mask.any():
+                continue
+            dropped += int(mask.sum())
+            if mask.all():
+                p.unlink()
+                continue
+            buf = io.BytesIO()
+            pq.write_table(tbl.filter(pa.array(~mask)), buf)
+            atomic_write_bytes(p, buf.getvalue())
+        return dropped
 
     def read(self) -> pd.DataFrame:
         """All rows written so far (every part), as a DataFrame."""
