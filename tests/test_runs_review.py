@@ -67,3 +67,31 @@ def test_damaged_score_file_is_incomplete_in_report_and_redone_by_a_rerun(moco_r
     assert res.exit_code == 0, res.output
     md = (out / "moco_table9.md").read_text()
     assert "**not assessed** (a subset of the seven methods" in md and "score file mismatch" not in md
+
+
+# --- 2. --seeds: a range, never a bare number (except verify alias's count) ---------------
+
+def _flat(text: str) -> str:
+    return " ".join(text.replace("│", " ").split())
+
+
+@pytest.mark.parametrize("argv", [["cohort", "semantics"], ["app", "moco", "--preset", "tiny"]])
+def test_bare_seed_number_is_refused_asking_for_a_range(argv, tmp_path):
+    out = tmp_path / "run"
+    res = _run(*argv, "--seeds", "3", "--out", out)
+    assert res.exit_code == 2, res.output
+    text = _flat(res.output)
+    assert "--seeds '3'" in text and "half-open range A:B" in text, text
+    assert "--seeds 3:4" in text and "--seeds 0:3" in text, text
+    assert not out.exists()  # refused before anything is written
+    res = _run(*argv, "--seeds", "0", "--out", out)
+    assert res.exit_code == 2 and "--seeds 0:1" in _flat(res.output), res.output
+    help_text = _flat(_run(*argv, "--help").output)
+    assert "half-open" in help_text.lower() and "bare N is refused" in help_text, help_text
+
+
+def test_verify_alias_help_says_its_seeds_option_is_a_count():
+    res = _run("verify", "alias", "--help")
+    assert res.exit_code == 0, res.output
+    text = _flat(res.output)
+    assert "A count N of seeds: seeds 0..N-1" in text, text
