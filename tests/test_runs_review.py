@@ -95,3 +95,17 @@ def test_verify_alias_help_says_its_seeds_option_is_a_count():
     assert res.exit_code == 0, res.output
     text = _flat(res.output)
     assert "A count N of seeds: seeds 0..N-1" in text, text
+
+
+# --- 4. another config: the innermost differing fields -----------------------------------
+
+def test_config_mismatch_names_the_innermost_field(moco_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(moco_run, out)
+    argv = [a if a != "tiny" else "cpu" for a in MOCO]
+    res = _run(*argv, "--out", out)
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert "another config (preset.name: 'tiny' -> 'cpu'; preset.width: 4 -> 8;" in text, text
+    assert "more)" in text and "'preset': {" not in text and "{'name'" not in text, text
+    assert "Tip: use a new --out folder" in text

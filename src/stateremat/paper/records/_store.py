@@ -258,10 +258,32 @@ def read_records(out_dir: str | os.PathLike, table: str) -> pd.DataFrame:
 
 
 def _config_diff(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 6) -> str:
-    """``key: old -> new`` for the top-level keys that differ (the first ``limit``)."""
-    keys = [k for k in dict.fromkeys([*old, *new]) if old.get(k) != new.get(k)]
-    parts = [f"{k}: {_short(old.get(k))} -> {_short(new.get(k))}" for k in keys[:limit]]
-    return "; ".join(parts) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")
+    """``field: old -> new`` for the innermost fields that differ (the first ``limit``), named
+    by their path: ``profile.steps: 3 -> 5``, ``cells[0].warmups: 1 -> 2``."""
+    found = list(_diff_paths(old, new, ""))
+    parts = [f"{path}: {_short(a)} -> {_short(b)}" for path, a, b in found[:limit]]
+    return "; ".join(parts) + (f"; and {len(found) - limit} more" if len(found) > limit else "")
+
+
+_ABSENT = object()
+
+
+def _diff_paths(old: Any, new: Any, path: str) -> Iterable[tuple[str, Any, Any]]:
+    """``(path, old, new)`` of the innermost differing fields: dicts are compared key by key,
+    lists of equal length item by item; anything else (or a missing key) as a whole."""
+    if old == new:
+        return
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for k in dict.fromkeys([*old, *new]):
+            sub = f"{path}.{k}" if path else str(k)
+            yield from _diff_paths(old.get(k, _ABSENT), new.get(k, _ABSENT), sub)
+    elif (isinstance(old, (list, tuple)) and isinstance(new, (list, tuple))
+          and len(old) == len(new)):
+        for i, (a, b) in enumerate(zip(old, new)):
+            yield from _diff_paths(a, b, f"{path}[{i}]")
+    else:
+        yield (path or "config", None if old is _ABSENT else old,
+               None if new is _ABSENT else new)
 
 
 def _short(v: Any, n: int = 160) -> str:
