@@ -3,6 +3,7 @@ diffs naming the field, --dask addresses and early signals — each through the 
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 
 import pytest
@@ -109,3 +110,57 @@ def test_config_mismatch_names_the_innermost_field(moco_run, tmp_path):
     assert "another config (preset.name: 'tiny' -> 'cpu'; preset.width: 4 -> 8;" in text, text
     assert "more)" in text and "'preset': {" not in text and "{'name'" not in text, text
     assert "Tip: use a new --out folder" in text
+
+
+# --- 3. cohort processes: frozen cards vs --profile; the config checked before any card ----
+
+COHORT = ["cohort", "processes", "--experiment", "fair44", "--preset", "tiny", "--processes",
+          "1", "--jobs", "1", "--warmups", "0", "--steps", "1"]
+
+
+@pytest.fixture(scope="module")
+def cohort_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cohort") / "run"
+    res = _run(*COHORT, "--out", out)
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+def test_profile_other_than_the_frozen_cards_is_refused_before_anything(cohort_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(cohort_run, out)
+    frozen = out / "profile" / "large_sparse.json"
+    other = tmp_path / "cards"
+    other.mkdir()
+    doc = json.loads(frozen.read_text())
+    doc["segments"][0]["options"]["eager"]["time_s"] *= 2  # measured differently
+    (other / "large_sparse.json").write_text(json.dumps(doc))
+    before = _snapshot(out)
+    res = _run(*COHORT, "--processes", "2", "--out", out, "--profile", other)
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert f"{other / 'large_sparse.json'} differs from {frozen}" in text, text
+    assert "Tip: rerun without --profile" in text
+    assert _snapshot(out) == before  # nothing measured, written or run
+    same = tmp_path / "same"
+    shutil.copytree(out / "profile", same)
+    res = _run(*COHORT, "--out", out, "--profile", same)  # the frozen cards themselves: resumes
+    assert res.exit_code == 0 and "1 processes already done, ran 0" in res.output, res.output
+
+
+def test_cohort_config_is_checked_before_any_card_is_measured(cohort_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(cohort_run, out)
+    (out / "profile" / "large_sparse.json").unlink()  # would be measured again
+    argv = [a if a != "1" or i != COHORT.index("--steps") + 1 else "2"
+            for i, a in enumerate(COHORT)]
+    res = _run(*argv, "--out", out)
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert "another config (cells[0].steps: 1 -> 2)" in text, text
+    assert not (out / "profile" / "large_sparse.json").exists()

@@ -100,11 +100,13 @@ def read_sidecar(path: Path) -> dict:
     return doc
 
 
-def check_resumable(out_dir: str | os.PathLike, table: str, config: Mapping[str, Any]) -> None:
+def check_resumable(out_dir: str | os.PathLike, table: str, config: Mapping[str, Any], *,
+                    view: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None) -> None:
     """Refuse early when ``out_dir`` holds a ``table`` run whose config differs in ``config``'s keys.
 
     For runners that write other files (profile cards) before their full config is known:
-    what is known is compared first, so a mismatched launch writes nothing.
+    what is known is compared first, so a mismatched launch writes nothing. ``view`` maps the
+    stored config to its comparable part (e.g. without fields set from the cards).
 
     Raises:
         RecordsError: a key of ``config`` has another value in the existing sidecar.
@@ -113,6 +115,8 @@ def check_resumable(out_dir: str | os.PathLike, table: str, config: Mapping[str,
     if not sidecar.exists():
         return
     old = read_sidecar(sidecar).get("config") or {}
+    if view is not None and isinstance(old, dict):
+        old = dict(view(old))
     new = json.loads(json.dumps(dict(config), default=json_default))
     diff = {k: v for k, v in new.items() if old.get(k) != v}
     if diff:
