@@ -307,7 +307,8 @@ EXPECTED_ALL = {
         "run_process_cohort", "worker_main"],
     "stateremat.paper.moco": [
         "KEY", "METHODS", "MocoPreset", "PRESETS", "TABLE", "check_threads", "failed_runs",
-        "resolve_device", "run_moco", "scores_path", "summarize", "write_summary"],
+        "resolve_device", "run_moco", "score_file_problem", "scores_path", "summarize",
+        "write_summary"],
     "stateremat.paper.semantics": [
         "DTYPES", "EXTENSION_TABLE", "FAMILIES", "FLOAT32_RTOL", "HIDDEN_FAMILIES", "KEY",
         "ProgramParams", "RunReport", "SEMANTICS_TABLE", "TABLE_ORDER", "cohort_units", "compare",
