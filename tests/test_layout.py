@@ -302,8 +302,8 @@ EXPECTED_ALL = {
         "resolve_budget", "resolve_spec", "run_cell_methods", "run_experiment", "summarize",
         "with_budget"],
     "stateremat.paper.cohort": [
-        "EXPERIMENTS", "PRESPECIFIED", "STATUS_TABLE", "TIMING_TABLE", "cohort_config",
-        "freeze_profiles", "method_order", "prespecified_comparisons", "run_one_process",
+        "EXPERIMENTS", "PRESPECIFIED", "STATUS_TABLE", "TIMING_TABLE", "check_dask_address",
+        "cohort_config", "freeze_profiles", "method_order", "prespecified_comparisons", "run_one_process",
         "run_process_cohort", "worker_main"],
     "stateremat.paper.moco": [
         "KEY", "METHODS", "MocoPreset", "PRESETS", "TABLE", "check_threads", "failed_runs",

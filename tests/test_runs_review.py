@@ -164,3 +164,38 @@ def test_cohort_config_is_checked_before_any_card_is_measured(cohort_run, tmp_pa
     text = " ".join(res.output.split())
     assert "another config (cells[0].steps: 1 -> 2)" in text, text
     assert not (out / "profile" / "large_sparse.json").exists()
+
+
+# --- 5. --dask: checked first, in seconds --------------------------------------------------
+
+@pytest.mark.parametrize("address", ["nonsense", "http://host:8786", "tcp://host:99999",
+                                     "tcp://host", "tcp://:8786"])
+def test_malformed_dask_address_is_refused_before_anything(address, tmp_path):
+    out = tmp_path / "run"
+    res = _run(*COHORT, "--out", out, "--dask", address)
+    assert res.exit_code == 2, res.output
+    text = " ".join(res.output.split())
+    assert f"--dask {address!r}: expected host:port or scheme://host:port" in text, text
+    assert "Tip:" in text and not out.exists()
+
+
+def test_unreachable_dask_scheduler_fails_in_seconds(tmp_path):
+    import socket
+    import time
+
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        free = closed.getsockname()[1]
+    with socket.socket() as silent:  # accepts connections (backlog), never speaks
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(4)
+        for address, said in ((f"tcp://127.0.0.1:{free}", "no Dask scheduler there"),
+                              (f"127.0.0.1:{silent.getsockname()[1]}",
+                               "no Dask scheduler answered within 5 s")):
+            t = time.monotonic()
+            res = _run(*COHORT, "--out", tmp_path / "run", "--dask", address)
+            assert time.monotonic() - t < 20
+            assert res.exit_code == 2, res.output
+            text = " ".join(res.output.split())
+            assert f"--dask {address!r}: {said}" in text and "Tip:" in text, text
+            assert not (tmp_path / "run").exists()

@@ -46,7 +46,7 @@ from ...contract import source_hash
 from .. import Progress, as_progress
 from ..records import RecordStore
 from ..records import TEMP_DIR, check_resumable, lock_run
-from ._launch import StopRequest, dask_results, local_results
+from ._launch import StopRequest, check_dask_address, dask_results, local_results
 from ._process_worker import EXPERIMENTS, method_order as method_order, worker_main as worker_main
 
 TIMING_TABLE = "cohort_timing"
@@ -225,7 +225,8 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         "not_started": count}`` (a stop by a signal returns, with everything finished kept).
 
     Raises:
-        ValueError: on an unknown experiment or ``processes < 1``.
+        ValueError: on an unknown experiment, ``processes < 1``, or a ``dask_address`` that
+            is malformed or where no scheduler answers (:func:`check_dask_address`).
         RecordsError: if ``out_dir`` holds a cohort with a different configuration.
 
     References:
@@ -238,6 +239,8 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
     if int(processes) < 1:
         raise ValueError(f"stateremat cohort processes: --processes must be >= 1, got "
                          f"{processes}. Tip: the paper uses 50.")
+    if isinstance(dask_address, str):
+        check_dask_address(dask_address)  # in seconds, before anything is measured or written
     if spec_fn is None:
         from ..bench import experiment_spec as spec_fn  # type: ignore[no-redef]
     spec = spec_fn(experiment, preset)
