@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -13,6 +15,7 @@ from stateremat.cli import app
 from stateremat.paper.records import read_records
 
 runner = CliRunner()
+SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def _run(*argv):
@@ -199,3 +202,43 @@ def test_unreachable_dask_scheduler_fails_in_seconds(tmp_path):
             text = " ".join(res.output.split())
             assert f"--dask {address!r}: {said}" in text and "Tip:" in text, text
             assert not (tmp_path / "run").exists()
+
+
+# --- 6. a stop signal during the CLI's startup imports: one line, 128 + signal -------------
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``signum`` (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            status = fh.read()
+    except OSError:
+        return False
+    caught = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:")), 16)
+    return bool(caught >> (signum - 1) & 1)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_signal_during_startup_imports_prints_one_line(signame, tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    signum = getattr(signal, signame)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, "-m", "stateremat", "cohort", "semantics",
+                             "--seeds", "0:1", "--no-progress", "--out", str(tmp_path / "run")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 30
+    # the handlers are installed first thing; the paper wing's imports (pandas, torch) follow
+    while not _catches(proc.pid, signal.SIGHUP) and time.monotonic() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=60)
+    err = err.decode()
+    assert proc.returncode == 128 + signum, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"stopped by {signame}" in err and err.startswith("error: "), err
