@@ -302,12 +302,13 @@ EXPECTED_ALL = {
         "resolve_budget", "resolve_spec", "run_cell_methods", "run_experiment", "summarize",
         "with_budget"],
     "stateremat.paper.cohort": [
-        "EXPERIMENTS", "PRESPECIFIED", "STATUS_TABLE", "TIMING_TABLE", "cohort_config",
-        "freeze_profiles", "method_order", "prespecified_comparisons", "run_one_process",
+        "EXPERIMENTS", "PRESPECIFIED", "STATUS_TABLE", "TIMING_TABLE", "check_dask_address",
+        "cohort_config", "freeze_profiles", "method_order", "prespecified_comparisons", "run_one_process",
         "run_process_cohort", "worker_main"],
     "stateremat.paper.moco": [
         "KEY", "METHODS", "MocoPreset", "PRESETS", "TABLE", "check_threads", "failed_runs",
-        "resolve_device", "run_moco", "scores_path", "summarize", "write_summary"],
+        "resolve_device", "run_moco", "score_file_problem", "scores_path", "summarize",
+        "write_summary"],
     "stateremat.paper.semantics": [
         "DTYPES", "EXTENSION_TABLE", "FAMILIES", "FLOAT32_RTOL", "HIDDEN_FAMILIES", "KEY",
         "ProgramParams", "RunReport", "SEMANTICS_TABLE", "TABLE_ORDER", "cohort_units", "compare",

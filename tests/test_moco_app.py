@@ -94,17 +94,23 @@ def test_changed_score_file_is_reported_as_a_mismatch(tiny_run, tmp_path):
     data[-1] ^= 1  # one bit of one score
     f.write_bytes(bytes(data))
     summary = summarize(copy)
-    assert summary["identical_within_seed"] is False
+    assert summary["identical_within_seed"] is None  # a storage problem, not a result
     assert summary["methods_compared"] == {"2701": 6}
     regions = [e for e in summary["methods"] if e["method"] == "regions"]
     assert [(e["scores_sha256"], e["status"]) for e in regions] == [(None, "score file mismatch")]
     # the report recomputes and rewrites summary.json, so the stale `true` cannot survive
     assert json.loads((copy / "summary.json").read_text())["identical_within_seed"] is True
     res = CliRunner().invoke(app, ["report", str(copy)])
+    assert res.exit_code == 1, res.output
+    assert "2701, regions (score file scores/seed-2701/regions.npy differs from its row's hash)" \
+        in res.output
+    assert not (copy / "summary.json").exists() and not (copy / "moco_table9.md").exists()
+    res = CliRunner().invoke(app, ["report", str(copy), "--allow-incomplete"])
     assert res.exit_code == 0, res.output
     assert json.loads((copy / "summary.json").read_text()) == summary
     md = (copy / "moco_table9.md").read_text()
-    assert "**False**" in md and "score file mismatch: regions" in md and "failed:" not in md
+    assert "**False**" not in md and "**not assessed**: score files missing" in md
+    assert "score file mismatch: regions" in md and "failed:" not in md
 
 
 def test_bad_input_is_refused_clearly(tmp_path):

@@ -226,7 +226,7 @@ def test_budget_override_reaches_the_config_and_every_process(tmp_path):
     rows = read_records(out, "cohort_timing")
     assert set(rows["peak_bytes"]) == {budget} and set(rows["process"]) == {0, 1}
     # resuming with another budget is refused, naming what differs
-    with pytest.raises(RecordsError, match=r"cells: .*budget_bytes.*48234496"):
+    with pytest.raises(RecordsError, match=r"cells\[0\]\.budget_bytes: 48234496 -> 50331648"):
         run_process_cohort(out, "fair44", 2, warmups=0, steps=1,
                            worker_cmd=[sys.executable, str(script)], profile_fn=fake_profiles,
                            budget_bytes=budget + 2**21, progress=False)

@@ -22,10 +22,18 @@ def main() -> None:
     Bad input (a :class:`~stateremat.contract.ReplayError` such as ``ProfileCardError`` or
     ``RecordsError``, a ``ValueError`` or an ``OSError`` on a path) prints one ``error:`` line
     and exits 2 instead of a traceback; set ``STATEREMAT_TRACEBACK=1`` to see the traceback.
+    SIGINT, SIGTERM or SIGHUP before a command installs its own stop handling (while the paper
+    wing and its libraries are imported, say) prints one ``error: ... stopped by SIG...`` line
+    and exits ``128 + signal``.
     """
     import os
+    import signal
     import sys
 
+    from ..__main__ import STOP_SIGNALS, stop_on_signal
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, stop_on_signal)
     from ..contract import ReplayError
 
     try:

@@ -15,7 +15,8 @@ from ._progress import progress_bar
 
 @cohort_app.command("semantics")
 def semantics(
-    seeds: str = typer.Option("420000:420050", help="Seed keys, half-open A:B (paper: "
+    seeds: str = typer.Option("420000:420050", help="Seed keys, half-open A:B (one seed N: "
+                              "N:N+1; a bare N is refused) (paper: "
                               "420000:420050, 50 seeds = 5,900 records); seeds in "
                               f"[0, {MAX_SEED}], at most {MAX_STUDY_SEEDS:,}."),
     out: Path = typer.Option(..., "--out", help="Run folder (resumed if it exists)."),

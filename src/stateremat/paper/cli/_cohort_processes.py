@@ -37,8 +37,9 @@ def processes(
     threads: int = typer.Option(1, "--threads", callback=in_range(
         1, MAX_THREADS, "1 avoids oversubscription"), help=f"CPU threads per process, 1 to "
         f"{MAX_THREADS:,}."),
-    dask: Optional[str] = typer.Option(None, "--dask",
-                                       help="Dask scheduler address, e.g. tcp://host:8786."),
+    dask: Optional[str] = typer.Option(
+        None, "--dask", help="Dask scheduler address, host:port or scheme://host:port (e.g. "
+        "tcp://host:8786); checked first, refused if no scheduler answers within 5 s."),
     warmups: Optional[int] = typer.Option(None, "--warmups", callback=in_range(
         0, MAX_WARMUPS, "omit it for the experiment's count"),
         help=f"Warmup steps per method, 0 to {MAX_WARMUPS:,}."),
@@ -66,7 +67,7 @@ def processes(
     Ctrl-C (or SIGTERM) stops launching, terminates the running processes and keeps every
     finished one; rerunning the same command resumes.
     """
-    from ..cohort import EXPERIMENTS, run_process_cohort
+    from ..cohort import EXPERIMENTS, check_dask_address, run_process_cohort
 
     if experiment not in EXPERIMENTS:
         raise fail(f"{_API}: --experiment must be one of {', '.join(EXPERIMENTS)}, got "
@@ -75,6 +76,11 @@ def processes(
     budget_bytes = parse_budget(_API, budget)
     check_device(_API, device)
     check_out_dir(_API, out)
+    if dask is not None:
+        try:
+            check_dask_address(dask, _API)
+        except ValueError as exc:
+            raise fail(str(exc)) from None
     if profile is not None and not profile.is_dir():
         raise fail(f"{_API}: --profile {str(profile)!r} is not a folder. Tip: pass a folder "
                    "holding <cell>.json cards, or omit it to measure them here.")

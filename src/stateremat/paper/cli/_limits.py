@@ -36,10 +36,13 @@ _COPIES = 4
 
 def parse_seeds(api: str, option: str, text: str, max_count: int, *,
                 count_form: bool = False) -> list[int]:
-    """Seeds of ``text``: a half-open range ``A:B``, one seed ``A``, or (``count_form``) a
-    count ``N`` meaning ``0:N``; every seed in ``[0, MAX_SEED]``, at most ``max_count`` of them.
+    """Seeds of ``text``: a half-open range ``A:B`` or (``count_form``) a count ``N`` meaning
+    ``0:N``; every seed in ``[0, MAX_SEED]``, at most ``max_count`` of them.
 
-    The bounds are checked before the list is built, so a 20-digit range costs nothing.
+    Without ``count_form`` a bare integer ``N`` is refused: it reads as a count to some and as
+    one seed to others (``verify alias --seeds 3`` is seeds 0, 1, 2), so the range options ask
+    for ``A:B`` (one seed: ``N:N+1``). The bounds are checked before the list is built, so a
+    20-digit range costs nothing.
 
     Raises:
         typer.Exit: (code 2) naming the option, what was expected and what was given.
@@ -48,13 +51,21 @@ def parse_seeds(api: str, option: str, text: str, max_count: int, *,
 
     where = f"{api}: {option} {text!r}"
     form = "a count N (seeds 0..N-1) or a half-open range A:B" if count_form else \
-        "a half-open range A:B (or one seed A)"
+        "a half-open range A:B (one seed N: N:N+1)"
     tip = f"Tip: {option} takes {form} of seeds in [0, {MAX_SEED}], at most {max_count:,} seeds."
     m = re.fullmatch(r"\s*\+?(\d+)\s*(?::\s*\+?(\d+)\s*)?", str(text))
     if m:
         a, b = int(m.group(1)), None if m.group(2) is None else int(m.group(2))
+        if b is None and not count_form:
+            raise fail(f"{where}: a bare number is ambiguous here (a count, or one seed?); "
+                       f"{option} takes a half-open range A:B. Tip: write {option} {a}:{a + 1} "
+                       f"for the one seed {a}, or {option} 0:{a} for the {a:,} seeds 0..{a - 1}."
+                       if a > 0 else
+                       f"{where}: a bare number is ambiguous here (a count, or one seed?); "
+                       f"{option} takes a half-open range A:B. Tip: write {option} 0:1 for the "
+                       "one seed 0.")
         if b is None:
-            a, b = (0, a) if count_form else (a, a + 1)
+            a, b = 0, a
         if b > a and b - 1 > MAX_SEED:
             raise fail(f"{where}: seeds must be at most {MAX_SEED} (32 bits), got {b - 1}. {tip}")
         if b - a > max_count:

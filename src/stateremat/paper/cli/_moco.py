@@ -37,7 +37,8 @@ def parse_methods(api: str, text: str, known: tuple[str, ...]) -> tuple[str, ...
 @app_app.command("moco")
 def moco(
     preset: str = typer.Option("cpu", help="tiny | cpu | paper (paper: GPU + CIFAR-100 --data)."),
-    seeds: str = typer.Option("2701:2703", help=f"Half-open seed range A:B; seeds in "
+    seeds: str = typer.Option("2701:2703", help=f"Half-open seed range A:B (one seed N: "
+                              f"N:N+1; a bare N is refused); seeds in "
                               f"[0, {MAX_SEED}], at most {MAX_MOCO_SEEDS:,}."),
     out: Path = typer.Option(..., help="Run folder (resumable: rerun with the same --out)."),
     data: Optional[Path] = typer.Option(None, help="Dataset folder: the extracted "
@@ -102,7 +103,9 @@ def moco(
         typer.echo(f"failed: seed {f['seed']} {f['method']}: {f['error_type']}: {first}", err=True)
     for e in entries:
         if e["status"] == "score file mismatch":
-            typer.echo(f"score file mismatch: seed {e['seed']} {e['method']}: the file on disk "
-                       "differs from its row's hash", err=True)
+            typer.echo(f"score file mismatch: seed {e['seed']} {e['method']}: "
+                       f"{out}/scores/seed-{e['seed']}/{e['method']}.npy is missing or differs "
+                       "from its row's hash. Tip: rerun with --seeds and --methods naming it to "
+                       "redo that run.", err=True)
     if n_ok < len(entries) or summary["identical_within_seed"] is False:
         raise typer.Exit(1)

@@ -87,8 +87,9 @@ def verify_engines(
 
 @verify_app.command("alias")
 def verify_alias(
-    seeds: str = typer.Option("50", "--seeds", help="Number of seeds N (seeds 0..N-1) or a "
-                              f"range A:B; seeds in [0, {MAX_SEED}], at most {MAX_STUDY_SEEDS:,}."),
+    seeds: str = typer.Option("50", "--seeds", help="A count N of seeds: seeds 0..N-1 (not "
+                              "seed N; unlike the A:B options), or a half-open range A:B; seeds "
+                              f"in [0, {MAX_SEED}], at most {MAX_STUDY_SEEDS:,}."),
     out: Path = typer.Option(Path("out/verify-alias"), "--out", help="Records folder (resumable)."),
     json_path: Optional[Path] = _JSON,
 ) -> None:

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +32,51 @@ STDERR_TAIL_CHARS = 4000
 #: Seconds a stopped child gets between SIGTERM and SIGKILL.
 GRACE_S = 5.0
 _POLL_S = 0.05
+#: Seconds to reach a Dask scheduler (and to hear its handshake) before giving up.
+DASK_CONNECT_TIMEOUT_S = 5.0
+#: Schemes of a Dask scheduler address (``distributed``'s comms reachable from another process).
+DASK_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+_DASK_ADDRESS = re.compile(r"(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?"
+                           r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d{1,5})")
+
+
+def check_dask_address(address: str, api: str = "stateremat cohort processes",
+                       timeout_s: float = DASK_CONNECT_TIMEOUT_S) -> None:
+    """Refuse a malformed ``--dask`` address, or one where no scheduler answers, within
+    ``timeout_s`` seconds (before anything is measured or launched).
+
+    The address is ``host:port`` or ``scheme://host:port`` (``DASK_SCHEMES``). A ``tcp``
+    scheduler sends its handshake as soon as it accepts a connection, so silence there (a
+    port held by something else) is refused too; other schemes are checked by a connection.
+
+    Raises:
+        ValueError: naming the address, what was wrong and a tip.
+    """
+    tip = ("Tip: pass the address `dask scheduler` prints (e.g. tcp://10.0.0.5:8786), or omit "
+           "--dask to run the processes on this machine.")
+    m = _DASK_ADDRESS.fullmatch(str(address).strip())
+    scheme = (m.group("scheme") or "tcp").lower() if m else None
+    if m is None or scheme not in DASK_SCHEMES or not 1 <= int(m.group("port")) <= 65535:
+        raise ValueError(f"{api}: --dask {address!r}: expected host:port or scheme://host:port "
+                         f"(scheme {', '.join(DASK_SCHEMES)}; port 1 to 65535). {tip}")
+    if scheme == "ucx":
+        return
+    host, port = m.group("host").strip("[]"), int(m.group("port"))
+    where = f"{api}: --dask {address!r}"
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as conn:
+            if scheme == "tcp":
+                conn.settimeout(timeout_s)
+                if not conn.recv(1):
+                    raise ConnectionError("closed the connection without a handshake")
+    except socket.gaierror as exc:
+        raise ValueError(f"{where}: unknown host {host!r} ({exc.strerror or exc}). {tip}") from None
+    except (TimeoutError, socket.timeout):
+        raise ValueError(f"{where}: no Dask scheduler answered within {timeout_s:g} s. {tip}") \
+            from None
+    except OSError as exc:
+        raise ValueError(f"{where}: no Dask scheduler there ({type(exc).__name__}: "
+                         f"{exc.strerror or exc}). {tip}") from None
 
 
 class StopRequest:
@@ -217,7 +264,13 @@ def dask_results(tasks: Sequence[tuple[int, list[str]]], address: Any, worker_cm
     from distributed import Client
 
     own = not hasattr(address, "submit")
-    client = Client(address, set_as_default=False) if own else address
+    try:
+        client = (Client(address, set_as_default=False, timeout=DASK_CONNECT_TIMEOUT_S) if own
+                  else address)
+    except (OSError, TimeoutError) as exc:
+        raise OSError(f"stateremat cohort processes: cannot connect to the Dask scheduler "
+                      f"{address!r} ({type(exc).__name__}: {exc}). Tip: check that it is "
+                      "running, or omit --dask to run the processes on this machine.") from None
     futures: dict[Any, int] = {}
     try:
         futures = {client.submit(run_one_process, a, worker_cmd, timeout_s, cards, threads,

@@ -46,7 +46,7 @@ from ...contract import source_hash
 from .. import Progress, as_progress
 from ..records import RecordStore
 from ..records import TEMP_DIR, check_resumable, lock_run
-from ._launch import StopRequest, dask_results, local_results
+from ._launch import StopRequest, check_dask_address, dask_results, local_results
 from ._process_worker import EXPERIMENTS, method_order as method_order, worker_main as worker_main
 
 TIMING_TABLE = "cohort_timing"
@@ -108,36 +108,67 @@ def freeze_profiles(spec: Any, out_dir: str | os.PathLike, device: str = "cpu",
 
     An existing frozen card (a resumed cohort) is reused as it is. Otherwise the card comes
     from ``profile_dir/<cell>.json`` (checked to describe the cell's workload) or is measured
-    once, here in the parent, on ``device``.
+    once, here in the parent, on ``device``. Every check comes first: a ``profile_dir`` card
+    that differs from a card this folder froze earlier (measured here, or from other cards) is
+    refused before any card is measured or written.
 
     Returns:
         ``{cell name: card JSON text}`` — the exact bytes every process plans on.
 
     Raises:
-        ProfileCardError: a given card is invalid or describes another workload.
+        ProfileCardError: a given card is invalid, describes another workload, or differs from
+            the frozen card of its cell.
     """
     from ...contract import ProfileCardError, load_card, save_card
 
     frozen = Path(out_dir) / "profile"
+    given: dict[str, Any] = {}
+    differ: list[tuple[Path, Path]] = []
+    for cell in spec.cells:   # checks only: nothing is measured or written in this pass
+        path = frozen / f"{cell.name}.json"
+        old = load_card(path) if path.exists() else None  # a frozen card changed since: refused
+        if profile_dir is None:
+            continue
+        src = Path(profile_dir) / f"{cell.name}.json"
+        card = load_card(src)
+        if card.meta.get("workload") != cell.config.to_dict():
+            raise ProfileCardError(
+                f"stateremat cohort processes: {src} describes workload "
+                f"{card.meta.get('workload')!r}, but cell {cell.name!r} is "
+                f"{cell.config.to_dict()!r}. Tip: profile with the same --preset, or omit "
+                "--profile to measure the card once here.")
+        if old is not None and old.source_hash() != card.source_hash():
+            differ.append((src, path))
+        given[cell.name] = card
+    if differ:
+        raise ProfileCardError(
+            f"stateremat cohort processes: --profile {str(profile_dir)!r} holds other cards than "
+            f"the ones this run folder froze earlier: "
+            f"{'; '.join(f'{a} differs from {b}' for a, b in differ)}. Tip: rerun without "
+            "--profile to resume on the frozen cards, or use a new --out folder for these cards.")
     out: dict[str, str] = {}
     for cell in spec.cells:
         path = frozen / f"{cell.name}.json"
         if not path.exists():
-            if profile_dir is not None:
-                card = load_card(Path(profile_dir) / f"{cell.name}.json")
-                if card.meta.get("workload") != cell.config.to_dict():
-                    raise ProfileCardError(
-                        f"stateremat cohort processes: {Path(profile_dir) / (cell.name + '.json')}"
-                        f" describes workload {card.meta.get('workload')!r}, but cell "
-                        f"{cell.name!r} is {cell.config.to_dict()!r}. Tip: profile with the "
-                        "same --preset, or omit --profile to measure the card once here.")
+            if cell.name in given:
+                card = given[cell.name]
             else:
                 from ..bench import cell_card  # lazy: imports torch
 
                 card = cell_card(spec, cell, device)
             save_card(card, path)
-        load_card(path)  # a frozen card changed since: refused, naming the file
         out[cell.name] = path.read_bytes().decode("utf-8")
+    return out
+
+
+def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a cohort config known before its profile cards: no card hashes, and no
+    budget of a cell whose budget the frozen card sets (a budget / eager-peak rule)."""
+    out = {k: v for k, v in config.items() if k not in ("profile", "config_hash")}
+    if isinstance(out.get("cells"), list):
+        out["cells"] = [{k: v for k, v in c.items()
+                         if not (k == "budget_bytes" and c.get("budget_rule") != "fixed")}
+                        if isinstance(c, dict) else c for c in out["cells"]]
     return out
 
 
@@ -194,7 +225,8 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         "not_started": count}`` (a stop by a signal returns, with everything finished kept).
 
     Raises:
-        ValueError: on an unknown experiment or ``processes < 1``.
+        ValueError: on an unknown experiment, ``processes < 1``, or a ``dask_address`` that
+            is malformed or where no scheduler answers (:func:`check_dask_address`).
         RecordsError: if ``out_dir`` holds a cohort with a different configuration.
 
     References:
@@ -207,6 +239,8 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
     if int(processes) < 1:
         raise ValueError(f"stateremat cohort processes: --processes must be >= 1, got "
                          f"{processes}. Tip: the paper uses 50.")
+    if isinstance(dask_address, str):
+        check_dask_address(dask_address)  # in seconds, before anything is measured or written
     if spec_fn is None:
         from ..bench import experiment_spec as spec_fn  # type: ignore[no-redef]
     spec = spec_fn(experiment, preset)
@@ -215,8 +249,11 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
 
         spec = with_budget(spec, budget_bytes)
     lock_run(out_dir)  # before anything is written: a refused second launch changes nothing
-    check_resumable(out_dir, TIMING_TABLE, {"experiment": experiment, "preset": preset,
-                                            "seed": int(seed), "device": device})
+    # every option known before the cards, checked before any card is measured or written
+    early = cohort_config(spec, experiment, preset, warmups=warmups, steps=steps, seed=seed,
+                          device=device)
+    early["threads"] = threads
+    check_resumable(out_dir, TIMING_TABLE, _comparable(early), view=_comparable)
     cards = (profile_fn or freeze_profiles)(spec, out_dir, device, profile_dir)
     from ...contract import ProfileCard
     from ..bench import resolve_spec

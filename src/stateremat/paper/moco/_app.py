@@ -22,7 +22,7 @@ import numpy as np
 from ...contract import atomic_write_bytes, loadavg
 from .. import Progress, as_progress
 from ..records import RecordStore
-from ._summary import KEY, METHODS, TABLE, summarize, write_summary
+from ._summary import KEY, METHODS, TABLE, score_file_problem, summarize, write_summary
 
 __all__ = ["METHODS", "MocoPreset", "PRESETS", "TABLE", "check_threads", "resolve_device",
            "run_moco", "train_one", "summarize", "write_summary"]
@@ -255,12 +255,18 @@ def scores_path(out_dir: str | os.PathLike, seed: int, method: str) -> Path:
     return Path(out_dir) / "scores" / f"seed-{seed}" / f"{method}.npy"
 
 
-def _done(store: RecordStore) -> set[tuple]:
+def _done(store: RecordStore) -> tuple[set[tuple], set[tuple]]:
+    """Units finished with an intact score file, and units whose latest finished row's score
+    file is missing or changed (redone, their stale rows replaced)."""
     df = store.read()
     if df.empty:
-        return set()
+        return set(), set()
+    done, damaged = set(), set()
     ok = df[df["outcome"] == "ok"]
-    return set(map(tuple, ok[list(KEY)].itertuples(index=False, name=None)))
+    for key, g in ok.groupby(list(KEY), sort=False):
+        key = tuple(k.item() if hasattr(k, "item") else k for k in key)
+        (damaged if score_file_problem(store.out_dir, g.iloc[-1]) else done).add(key)
+    return done, damaged
 
 
 def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
@@ -323,7 +329,7 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
             config["data_note"] = images.note
         store = RecordStore(out_dir, TABLE, key=list(KEY), meta=config,
                             launch={"seeds": [int(x) for x in seeds], "methods": list(methods)})
-        done = _done(store)
+        done, damaged = _done(store)
         todo = [(s, m) for s in seeds for m in methods if (s, m) not in done]
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
@@ -334,6 +340,12 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
             stepbar.update(completed=0, description=f"seed {seed} {method}")
             row = _run_row(preset, split, seed, method, dev, out_dir, stepbar.advance)
             store.append([row])
+            if (seed, method) in damaged and row["outcome"] == "ok":
+                # the unit's earlier finished rows point at a missing or changed score file:
+                # the new row replaces them (each part rewritten atomically)
+                store.drop_rows(lambda df, k=(seed, method): (
+                    (df["seed"] == k[0]) & (df["method"] == k[1]) & (df["outcome"] == "ok")),
+                    keep_last_part=True)
             runs.advance()
     finally:
         torch.use_deterministic_algorithms(was_det)

@@ -16,7 +16,8 @@ import numpy as np
 from ...contract import atomic_write_json
 from ..records import read_records
 
-__all__ = ["KEY", "METHODS", "TABLE", "failed_runs", "summarize", "write_summary"]
+__all__ = ["KEY", "METHODS", "TABLE", "failed_runs", "score_file_problem", "summarize",
+           "write_summary"]
 
 TABLE = "moco"
 KEY = ("seed", "method")
@@ -36,6 +37,30 @@ def _latest_rows(out_dir: Path):
     return df.assign(_m=df["method"].map(order)).sort_values(["seed", "_m"])
 
 
+def score_file_problem(out_dir: str | os.PathLike, row: Any) -> str | None:
+    """What is wrong with the score file of a finished row, or None when it matches its hash.
+
+    Args:
+        out_dir: run folder.
+        row: a finished ``moco`` row (``scores_file``, ``scores_sha256``).
+
+    Returns:
+        ``"<file> is missing"``, ``"<file> differs from its row's hash"`` (the file changed, or
+        is not the scores this row wrote), or None.
+    """
+    name = str(row["scores_file"])
+    f = Path(out_dir) / name
+    if not f.is_file():
+        return f"score file {name} is missing"
+    try:
+        sha = hashlib.sha256(f.read_bytes()).hexdigest()
+    except OSError as exc:
+        return f"score file {name} cannot be read ({exc.strerror or exc})"
+    if sha != row["scores_sha256"]:
+        return f"score file {name} differs from its row's hash"
+    return None
+
+
 def summarize(out_dir: str | os.PathLike) -> dict[str, Any]:
     """Recompute the summary from the raw rows and the score files (never from memory).
 
@@ -44,9 +69,10 @@ def summarize(out_dir: str | os.PathLike) -> dict[str, Any]:
     says so (``"ok"``, ``"failed"`` or ``"score file mismatch"``).
 
     ``identical_within_seed`` is three-valued, because a subset of methods cannot show identity
-    across the seven: ``False`` if any seed has a failed run, a score file mismatch or two
-    distinct hashes; else ``None`` (JSON null) unless every seed has all seven methods
-    recorded; else ``True``. ``methods_compared`` maps each seed (as a string) to the number of
+    across the seven: ``False`` if any seed has a failed run or two distinct hashes among its
+    intact score files; else ``None`` (JSON null) unless every seed has all seven methods
+    recorded with intact score files (a missing or changed file is a storage problem, not a
+    result: identity is then not assessed); else ``True``. ``methods_compared`` maps each seed (as a string) to the number of
     methods whose hashes were compared (finished, file matching its row).
 
     Returns:
@@ -66,10 +92,9 @@ def summarize(out_dir: str | os.PathLike) -> dict[str, Any]:
     for _, r in df.iterrows():
         sha, status = None, "failed"
         if r["outcome"] == "ok":
-            f = out_dir / str(r["scores_file"])
-            sha = hashlib.sha256(f.read_bytes()).hexdigest() if f.is_file() else None
-            status = "ok" if sha == r["scores_sha256"] else "score file mismatch"
-            sha = sha if status == "ok" else None
+            bad = score_file_problem(out_dir, r)
+            status = "ok" if bad is None else "score file mismatch"
+            sha = r["scores_sha256"] if bad is None else None
         entries.append({"method": r["method"], "seed": int(r["seed"]),
                         "peak_bytes": _num(r.get("peak_bytes"), int),
                         "encoder_time_s": _num(r.get("encoder_time_s"), float),
@@ -85,8 +110,8 @@ def summarize(out_dir: str | os.PathLike) -> dict[str, Any]:
         es = [e for e in entries if e["seed"] == s]
         hashes = {e["scores_sha256"] for e in es if e["status"] == "ok"}
         compared[str(s)] = sum(e["status"] == "ok" for e in es)
-        broken |= any(e["status"] != "ok" for e in es) or len(hashes) > 1
-        complete &= {e["method"] for e in es} == set(METHODS)
+        broken |= any(e["status"] == "failed" for e in es) or len(hashes) > 1
+        complete &= {e["method"] for e in es if e["status"] != "score file mismatch"} == set(METHODS)
     identical = False if broken else (True if complete else None)
     datasets = sorted(set(df["dataset"].dropna()))
     return {"dataset": datasets[0] if len(datasets) == 1 else datasets, "seeds": seeds,

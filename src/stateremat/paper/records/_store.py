@@ -18,7 +18,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pandas as pd
 import pyarrow as pa
@@ -100,11 +100,13 @@ def read_sidecar(path: Path) -> dict:
     return doc
 
 
-def check_resumable(out_dir: str | os.PathLike, table: str, config: Mapping[str, Any]) -> None:
+def check_resumable(out_dir: str | os.PathLike, table: str, config: Mapping[str, Any], *,
+                    view: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None) -> None:
     """Refuse early when ``out_dir`` holds a ``table`` run whose config differs in ``config``'s keys.
 
     For runners that write other files (profile cards) before their full config is known:
-    what is known is compared first, so a mismatched launch writes nothing.
+    what is known is compared first, so a mismatched launch writes nothing. ``view`` maps the
+    stored config to its comparable part (e.g. without fields set from the cards).
 
     Raises:
         RecordsError: a key of ``config`` has another value in the existing sidecar.
@@ -113,6 +115,8 @@ def check_resumable(out_dir: str | os.PathLike, table: str, config: Mapping[str,
     if not sidecar.exists():
         return
     old = read_sidecar(sidecar).get("config") or {}
+    if view is not None and isinstance(old, dict):
+        old = dict(view(old))
     new = json.loads(json.dumps(dict(config), default=json_default))
     diff = {k: v for k, v in new.items() if old.get(k) != v}
     if diff:
@@ -150,6 +154,7 @@ class RecordStore:
         self.table = table
         self.key = tuple(key)
         self.dir = self.out_dir / table
+        self._last_part: str | None = None
         lock_run(self.out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.sidecar = self.out_dir / f"{table}.json"
@@ -196,7 +201,39 @@ class RecordStore:
         pq.write_table(tbl, buf)
         name = f"part-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{next(_counter):06d}.parquet"
         atomic_write_bytes(self.dir / name, buf.getvalue())
+        self._last_part = name
         return len(rows)
+
+    def drop_rows(self, match: Callable[[pd.DataFrame], "pd.Series"],
+                  keep_last_part: bool = False) -> int:
+        """Remove the rows ``match`` selects, each part rewritten atomically (or removed when it
+        holds nothing else); for rows that describe something no longer on disk.
+
+        Args:
+            match: rows of one part -> boolean mask of the rows to drop.
+            keep_last_part: leave the part this store appended last untouched (the rows that
+                replace the dropped ones).
+
+        Returns:
+            The number of rows dropped.
+        """
+        dropped = 0
+        for p in sorted(self.dir.glob("part-*.parquet")):
+            if keep_last_part and p.name == self._last_part:
+                continue
+            tbl = pq.read_table(p)
+            df = tbl.to_pandas()
+            mask = match(df).to_numpy(dtype=bool)
+            if not mask.any():
+                continue
+            dropped += int(mask.sum())
+            if mask.all():
+                p.unlink()
+                continue
+            buf = io.BytesIO()
+            pq.write_table(tbl.filter(pa.array(~mask)), buf)
+            atomic_write_bytes(p, buf.getvalue())
+        return dropped
 
     def read(self) -> pd.DataFrame:
         """All rows written so far (every part), as a DataFrame."""
@@ -225,10 +262,32 @@ def read_records(out_dir: str | os.PathLike, table: str) -> pd.DataFrame:
 
 
 def _config_diff(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 6) -> str:
-    """``key: old -> new`` for the top-level keys that differ (the first ``limit``)."""
-    keys = [k for k in dict.fromkeys([*old, *new]) if old.get(k) != new.get(k)]
-    parts = [f"{k}: {_short(old.get(k))} -> {_short(new.get(k))}" for k in keys[:limit]]
-    return "; ".join(parts) + (f"; and {len(keys) - limit} more" if len(keys) > limit else "")
+    """``field: old -> new`` for the innermost fields that differ (the first ``limit``), named
+    by their path: ``profile.steps: 3 -> 5``, ``cells[0].warmups: 1 -> 2``."""
+    found = list(_diff_paths(old, new, ""))
+    parts = [f"{path}: {_short(a)} -> {_short(b)}" for path, a, b in found[:limit]]
+    return "; ".join(parts) + (f"; and {len(found) - limit} more" if len(found) > limit else "")
+
+
+_ABSENT = object()
+
+
+def _diff_paths(old: Any, new: Any, path: str) -> Iterable[tuple[str, Any, Any]]:
+    """``(path, old, new)`` of the innermost differing fields: dicts are compared key by key,
+    lists of equal length item by item; anything else (or a missing key) as a whole."""
+    if old == new:
+        return
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for k in dict.fromkeys([*old, *new]):
+            sub = f"{path}.{k}" if path else str(k)
+            yield from _diff_paths(old.get(k, _ABSENT), new.get(k, _ABSENT), sub)
+    elif (isinstance(old, (list, tuple)) and isinstance(new, (list, tuple))
+          and len(old) == len(new)):
+        for i, (a, b) in enumerate(zip(old, new)):
+            yield from _diff_paths(a, b, f"{path}[{i}]")
+    else:
+        yield (path or "config", None if old is _ABSENT else old,
+               None if new is _ABSENT else new)
 
 
 def _short(v: Any, n: int = 160) -> str:

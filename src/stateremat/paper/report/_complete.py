@@ -35,6 +35,7 @@ class TableStatus:
     missing: list[tuple] = field(default_factory=list)
     noun: str = ""
     problem: str | None = None
+    why: dict[tuple, str] = field(default_factory=dict)
 
     @property
     def complete(self) -> bool:
@@ -45,7 +46,8 @@ class TableStatus:
         """What is missing, in one line (names the first units)."""
         if self.problem is not None:
             return f"{self.table}: {self.problem}"
-        shown = "; ".join(", ".join(map(str, u)) for u in self.missing[:_SHOW])
+        shown = "; ".join(", ".join(map(str, u)) + (f" ({self.why[u]})" if u in self.why else "")
+                          for u in self.missing[:_SHOW])
         more = f"; and {len(self.missing) - _SHOW:,} more" if len(self.missing) > _SHOW else ""
         return (f"{self.table}: {len(self.missing):,} of {self.expected:,} {self.noun} units have "
                 f"no complete rows ({self.rows:,} rows present): {shown}{more}")
@@ -69,6 +71,8 @@ def _status(out_dir: Path, table: str) -> TableStatus:
     if exp is not None:
         st.expected, st.noun = len(exp.units), exp.noun
         st.missing = missing_units(rows, exp)
+        if exp.why is not None:
+            st.why = {u: w for u in st.missing if (w := exp.why(u))}
     return st
 
 

@@ -51,8 +51,16 @@ def moco_markdown(summary: dict) -> str:
     table = markdown_table(head, rows).split("\n")
     table[1] = table[1].rsplit("|", 2)[0] + "| :-- |"   # the policy column is text: left-align
     identical = summary["identical_within_seed"]
-    verdict = ("**not assessed** (a subset of the seven methods; see the per-seed counts)"
-               if identical is None else f"**{identical}**")
+    damaged = [f"scores/seed-{e['seed']}/{e['method']}.npy" for e in entries
+               if e["status"] == "score file mismatch"]
+    if identical is None and damaged:
+        verdict = ("**not assessed**: score files missing or differing from their rows' hashes "
+                   f"({', '.join(damaged)}), a storage problem, not a result; rerun the run's "
+                   "command with the same --out to redo them")
+    elif identical is None:
+        verdict = "**not assessed** (a subset of the seven methods; see the per-seed counts)"
+    else:
+        verdict = f"**{identical}**"
     lines = [f"# Dense-queue application — {summary['dataset']}, seeds {summary['seeds']}\n\n",
              "\n".join(table),
              f"\nPer-image test-score files byte-identical within every seed: {verdict}.\n"]
@@ -103,14 +111,28 @@ def moco_figure(summary: dict, stem: Path) -> list[Path]:
 
 def expected_moco(doc: dict, out_dir: Path) -> Expected | None:
     """Every (seed, method) some launch asked for (the sidecar's ``launches``); a unit is
-    complete once a row of it finished (a failed run is retried on resume). None for runs
-    written before launches were recorded."""
+    complete once a row of it finished (a failed run is retried on resume) and the score file
+    of its latest finished row matches that row's hash (a missing or changed file leaves the
+    unit incomplete, named with the file). None for runs written before launches were
+    recorded."""
+    from ..moco import score_file_problem
+
     launches = doc.get("launches")
     if not launches:
         return None
     units = {(int(s), m) for ln in launches for s in ln["seeds"] for m in ln["methods"]}
-    return Expected(("seed", "method"), units, lambda g: bool((g["outcome"] == "ok").any()),
-                    "(seed, method)")
+    problems: dict[tuple, str] = {}
+
+    def done(g) -> bool:
+        ok = g[g["outcome"] == "ok"]
+        if ok.empty:
+            return False
+        bad = score_file_problem(out_dir, ok.iloc[-1])
+        if bad is not None:
+            problems[(int(ok.iloc[-1]["seed"]), str(ok.iloc[-1]["method"]))] = bad
+        return bad is None
+
+    return Expected(("seed", "method"), units, done, "(seed, method)", why=problems.get)
 
 
 @register_reporter("moco", outputs=("summary.json", "moco_table9.md", "moco_fig3c.png",

@@ -30,12 +30,15 @@ class Expected:
         units: every unit the config implies (tuples over ``columns``).
         done: whether a unit's rows are complete (default: any row is enough).
         noun: what a unit is, for messages (``"(process, cell, method)"``).
+        why: why a unit with rows is incomplete (called after ``done``), for messages; None:
+            not said.
     """
 
     columns: tuple[str, ...]
     units: Collection[tuple]
     done: Callable[[pd.DataFrame], bool] | None = None
     noun: str = ""
+    why: Callable[[tuple], str | None] | None = None
 
 
 def register_reporter(table: str, outputs: tuple[str, ...] = (),
