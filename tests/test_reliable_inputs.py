@@ -226,3 +226,29 @@ def test_a_damaged_frozen_profile_card_is_named(tmp_path):
                "--processes", "1", "--out", out)
     assert res.exit_code == 2 and f"'{out / 'profile' / 'large_sparse.json'}' is not valid JSON" \
         in res.output, res.output
+
+
+@pytest.mark.parametrize("jobs, processes, refused", [(4, 8, True), (4, 2, False), (1, 8, False)])
+def test_concurrent_cohort_processes_count_in_the_memory_estimate(tmp_path, monkeypatch, jobs, processes,
+                                                                   refused):
+    """C18 of the user review: --jobs N runs N copies of the largest cell at once on this machine;
+    at most --processes of them."""
+    from stateremat.cli import _checks
+    from stateremat.paper.bench import experiment_spec
+
+    one = max(c.config.estimated_peak_bytes for c in experiment_spec("fair44", "cpu").cells)
+    from stateremat.paper import cohort
+
+    monkeypatch.setattr(_checks, "available_memory_bytes", lambda device="cpu": int(2.5 * one))
+
+    def launched(*a, **k):  # past every check: stop here instead of running the cohort
+        raise SystemExit(3)
+    monkeypatch.setattr(cohort, "run_process_cohort", launched)
+    out = tmp_path / "run"
+    res = _run("cohort", "processes", "--experiment", "fair44", "--preset", "cpu", "--processes",
+               str(processes), "--jobs", str(jobs), "--out", out)
+    if refused:
+        assert res.exit_code == 2 and "x 4 concurrent processes (--jobs)" in res.output, res.output
+        assert "Tip: lower --jobs" in res.output and not out.exists()
+    else:
+        assert res.exit_code == 3 and "needs about" not in res.output, res.output

@@ -13,15 +13,19 @@ from ._limits import MAX_STEPS, MAX_WARMUPS
 from ._progress import progress_bar
 
 
-def check_workload_memory(api: str, experiment: str, preset: str, device: str) -> None:
-    """Refuse an experiment whose largest cell would not fit the device's memory (estimate)."""
+def check_workload_memory(api: str, experiment: str, preset: str, device: str, concurrent: int = 1) -> None:
+    """Refuse an experiment whose largest cell would not fit the device's memory (estimate),
+    times ``concurrent`` processes running it at once on this machine (``cohort processes --jobs``)."""
     from ..bench import experiment_spec
 
     cfg = max((c.config for c in experiment_spec(experiment, preset).cells),
               key=lambda c: c.estimated_peak_bytes)
-    check_memory(api, f"--preset {preset} (its largest cell, one training step)",
-                 cfg.estimated_peak_bytes, device,
-                 tip="use --preset cpu here, h100 on an 80+ GiB GPU")
+    what = f"--preset {preset} (its largest cell, one training step)"
+    tip = "use --preset cpu here, h100 on an 80+ GiB GPU"
+    if concurrent > 1:
+        what += f" x {concurrent:,} concurrent processes (--jobs)"
+        tip = "lower --jobs; " + tip
+    check_memory(api, what, cfg.estimated_peak_bytes * concurrent, device, tip=tip)
 
 
 def run_bench(name: str, out: Path, preset: str = "cpu", device: str = "cpu",

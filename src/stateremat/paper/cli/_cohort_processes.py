@@ -2,12 +2,12 @@
 hidden per-process entry point ``stateremat cohort process-worker``."""
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Optional
 
 import typer
-
-import signal
 
 from stateremat.cli import check_device, in_range
 
@@ -84,7 +84,10 @@ def processes(
     if profile is not None and not profile.is_dir():
         raise fail(f"{_API}: --profile {str(profile)!r} is not a folder. Tip: pass a folder "
                    "holding <cell>.json cards, or omit it to measure them here.")
-    check_workload_memory(_API, experiment, preset, device)
+    # processes running at once here (as run_process_cohort picks jobs); on Dask they run elsewhere
+    concurrent = 1 if dask is not None else min(n_processes, jobs or (
+        1 if device.startswith("cuda") else max(1, (os.cpu_count() or 1) // threads)))
+    check_workload_memory(_API, experiment, preset, device, concurrent)
     spec = _spec(experiment, preset)
     rows = n_processes * sum(len(c.methods) * (c.steps if steps is None else steps)
                              for c in spec.cells)
