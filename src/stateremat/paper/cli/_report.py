@@ -28,7 +28,8 @@ def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run f
     if not out_dir.is_dir():
         raise fail(f"{api}: {out_dir} is not a folder. Tip: pass the --out folder of a run.")
     if not tables_in(out_dir) and not orphan_tables(out_dir):  # before the lock: nothing written
-        raise fail(f"{api}: {out_dir} is not a run folder (no sidecars: no <table>.json next to "
+        raise fail(f"{api}: {out_dir} is not a run folder (no sidecars: it holds no records, no "
+                   "<table>.json next to "
                    "a <table>/ folder of rows). Tip: pass the --out folder of a finished or "
                    "interrupted run.")
     from ..records import lock_run
