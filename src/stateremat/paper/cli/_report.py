@@ -27,13 +27,16 @@ def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run f
     api = "stateremat report"
     if not out_dir.is_dir():
         raise fail(f"{api}: {out_dir} is not a folder. Tip: pass the --out folder of a run.")
+    from ..records import lock_run
+
+    if (out_dir / ".run.lock").exists():  # a run's folder, maybe being written: say so first
+        with guarded(api):
+            lock_run(out_dir)
     if not tables_in(out_dir) and not orphan_tables(out_dir):  # before the lock: nothing written
         raise fail(f"{api}: {out_dir} is not a run folder (no sidecars: it holds no records, no "
                    "<table>.json next to "
                    "a <table>/ folder of rows). Tip: pass the --out folder of a finished or "
                    "interrupted run.")
-    from ..records import lock_run
-
     with guarded(api):
         lock_run(out_dir)  # not while a run writes there: its outputs would be half-done
         status = check_complete(out_dir)
