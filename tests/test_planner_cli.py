@@ -34,15 +34,16 @@ def test_plan_writes_json_and_prints_table(card_path, tmp_path):
     assert "predicted peak" in res.output and "layer15" in res.output
 
 
-def test_plan_infeasible_budget_is_a_result_not_an_error(card_path, tmp_path):
+def test_plan_infeasible_budget_writes_the_result_and_exits_1(card_path, tmp_path):
     out = tmp_path / "p.json"
     res = runner.invoke(app, ["plan", str(card_path), "--budget", str(32 * 1024**3),
                               "--planner", "eager_whole", "--json", str(out), "--explain"])
-    assert res.exit_code == 0, res.output
-    doc = json.loads(out.read_text())
-    assert doc["feasible"] is False and doc["options"] is None
+    assert res.exit_code == 1, res.output
+    doc = json.loads(out.read_text())  # written before the exit
+    assert doc["feasible"] is False and doc["options"] is None and doc["fits_budget"] is False
     assert doc["min_feasible_peak_bytes"] == int(40.75 * 1024**3)
     assert "INFEASIBLE" in res.output
+    assert "no eager_whole plan fits the budget 32.00 GiB" in res.output
 
 
 def test_plan_frontier_cap_marks_truncated(tmp_path):

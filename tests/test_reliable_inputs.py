@@ -93,24 +93,25 @@ def test_profile_out_that_cannot_be_created_is_refused_before_profiling(tmp_path
     assert res.exit_code == 2 and "is a file, not a folder" in res.output
 
 
-@pytest.mark.parametrize("argv", [
-    ["verify", "finite", "--programs", "1"],
-    ["bench", "fair", "--preset", "tiny"],
-    ["cohort", "processes", "--experiment", "fair44", "--processes", "1", "--preset", "tiny"],
-    ["cohort", "semantics", "--seeds", "0:1", "--no-progress"],
-    ["app", "moco", "--preset", "tiny", "--seeds", "1:2"],
+@pytest.mark.parametrize("argv, own", [  # own: a file the run writes (only those are checked)
+    (["verify", "finite", "--programs", "1"], "finite.json"),
+    (["bench", "fair", "--preset", "tiny"], "summary.json"),
+    (["cohort", "processes", "--experiment", "fair44", "--processes", "1", "--preset", "tiny"],
+     "summary.json"),
+    (["cohort", "semantics", "--seeds", "0:1", "--no-progress"], "semantics.json"),
+    (["app", "moco", "--preset", "tiny", "--seeds", "1:2"], "summary.json"),
 ])
-def test_run_folders_that_are_not_folders_or_hold_a_fifo_are_refused(tmp_path, special, argv):
+def test_run_folders_that_are_not_folders_or_hold_a_fifo_are_refused(tmp_path, special, argv, own):
     path, kind = special
     res = _run(*argv, "--out", path)
     assert res.exit_code == 2 and f"is {kind}, not a folder" in res.output, res.output
     out = tmp_path / "run"
     out.mkdir()
-    os.mkfifo(out / "summary.json")
+    os.mkfifo(out / own)
     res = _run(*argv, "--out", out)
-    assert res.exit_code == 2 and "'summary.json' in it is a named pipe (FIFO)" in res.output
-    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
-    assert stat.S_ISFIFO(os.lstat(out / "summary.json").st_mode)
+    assert res.exit_code == 2 and f"'{own}' in it is a named pipe (FIFO)" in res.output
+    assert sorted(p.name for p in out.iterdir()) == [own]
+    assert stat.S_ISFIFO(os.lstat(out / own).st_mode)
 
 
 # --------------------------------------------------------------------------- ranges (kind 4)

@@ -10,7 +10,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection, Sequence
 
 import typer
 
@@ -74,18 +74,82 @@ def _check_parent(where: str, path: Path, option: str) -> None:
                    "can write.")
 
 
-def check_output_file(api: str, option: str, path: Path | None) -> None:
+def nonempty_path(text: Any) -> Path:
+    """A typer ``parser=`` for path options and arguments: ``""`` is refused while the command
+    line is parsed (typer would read it as ``.``, the current folder)."""
+    if text is None or isinstance(text, Path):
+        return text
+    if str(text) == "":
+        raise typer.BadParameter("an empty path is not allowed. Tip: name a file or folder "
+                                 "(use . for the current folder).")
+    return Path(text)
+
+
+#: Name of standard output where an output file is asked for (``--json -``).
+STDOUT = "-"
+
+
+def is_stdout(path: Path | None) -> bool:
+    """Whether an output path is ``-`` (standard output)."""
+    return path is not None and str(path) == STDOUT
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _matches(name: str, pattern: str) -> bool:
+    import fnmatch
+
+    return fnmatch.fnmatchcase(name, pattern)
+
+
+#: Files every run folder's writer owns besides its tables: the lock, atomic writes'
+#: temporary files and the work folder (see ``stateremat.paper.records.lock_run``).
+RUN_FILES = (".run.lock", ".*.tmp", ".tmp")
+
+
+def run_file(out: Path, path: Path, owns: Collection[str]) -> str | None:
+    """The entry of run folder ``out`` that writing ``path`` would replace or write into, when
+    that entry is one the run owns (a name or glob of ``owns`` or :data:`RUN_FILES`; its own
+    folders include everything under them), else None."""
+    try:
+        rel = Path(os.path.realpath(path)).relative_to(os.path.realpath(out))
+    except ValueError:
+        return None
+    if not rel.parts:
+        return None
+    first = rel.parts[0]
+    patterns = (*owns, *RUN_FILES)
+    if any(_matches(first, pat) for pat in patterns) or any(_matches(rel.name, pat) for pat in RUN_FILES):
+        return str(rel)
+    return None
+
+
+def check_output_file(api: str, option: str, path: Path | None, *,
+                      inputs: Sequence[tuple[str, Path]] = (),
+                      run: tuple[Path, Collection[str]] | None = None,
+                      stdout: bool = False) -> None:
     """Refuse an output *file* path that cannot or must not be written, before any work.
 
-    Refused: a folder; anything that exists and is not a regular file (a device such as
-    ``/dev/null``, a FIFO, a socket, a symbolic link to one, a broken link), because the
-    atomic write would replace it; a path whose nearest existing parent is not a writable
-    folder (missing parent folders are created when the file is written).
+    Refused: ``-`` unless ``stdout`` (the command then writes to standard output); a folder;
+    anything that exists and is not a regular file (a device such as ``/dev/null``, a FIFO, a
+    socket, a symbolic link to one, a broken link), because the atomic write would replace it;
+    the same file as an input (same path, a link to it, a hard link, a ``..`` path); a file the
+    run in folder ``run`` owns (its sidecars, rows, lock, summaries, temporary files); a path
+    whose nearest existing parent is not a writable folder (missing parent folders are created
+    when the file is written). A symbolic link to a regular file is fine: its target is written.
 
     Args:
         api: command name for the message (``"stateremat plan"``).
         option: the option naming the path (``"--json"``).
         path: the path, or None (nothing to check).
+        inputs: ``(label, path)`` of what the command reads (``("CARD.json", card_path)``).
+        run: ``(run folder, names/globs of the entries the run writes there)``.
+        stdout: whether ``-`` means standard output here.
 
     Raises:
         typer.Exit: (code 2) after printing what was wrong and a tip.
@@ -94,6 +158,13 @@ def check_output_file(api: str, option: str, path: Path | None) -> None:
         return
     path = Path(path)
     where = f"{api}: {option} {str(path)!r}"
+    if str(path) == "":
+        raise fail(f"{where}: an empty path is not allowed. Tip: name a file.")
+    if is_stdout(path):
+        if stdout:
+            return
+        raise fail(f"{where}: '-' (standard output) is not supported here; the output is a file "
+                   f"written atomically. Tip: name a file, e.g. {option} out.json.")
     if path.is_dir():
         raise fail(f"{where} is a folder; expected a file path. Tip: e.g. {option} "
                    f"{path / 'out.json'}.")
@@ -101,20 +172,35 @@ def check_output_file(api: str, option: str, path: Path | None) -> None:
     if kind is not None:
         raise fail(f"{where} exists and is {kind}, not a regular file; writing the output "
                    "would replace it. Tip: choose a regular file path.")
+    for label, src in inputs:
+        if src is not None and os.path.lexists(path) and _same_file(path, Path(src)):
+            raise fail(f"{where} is the same file as the input {label} ({str(src)!r}); writing "
+                       "the output would replace it. Tip: choose another output path.")
+    if run is not None:
+        folder, owns = run
+        own = run_file(Path(folder), path, owns)
+        if own is not None:
+            raise fail(f"{where} would replace the run's own file {own!r} in {str(folder)!r} "
+                       "(its records, sidecar, lock or reports). Tip: write it elsewhere, or "
+                       f"under another name such as {option} {Path(folder) / 'summary.json'}.")
     _check_parent(where, path, option)
 
 
-def check_out_dir(api: str, out: Path, option: str = "--out") -> None:
+def check_out_dir(api: str, out: Path, option: str = "--out", *,
+                  owns: Collection[str] = ()) -> None:
     """Refuse a run folder that is not (and cannot become) a writable folder, before any work.
 
-    Also refuses a folder holding an entry that is neither a regular file nor a folder (a FIFO,
-    a device, a link to one): outputs written there would replace it.
+    Also refuses a folder whose entries the run writes (``owns``: names or globs, and
+    :data:`RUN_FILES`) include one that is neither a regular file nor a folder (a FIFO, a
+    device, a link to one): the run would replace it. Other entries are left alone.
 
     Raises:
         typer.Exit: (code 2) after printing what was wrong and a tip.
     """
     out = Path(out)
     where = f"{api}: {option} {str(out)!r}"
+    if str(out) == "":
+        raise fail(f"{where}: an empty path is not allowed. Tip: name a folder.")
     kind = _kind(out)
     if kind is not None or (out.exists() and not out.is_dir()):
         raise fail(f"{where} is {kind or 'a file'}, not a folder. Tip: pass a folder path (it "
@@ -123,7 +209,10 @@ def check_out_dir(api: str, out: Path, option: str = "--out") -> None:
         if not os.access(out, os.W_OK | os.X_OK):
             raise fail(f"{where}: the folder is not writable. Tip: choose a {option} folder you "
                        "can write.")
+        patterns = (*owns, *RUN_FILES)
         for entry in sorted(out.iterdir()):
+            if not any(_matches(entry.name, pat) for pat in patterns):
+                continue
             kind = _kind(entry)
             if kind is not None:
                 raise fail(f"{where}: {entry.name!r} in it is {kind}, not a regular file; this "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Callable, Iterator, Optional
 import typer
 
 from ._app import app, fail
-from ._checks import check_output_file, in_range
+from ._checks import check_output_file, in_range, is_stdout, nonempty_path
 
 _MAX_ROWS = 32  # longer cards print option counts instead of one row per segment
 MAX_FRONTIER_CAP = 10_000_000
@@ -50,14 +51,19 @@ def plan_progress(n_segments: int) -> Iterator[Optional[Callable[[str, int, int,
 
 @app.command("plan")
 def plan_cmd(
-    card_path: Path = typer.Argument(..., metavar="CARD.json", help="Profile card (schema 1)."),
-    budget: str = typer.Option(..., "--budget", help="Logical budget M: bytes or KiB/MiB/GiB, "
-                               "e.g. 32GiB."),
+    card_path: Path = typer.Argument(..., metavar="CARD.json", parser=nonempty_path,
+                                     help="Profile card (schema 1)."),
+    budget: str = typer.Option(..., "--budget", help="Logical budget M: whole bytes, or with a "
+                               "unit: B, KiB, MiB, GiB, TiB (powers of 1024) or kB, MB, GB, TB "
+                               "(powers of 1000), e.g. 32GiB, 46.5MiB."),
     planner: str = typer.Option("joint", "--planner", help="joint, eager_whole, state_agnostic, "
                                 "or a fixed method: eager, whole, region."),
     json_path: Optional[Path] = typer.Option(None, "--json", metavar="PLAN.json",
+                                             parser=nonempty_path,
                                              help="Write the plan here (atomically; a regular "
-                                             "file)."),
+                                             "file, not the card; a link's target is written). "
+                                             "- : standard output (the JSON alone; the table "
+                                             "goes to standard error)."),
     frontier_cap: Optional[int] = typer.Option(
         None, "--frontier-cap", callback=in_range(1, MAX_FRONTIER_CAP, "omit it for an exact "
                                                   "frontier; 1000 is quick on long cards"),
@@ -71,8 +77,13 @@ def plan_cmd(
 
     Long plans show their progress; a frontier that grows past the planner's warning size is
     reported at once with what to do (a frontier cap, or the MILP).
+
+    Exit status: 0 when the plan fits the budget; 1 when no plan of the chosen planner fits
+    it (the table and --json are still written, with "fits_budget": false); 2 on bad input
+    (nothing is written).
     """
-    from ..contract import ProfileCardError, atomic_write_json, load_card, parse_size, provenance
+    from ..contract import (ProfileCardError, atomic_write_json, format_bytes, json_default,
+                            load_card, parse_size, provenance)
     from ..planner import PLANNERS, plan
 
     api = "stateremat plan"
@@ -85,7 +96,7 @@ def plan_cmd(
     if planner not in PLANNERS:
         raise fail(f"{api}: --planner {planner!r} is unknown; expected one of {list(PLANNERS)}. "
                    "Tip: joint is the paper's planner.")
-    check_output_file(api, "--json", json_path)
+    check_output_file(api, "--json", json_path, inputs=[("CARD.json", card_path)], stdout=True)
     try:
         card = load_card(card_path)
     except ProfileCardError as exc:
@@ -97,30 +108,40 @@ def plan_cmd(
     except (OverflowError, ValueError) as exc:  # e.g. a size the card cap should have refused
         raise fail(f"{api}: cannot plan {str(card_path)!r}: {exc}. Tip: check the card's sizes "
                    "are bytes and the budget is at most 8 PiB.")
-    _print(result)
+    to_stdout = is_stdout(json_path)  # the JSON alone on stdout; everything else on stderr
+    _print(result, stderr=to_stdout)
     if explain:
-        typer.echo(result.explain())
+        typer.echo(result.explain(), err=to_stdout)
     if json_path is not None:
         doc = result.to_dict()
         doc["card"] = {"path": str(card_path), "source_hash": card.source_hash(),
                        "meta": card.meta}
         doc["provenance"] = provenance(command="plan")
-        atomic_write_json(json_path, doc)
-        typer.echo(f"wrote {json_path}")
+        if to_stdout:
+            typer.echo(json.dumps(doc, indent=2, default=json_default))
+        else:
+            atomic_write_json(json_path, doc)
+            typer.echo(f"wrote {json_path}")
+    if not result.fits_budget:
+        raise fail(f"{api}: no {planner} plan fits the budget {format_bytes(budget_bytes)} "
+                   f"({budget_bytes:,} bytes); the least predicted peak is "
+                   f"{format_bytes(result.min_feasible_peak_bytes)}. Tip: raise --budget to at "
+                   "least that, or try --planner joint.", code=1)
 
 
-def _print(res) -> None:
+def _print(res, stderr: bool = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
     from ..contract import format_bytes
 
-    console = Console()
+    console = Console(stderr=stderr)
     summary = Table(title=f"plan: {res.planner}", show_header=False)
     summary.add_column("field")
     summary.add_column("value", overflow="fold")
     summary.add_row("budget", f"{format_bytes(res.budget_bytes)} ({res.budget_bytes} B)")
-    summary.add_row("feasible", str(res.feasible))
+    summary.add_row("fits budget", "yes" if res.fits_budget else
+                    ("no (EXCEEDS budget)" if res.feasible else "no (INFEASIBLE)"))
     if res.feasible:
         summary.add_row("predicted peak", f"{format_bytes(res.predicted_peak_bytes)} "
                         f"({'fits' if res.fits_budget else 'EXCEEDS budget'})")

@@ -12,7 +12,8 @@ from pathlib import Path
 import typer
 
 from ._app import app, fail
-from ._checks import check_device, check_memory, check_output_file, in_range
+from ._checks import check_device, check_memory, check_output_file, in_range, nonempty_path
+from ._target import target_source
 
 _API = "stateremat profile"
 #: Ranges of the built-in workloads' options (paper units), checked before any work.
@@ -54,7 +55,8 @@ def profile_cmd(
     workload: str = typer.Argument(..., help="pkg.module:factory (your model: the factory returns {'model', "
                                    "'sample' or 'step_fn', optional 'optimizers', 'segments'}), or a built-in "
                                    "workload: feature_queue, prototype_memory or unrolled_recurrence"),
-    out: Path = typer.Option(..., "--out", help="profile card JSON to write (a regular file)"),
+    out: Path = typer.Option(..., "--out", parser=nonempty_path,
+                             help="profile card JSON to write (a regular file; not the target's module)"),
     preset: str = typer.Option("cpu", help="built-in workloads only: cpu (paper shapes / 1024), h100 (paper "
                                "shapes) or tiny (paper shapes / 2^16, for tests)"),
     activations: str = typer.Option("large", help="built-in workloads only: large (4096/65536) or small (256/256), paper units"),
@@ -77,7 +79,8 @@ def profile_cmd(
                                             "model's repeated block"),
 ) -> None:
     """Measure a profile card (r, q, c per segment and option; P) on this device (paper §4)."""
-    check_output_file(_API, "--out", out)
+    check_output_file(_API, "--out", out,
+                      inputs=[(workload, src) for src in [target_source(workload)] if src is not None])
     check_device(_API, device)
     if ":" in workload:
         ignored = _given(ctx, WORKLOAD_ONLY)

@@ -15,6 +15,27 @@ _API = "stateremat profile"
 _KEYS = ("model", "sample", "step_fn", "optimizers", "segments")
 
 
+def _importable_here() -> None:
+    if os.getcwd() not in sys.path:  # as `python -m` does: modules beside the caller are importable
+        sys.path.insert(0, os.getcwd())
+
+
+def target_source(target: str) -> str | None:
+    """The file of ``pkg.module`` in a target ``pkg.module:factory`` (found without running the
+    module itself; its parent packages are imported), or None (not a target, not found)."""
+    import importlib.util
+
+    module_name, sep, _ = target.partition(":")
+    if not sep or not module_name:
+        return None
+    _importable_here()
+    try:
+        spec = importlib.util.find_spec(module_name)
+    except (ImportError, ValueError, AttributeError):
+        return None
+    return spec.origin if spec is not None and spec.has_location else None
+
+
 def load_target(target: str) -> dict[str, Any]:
     """Import ``pkg.module:factory``, call it and return its parts as a dict (see module doc).
 
@@ -26,8 +47,7 @@ def load_target(target: str) -> dict[str, Any]:
     if not module_name or not attr.isidentifier():
         raise ValueError(f"{_API}: expected a built-in workload name or a target 'pkg.module:factory', got "
                          f"{target!r}. Tip: e.g. stateremat profile mypkg.models:build --out CARD.json.")
-    if os.getcwd() not in sys.path:  # as `python -m` does: modules beside the caller are importable
-        sys.path.insert(0, os.getcwd())
+    _importable_here()
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:

@@ -17,8 +17,14 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
 
     A reader never sees a half-written file; an interrupted write leaves the old file intact.
+    A symbolic link is kept: its target is written (atomically, beside the target).
+
+    Returns:
+        ``path`` as given.
     """
-    path = Path(path)
+    given = path = Path(path)
+    if os.path.islink(path):
+        path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -32,7 +38,7 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return path
+    return given
 
 
 def _umask() -> int:

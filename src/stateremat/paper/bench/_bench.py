@@ -80,6 +80,21 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
     return summary
 
 
+def _card_threads(cards: Path) -> list[int]:
+    """The distinct ``torch_threads`` of the profile cards cached in ``cards`` (meta)."""
+    import json
+
+    found = set()
+    for p in sorted(cards.glob("*.json")) if cards.is_dir() else []:
+        try:
+            t = json.loads(p.read_text()).get("meta", {}).get("torch_threads")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(t, int):
+            found.add(t)
+    return sorted(found)
+
+
 def bench_summary(out: str | Path) -> dict:
     """The summary of bench run folder ``out``, recomputed from its rows and its sidecar's config
     (warmups, steps) — what ``summary.json`` holds, after a run and after ``stateremat report``.
@@ -99,6 +114,8 @@ def bench_summary(out: str | Path) -> dict:
     summary = summarize(rows)
     threads = sorted({int(t) for t in rows["torch_threads"].dropna()}) \
         if "torch_threads" in rows else []
+    if not threads:  # rows of older runs lack the column: the run's profile cards record it
+        threads = _card_threads(Path(out) / "cards")
     summary.update({"warmups": config.get("warmups"), "steps": config.get("steps"),
                     "torch_threads": threads[0] if len(threads) == 1 else (threads or None)})
     return summary

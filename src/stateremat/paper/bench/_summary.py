@@ -60,10 +60,12 @@ def summarize(rows: pd.DataFrame) -> dict:
                  "write_fraction": float(c0["write_fraction"]),
                  "live_versions": int(c0["live_versions"]), "width": int(c0["width"]),
                  "batch": int(c0["batch"]), "budget_bytes": int(c0["budget_bytes"]),
-                 "budget_rule": str(c0["budget_rule"]) if "budget_rule" in c0.index else "fixed",
+                 "budget_rule": str(c0["budget_rule"]) if "budget_rule" in c0.index else None,
                  "min_eager_whole_peak_bytes": _int(c0["min_eager_whole_peak_bytes"]),
                  "min_joint_peak_bytes": _int(c0["min_joint_peak_bytes"]),
                  "profile_hash": str(c0["profile_hash"]), "methods": []}
+        if entry["budget_rule"] is None:  # rows of older runs do not record it (a fixed budget):
+            del entry["budget_rule"]      # readers default to "fixed"; the summary keeps their shape
         present = list(dict.fromkeys(cdf["method"]))
         for m in [m for m in METHODS if m in present]:
             mdf = cdf[cdf["method"] == m]

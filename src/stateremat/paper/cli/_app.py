@@ -35,14 +35,27 @@ paper_app.add_typer(app_app, name="app")
 
 
 
-def check_json_target(api: str, json_path: Optional[Path]) -> None:
+def run_owns(*tables: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The entries a run writing records ``tables`` owns in its ``--out`` folder: each table's
+    sidecar ``<table>.json`` and rows folder ``<table>/``, the files its reporter writes, and
+    ``extra`` (the lock and temporary files are added by the checks themselves)."""
+    from ..report import OUTPUTS
+
+    names = [n for t in tables for n in (f"{t}.json", t, *OUTPUTS.get(t, ()))]
+    return tuple(dict.fromkeys([*names, *extra]))
+
+
+def check_json_target(api: str, json_path: Optional[Path], out: Optional[Path] = None,
+                      owns: tuple[str, ...] = ()) -> None:
     """Reject a ``--json`` target that cannot or must not be written, before a run starts
-    (:func:`stateremat.cli.check_output_file`).
+    (:func:`stateremat.cli.check_output_file`): ``-`` is standard output; a file the run in
+    ``out`` owns (``owns``, see :func:`run_owns`) is refused.
 
     Raises:
         typer.Exit: (code 2) after printing what was wrong and a tip.
     """
-    check_output_file(api, "--json", json_path)
+    check_output_file(api, "--json", json_path, run=None if out is None else (out, owns),
+                      stdout=True)
 
 
 #: Signals received inside :func:`guarded` and not yet acted on (see :func:`check_stop`).

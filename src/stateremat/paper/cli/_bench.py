@@ -6,9 +6,9 @@ from typing import Optional
 
 import typer
 
-from stateremat.cli import check_device, check_memory, in_range
+from stateremat.cli import check_device, check_memory, in_range, nonempty_path
 
-from ._app import bench_app, check_out_dir, check_preset, guarded, parse_budget
+from ._app import bench_app, check_out_dir, check_preset, guarded, parse_budget, run_owns
 from ._limits import MAX_STEPS, MAX_WARMUPS
 from ._progress import progress_bar
 
@@ -51,7 +51,7 @@ def run_bench(name: str, out: Path, preset: str = "cpu", device: str = "cpu",
     check_preset(api, preset)
     budget_bytes = parse_budget(api, budget)
     check_device(api, device)
-    check_out_dir(api, out)
+    check_out_dir(api, out, owns=run_owns("bench", extra=("cards",)))
     check_workload_memory(api, name, preset, device)
     from ..bench import run_experiment
 
@@ -63,7 +63,7 @@ def run_bench(name: str, out: Path, preset: str = "cpu", device: str = "cpu",
         typer.echo(f"rows: {out / 'bench'}  summary: {out / 'summary.json'}  tables: {out / 'tables.md'}")
 
 
-_OUT = typer.Option(..., "--out", help="run folder (rerun with the same folder to resume)")
+_OUT = typer.Option(..., "--out", parser=nonempty_path, help="run folder (rerun with the same folder to resume)")
 _PRESET = typer.Option("cpu", help="cpu (paper shapes and budgets / 1024; fair: the paper's "
                        "budget/eager-peak ratio), h100, or tiny (bytes / 2^16, for tests)")
 _DEVICE = typer.Option("cpu", help="cpu, or cuda[:N] for the GPU path")

@@ -9,9 +9,9 @@ from typing import Optional
 
 import typer
 
-from stateremat.cli import check_device, in_range
+from stateremat.cli import check_device, in_range, nonempty_path
 
-from ._app import check_out_dir, check_preset, cohort_app, fail, guarded, parse_budget
+from ._app import check_out_dir, check_preset, cohort_app, fail, guarded, parse_budget, run_owns
 from ._bench import check_workload_memory
 from ._limits import (MAX_JOBS, MAX_PROCESSES, MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_TIMEOUT_S,
                       MAX_WARMUPS, check_rows)
@@ -29,7 +29,7 @@ def processes(
         1, MAX_PROCESSES, "the paper uses 50"), help=f"Independent processes N, 1 to "
         f"{MAX_PROCESSES:,}."),
     preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu, h100 or tiny (tests)."),
-    out: Path = typer.Option(..., "--out", help="Run folder (rerun to resume)."),
+    out: Path = typer.Option(..., "--out", parser=nonempty_path, help="Run folder (rerun to resume)."),
     jobs: Optional[int] = typer.Option(
         None, "--jobs", callback=in_range(1, MAX_JOBS, "omit it for cores // threads"),
         help=f"Concurrent local processes, 1 to {MAX_JOBS:,} (default: cores // threads on "
@@ -59,7 +59,7 @@ def processes(
         "e.g. 46MiB; recorded in the cohort config. Default: the paper's budget scaled by the "
         "preset; fair44 at cpu scale uses 44/46.063 of the frozen card's all-eager peak."),
     profile: Optional[Path] = typer.Option(
-        None, "--profile", help="Folder of <cell>.json profile cards to freeze (default: "
+        None, "--profile", parser=nonempty_path, help="Folder of <cell>.json profile cards to freeze (default: "
         "measure each cell's card once, before any process starts)."),
 ) -> None:
     """Launch N fresh interpreters, each timing every method; rows go to OUT/cohort_timing.
@@ -67,7 +67,8 @@ def processes(
     Ctrl-C (or SIGTERM) stops launching, terminates the running processes and keeps every
     finished one; rerunning the same command resumes.
     """
-    from ..cohort import EXPERIMENTS, check_dask_address, run_process_cohort
+    from ..cohort import (EXPERIMENTS, STATUS_TABLE, TIMING_TABLE, check_dask_address,
+                          run_process_cohort)
 
     if experiment not in EXPERIMENTS:
         raise fail(f"{_API}: --experiment must be one of {', '.join(EXPERIMENTS)}, got "
@@ -75,7 +76,7 @@ def processes(
     check_preset(_API, preset)
     budget_bytes = parse_budget(_API, budget)
     check_device(_API, device)
-    check_out_dir(_API, out)
+    check_out_dir(_API, out, owns=run_owns(TIMING_TABLE, STATUS_TABLE, extra=("profile",)))
     if dask is not None:
         try:
             check_dask_address(dask, _API)

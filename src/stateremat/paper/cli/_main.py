@@ -5,13 +5,15 @@ from pathlib import Path
 
 import typer
 
+from stateremat.cli import nonempty_path
+
 from ._app import check_out_dir, paper_app
 from ._bench import run_bench
 
 
 @paper_app.command("main")
 def main_job(
-    out: Path = typer.Option(Path("out"), "--out", help="Folder for all records."),
+    out: Path = typer.Option(Path("out"), "--out", parser=nonempty_path, help="Folder for all records."),
     preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu (minutes here), h100 (the paper's shapes) or tiny (tests)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
 ) -> None:
@@ -21,5 +23,5 @@ def main_job(
 
     Rerunning with the same --out resumes.
     """
-    check_out_dir("stateremat main", out)
+    check_out_dir("stateremat main", out, owns=("bench-fair",))
     run_bench("fair", out / "bench-fair", preset, device, api="stateremat main", show_paths=False)

@@ -6,9 +6,9 @@ from typing import Optional
 
 import typer
 
-from stateremat.cli import in_range
+from stateremat.cli import in_range, nonempty_path
 
-from ._app import app_app, check_out_dir, fail, guarded
+from ._app import app_app, check_out_dir, fail, guarded, run_owns
 from ._limits import MAX_MOCO_SEEDS, MAX_SEED, MAX_THREADS, parse_seeds
 from ._progress import progress_bar
 
@@ -40,8 +40,8 @@ def moco(
     seeds: str = typer.Option("2701:2703", help=f"Half-open seed range A:B (one seed N: "
                               f"N:N+1; a bare N is refused); seeds in "
                               f"[0, {MAX_SEED}], at most {MAX_MOCO_SEEDS:,}."),
-    out: Path = typer.Option(..., help="Run folder (resumable: rerun with the same --out)."),
-    data: Optional[Path] = typer.Option(None, help="Dataset folder: the extracted "
+    out: Path = typer.Option(..., parser=nonempty_path, help="Run folder (resumable: rerun with the same --out)."),
+    data: Optional[Path] = typer.Option(None, parser=nonempty_path, help="Dataset folder: the extracted "
                                         "cifar-100-python folder (or its parent), or a folder of "
                                         "Fashion-MNIST IDX .gz files; which one is detected from "
                                         "the file names. Default: the Debian package's "
@@ -73,7 +73,7 @@ def moco(
         resolve_device(device)
     except ValueError as exc:
         raise fail(str(exc))
-    check_out_dir(f"stateremat {api}", out)
+    check_out_dir(f"stateremat {api}", out, owns=run_owns("moco", extra=("cards", "scores")))
     if data is not None and not data.is_dir():
         raise fail(f"{api}: --data {str(data)!r} is not a folder. Tip: pass the extracted "
                    "cifar-100-python folder or a folder of Fashion-MNIST IDX .gz files.")

@@ -41,7 +41,7 @@ class _Bar:
 
 @contextlib.contextmanager
 def progress_bar(enabled: bool = True) -> Iterator[Progress]:
-    """A live progress bar for one command (a silent reporter when ``enabled`` is False).
+    """A live progress bar for one command, on stderr (a silent reporter when ``enabled`` is False).
 
     Args:
         enabled: draw the bar; False gives a reporter that draws nothing but still prints notes.
@@ -55,8 +55,12 @@ def progress_bar(enabled: bool = True) -> Iterator[Progress]:
     from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
                                TimeElapsedColumn, TimeRemainingColumn)
 
+    from rich.console import Console
+
+    # on stderr: stdout carries only results (``--json -`` prints the JSON alone there)
     bar = RichProgress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                       TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+                       TimeElapsedColumn(), TimeRemainingColumn(), transient=False,
+                       console=Console(stderr=True))
     with bar:
         yield _Bar(bar)
 

@@ -5,11 +5,13 @@ from pathlib import Path
 
 import typer
 
+from stateremat.cli import nonempty_path
+
 from ._app import fail, guarded, paper_app
 
 
 @paper_app.command("report")
-def report(out_dir: Path = typer.Argument(..., help="Run folder holding raw records (any "
+def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run folder holding raw records (any "
                                           "command's --out: verify, cohort, bench, app)."),
            allow_incomplete: bool = typer.Option(
                False, "--allow-incomplete", help="Also render tables whose rows do not cover "
@@ -20,13 +22,21 @@ def report(out_dir: Path = typer.Argument(..., help="Run folder holding raw reco
     seed and method); otherwise its earlier outputs are removed, what is missing is listed and
     the command exits 1 (``--allow-incomplete`` renders what there is).
     """
-    from ..report import REPORTERS, check_complete, remove_outputs, tables_in
+    from ..report import REPORTERS, check_complete, orphan_tables, remove_outputs, tables_in
 
     api = "stateremat report"
     if not out_dir.is_dir():
         raise fail(f"{api}: {out_dir} is not a folder. Tip: pass the --out folder of a run.")
     from ..records import lock_run
 
+    if (out_dir / ".run.lock").exists():  # a run's folder, maybe being written: say so first
+        with guarded(api):
+            lock_run(out_dir)
+    if not tables_in(out_dir) and not orphan_tables(out_dir):  # before the lock: nothing written
+        raise fail(f"{api}: {out_dir} is not a run folder (no sidecars: it holds no records, no "
+                   "<table>.json next to "
+                   "a <table>/ folder of rows). Tip: pass the --out folder of a finished or "
+                   "interrupted run.")
     with guarded(api):
         lock_run(out_dir)  # not while a run writes there: its outputs would be half-done
         status = check_complete(out_dir)

@@ -12,20 +12,23 @@ from typing import Optional
 
 import typer
 
-from ._app import check_json_target, check_out_dir, fail, guarded, verify_app
+from ._app import check_json_target, check_out_dir, fail, guarded, run_owns, verify_app
 from stateremat.cli import in_range
+from stateremat.cli import is_stdout, nonempty_path
 
 from ._limits import MAX_PROGRAMS, MAX_SEED, MAX_STUDY_SEEDS, check_rows, parse_seeds
 from ._progress import progress_bar
 
 _SEED = typer.Option(0, "--seed", callback=in_range(0, MAX_SEED, "the paper's runs use --seed 0"),
                      help=f"Base seed of the program generators, 0 to {MAX_SEED}.")
-_JSON = typer.Option(None, "--json", help="Write the summary JSON here (a regular file).")
+_JSON = typer.Option(None, "--json", parser=nonempty_path,
+                     help="Also write the summary JSON here (a regular file outside the run's own "
+                     "files; - : standard output only, the JSON alone).")
 
 def _emit(summary: dict, json_path: Optional[Path]) -> None:
     from ...contract import atomic_write_json
 
-    if json_path is not None:
+    if json_path is not None and not is_stdout(json_path):
         atomic_write_json(json_path, summary)
     typer.echo(json.dumps(summary, indent=2, default=float))
 
@@ -34,8 +37,9 @@ def _checks(command: str, out: Path, json_path: Optional[Path], table: str, rows
             what: str) -> None:
     """Everything checked before a verify command starts (nothing is written before)."""
     api = f"stateremat verify {command}"
-    check_out_dir(api, out)
-    check_json_target(api, json_path)
+    owns = run_owns(table)
+    check_out_dir(api, out, owns=owns)
+    check_json_target(api, json_path, out, owns)
     check_rows(api, table, rows, what)
 
 
@@ -53,7 +57,8 @@ def verify_finite(
         1, MAX_PROGRAMS, "the paper's suites use --programs 1024"),
         help=f"Programs per suite (derivative, byte), 1 to {MAX_PROGRAMS:,}."),
     seed: int = _SEED,
-    out: Path = typer.Option(Path("out/verify-finite"), "--out", help="Records folder (resumable)."),
+    out: Path = typer.Option(Path("out/verify-finite"), "--out", parser=nonempty_path,
+                      help="Records folder (resumable)."),
     json_path: Optional[Path] = _JSON,
 ) -> None:
     """Derivative and byte suites of the finite NumPy reference (paper §6)."""
@@ -72,7 +77,8 @@ def verify_engines(
         1, MAX_PROGRAMS, "the paper's study uses --programs 1200"),
         help=f"Programs (families queue/prototype/recurrence), 1 to {MAX_PROGRAMS:,}."),
     seed: int = _SEED,
-    out: Path = typer.Option(Path("out/verify-engines"), "--out", help="Records folder (resumable)."),
+    out: Path = typer.Option(Path("out/verify-engines"), "--out", parser=nonempty_path,
+                      help="Records folder (resumable)."),
     json_path: Optional[Path] = _JSON,
 ) -> None:
     """Five preservation engines on the semantic study (paper §7, Table 1)."""
@@ -90,7 +96,8 @@ def verify_alias(
     seeds: str = typer.Option("50", "--seeds", help="A count N of seeds: seeds 0..N-1 (not "
                               "seed N; unlike the A:B options), or a half-open range A:B; seeds "
                               f"in [0, {MAX_SEED}], at most {MAX_STUDY_SEEDS:,}."),
-    out: Path = typer.Option(Path("out/verify-alias"), "--out", help="Records folder (resumable)."),
+    out: Path = typer.Option(Path("out/verify-alias"), "--out", parser=nonempty_path,
+                             help="Records folder (resumable)."),
     json_path: Optional[Path] = _JSON,
 ) -> None:
     """Joint-alias study: seeds x 3 patterns x dims 32/64 (paper §7, Table 3)."""

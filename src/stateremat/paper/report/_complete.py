@@ -62,6 +62,12 @@ def _status(out_dir: Path, table: str) -> TableStatus:
         st.problem = str(exc)
         return st
     st.rows = len(rows)
+    if not isinstance(doc.get("config"), dict):
+        st.problem = (f"sidecar {out_dir / (table + '.json')} holds no run config (is it a "
+                      "summary written over it?), so its rows cannot be checked or described. "
+                      "Tip: restore the sidecar from a copy; rerunning the run's command with "
+                      "the same --out cannot resume without it")
+        return st
     if table not in EXPECTED or rows.empty:  # no rows at all: the reporter says so (exit 2)
         return st
     try:
