@@ -135,9 +135,12 @@ def test_final_storage_control_diverges_when_a_nonlinear_read_is_overwritten(p, 
     assert np.abs(reverse_grad(run) - ref).max() <= 1e-13 * max(1.0, np.abs(ref).max())
     scale = float(np.abs(ref).max())
     assume(scale > 0.0)  # an all-zero gradient cannot show the difference
-    # relative to the largest component, and far above the 1e-13 agreement of exact methods:
-    # the affected components can be tiny (~1e-5 of the largest) when affine chains shrink them
-    assert np.abs(reverse_grad(run, source="final") - ref).max() > 1e-9 * scale
+    # per component, relative to that component: the affected components can be any fraction
+    # of the largest (hypothesis found 3e-5 and 1e-9 of it when affine chains shrink them), but
+    # on them the wrong read shows as a relative error far above the 1e-13 of exact methods
+    final = reverse_grad(run, source="final")
+    size = np.maximum(np.maximum(np.abs(ref), np.abs(final)), np.finfo(np.float64).tiny)
+    assert (np.abs(final - ref) / size).max() > 1e-6
 
 
 @SETTINGS
