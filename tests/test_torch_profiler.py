@@ -354,3 +354,27 @@ def test_a_first_segment_on_the_batch_has_its_backward_in_q(stem_option, rest):
     measured = _measured_peak(model, step, opt)
     expected = expected_peak_bytes(card, options)
     assert abs(measured - expected) <= 0.05 * expected, (measured, expected, options)
+
+
+@pytest.mark.parametrize("given", [True, False], ids=["given", "found"])
+def test_parameters_an_optimizer_steps_outside_the_model_are_restored(given):
+    """Attack finding: a learnable temperature outside the model, in the same optimizer, moved 12
+    steps through profiling while the optimizer's state was put back: the two out of step."""
+    model = _resnet()
+    scale = nn.Parameter(torch.ones((), dtype=torch.float64))
+    opt = torch.optim.Adam([*model.parameters(), scale], lr=1e-2)
+
+    def step(m):
+        opt.zero_grad(set_to_none=True)
+        (m(*_batch()) * scale).backward()
+        opt.step()
+    step(model)
+    before = _fingerprint(model, opt)
+    s0, g0 = scale.detach().clone(), scale.grad.clone()
+    profile(model, SEGMENTS, step, repeats=1, optimizers=[opt] if given else ())
+    after = _fingerprint(model, opt)
+    for k in before:
+        assert _same(before[k], after[k]), k
+    assert torch.equal(scale.detach(), s0)
+    if given:  # a found optimizer is seen only at its first step, after that step's backward
+        assert torch.equal(scale.grad, g0)

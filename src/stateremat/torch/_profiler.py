@@ -205,7 +205,8 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         repeats: timed rounds per option (int ≥ 1), after the two warm-up steps.
         state: declared state of each segment: ``"buffers"`` (its buffers) or tensors/modules.
         optimizers: optimizers ``step_fn`` steps: their state counts in ``P`` and their
-            ``state_dict`` is restored afterwards. One not given that steps a parameter of
+            ``state_dict`` is restored afterwards, with the values (and gradients) of the
+            parameters they step outside ``model``. One not given that steps a parameter of
             ``model`` is found at its first step (torch's global optimizer step pre-hook) and
             treated the same way; giving them counts their pre-existing state from the first step.
         **segment_options: ``granularity_bytes`` (bytes), ``on_undeclared``, ``verify``,

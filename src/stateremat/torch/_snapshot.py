@@ -21,8 +21,9 @@ class ModelSnapshot:
     of the plain objects the model reaches (as :func:`~._scan.reach` follows them: the state a
     checkpointed segment of it can reach), the bytes of every tensor among them, every
     gradient, the CPU/CUDA generator states and those of generators the model holds, and the
-    ``state_dict`` of the given optimizers; :meth:`restore` puts all of it back, byte for byte,
-    into the same tensor objects (so optimizers keep referring to the model's parameters).
+    ``state_dict`` of the given optimizers with the parameters they step outside the model;
+    :meth:`restore` puts all of it back, byte for byte, into the same tensor objects (so
+    optimizers keep referring to the model's parameters).
     """
 
     def __init__(self, model: nn.Module, optimizers: tuple = ()) -> None:
@@ -52,14 +53,28 @@ class ModelSnapshot:
         self.generators = [(g, g.get_state()) for _, g in found.generators.values()]
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
-        self.optimizers = [(o, copy.deepcopy(o.state_dict())) for o in optimizers]
         self.params = {id(p) for p in model.parameters()}
+        self.optimizers: list[tuple[Any, dict]] = []
+        for o in optimizers:
+            self._add_optimizer(o)
+
+    def _add_optimizer(self, opt: Any) -> None:
+        """Save ``opt``'s state and the parameters it steps that are not the model's (a learnable
+        temperature, a head kept elsewhere): profiling steps them too."""
+        self.optimizers.append((opt, copy.deepcopy(opt.state_dict())))
+        for g in opt.param_groups:
+            for p in g["params"]:
+                if isinstance(p, torch.Tensor) and id(p) not in self.data:
+                    self.data[id(p)] = (p, _clone(p))
+                    self.grads[id(p)] = (p, p.grad, _clone(p.grad))
 
     @contextlib.contextmanager
     def watching_optimizers(self, found: Callable[[Any], None] = lambda opt: None) -> Iterator[None]:
         """While open, an optimizer that steps one of the model's parameters and was not given is
-        saved just before its first step (so :meth:`restore` puts its state back too) and passed
-        to ``found``. Uses torch's global optimizer step pre-hook (public ``torch.optim`` API)."""
+        saved just before its first step (so :meth:`restore` puts its state back too, and the
+        values of the parameters it steps outside the model; their gradients as they were at that
+        first step) and passed to ``found``. Uses torch's global optimizer step pre-hook (public
+        ``torch.optim`` API)."""
         seen = {id(o) for o, _ in self.optimizers}
 
         def pre_step(opt: Any, args: Any, kwargs: Any) -> None:
@@ -67,7 +82,7 @@ class ModelSnapshot:
                 return
             seen.add(id(opt))
             if any(id(p) in self.params for g in opt.param_groups for p in g["params"]):
-                self.optimizers.append((opt, copy.deepcopy(opt.state_dict())))
+                self._add_optimizer(opt)
                 found(opt)
 
         handle = register_optimizer_step_pre_hook(pre_step)
