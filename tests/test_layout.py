@@ -262,7 +262,8 @@ EXPECTED_ALL = {
         "atomic_write_bytes", "atomic_write_json", "card_options", "format_bytes",
         "internal_assert", "json_default", "load_card", "loadavg", "package_version",
         "parse_seed_range", "parse_size", "provenance", "rule", "save_card", "sha256_bytes",
-        "source_hash", "utc_now"],
+        "source_hash", "utc_now", "STOP_SIGNALS", "ignore_stop_signals", "install_stop_handlers",
+        "restore_stop_handlers", "stop_on_signal"],
     "stateremat.reference": [
         "DTYPES", "Node", "Op", "OpRecord", "Program", "RANDOM_KINDS", "Region", "Run", "View",
         "check_supported", "complex_step_grad", "execute", "forward_jacobian_grad",

@@ -2,25 +2,12 @@
 
 A stop signal while the command line interface itself is still being imported prints one line
 and exits ``128 + signal`` (``stateremat.cli.main`` takes over from there with the same
-handling), never a traceback.
+handling), never a traceback; a signal inherited as ignored (``nohup``) stays ignored.
 """
-import signal
-import sys
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def stop_on_signal(signum, frame):
-    """Signal handler: say which signal stopped the command, in one line, and exit
-    ``128 + signal`` (``SystemExit``, so ``finally`` blocks and lock releases still run)."""
-    sys.stderr.write(f"error: stateremat: stopped by {signal.Signals(signum).name}. Tip: rerun "
-                     "the same command.\n")
-    raise SystemExit(128 + signum)
-
+from stateremat.contract import install_stop_handlers, stop_on_signal
 
 if __name__ == "__main__":
-    for _s in STOP_SIGNALS:
-        signal.signal(_s, stop_on_signal)
+    install_stop_handlers(stop_on_signal)
     from stateremat.cli import main
 
     main()

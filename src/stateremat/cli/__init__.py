@@ -28,13 +28,11 @@ def main() -> None:
     and exits ``128 + signal``.
     """
     import os
-    import signal
     import sys
 
-    from ..__main__ import STOP_SIGNALS, stop_on_signal
+    from ..contract import install_stop_handlers, stop_on_signal
 
-    for s in STOP_SIGNALS:
-        signal.signal(s, stop_on_signal)
+    install_stop_handlers(stop_on_signal)  # a signal inherited as ignored (nohup) stays ignored
     from ..contract import ReplayError
 
     try:

@@ -35,6 +35,9 @@ from ._card import (
     save_card as save_card,
 )
 
+from ._signals import (STOP_SIGNALS, ignore_stop_signals, install_stop_handlers,
+                       restore_stop_handlers, stop_on_signal)
+
 __all__ = [
     "OPTIONS", "Option", "OptionCost", "OptionRegistry", "Outcome", "ProfileCard",
     "ProfileCardError", "RECOMPUTE_ONLY", "RULES", "RecordsError", "ReplayDivergenceError",
@@ -42,5 +45,6 @@ __all__ = [
     "atomic_write_bytes", "atomic_write_json", "card_options", "format_bytes",
     "internal_assert", "json_default", "load_card", "loadavg", "package_version",
     "parse_seed_range", "parse_size", "provenance", "rule", "save_card", "sha256_bytes",
-    "source_hash", "utc_now",
+    "source_hash", "utc_now", "STOP_SIGNALS", "ignore_stop_signals", "install_stop_handlers",
+    "restore_stop_handlers", "stop_on_signal",
 ]

@@ -16,6 +16,7 @@ from typing import Iterator, Optional
 import typer
 
 from stateremat.cli import check_out_dir as check_out_dir, check_output_file, fail
+from stateremat.contract import ignore_stop_signals, install_stop_handlers, restore_stop_handlers
 
 paper_app = typer.Typer(name="stateremat", no_args_is_help=True, add_completion=False,
                         pretty_exceptions_enable=False)
@@ -86,14 +87,16 @@ def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
 
     def stop(signum, frame):
         _STOPS.append(signum)
+        ignore_stop_signals()  # the cleanup below keeps finished work: a second signal must not cut it
         raise KeyboardInterrupt
 
     old = {}
     if threading.current_thread() is threading.main_thread():
-        old = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        old = install_stop_handlers(stop)  # signals inherited as ignored (nohup, `cmd &`) stay ignored
     try:
         yield
     except KeyboardInterrupt:
+        ignore_stop_signals()
         signum = _STOPS[0] if _STOPS else signal.SIGINT
         where = f" in {out}" if out is not None else ""
         raise fail(f"{api}: stopped by {signal.Signals(signum).name}; every finished unit's "
@@ -103,8 +106,7 @@ def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
         raise fail(str(exc)) from None
     finally:
         _STOPS.clear()
-        for s, h in old.items():
-            signal.signal(s, h)
+        restore_stop_handlers(old)  # unless a stop began: then they stay ignored until the exit
 
 
 #: Shape presets of the chain experiments (bench, cohort processes, profile).

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from ...contract import atomic_write_bytes
+from ...contract import (atomic_write_bytes, ignore_stop_signals, install_stop_handlers,
+                         restore_stop_handlers)
 from ._process_worker import PARENT_ENV
 
 STDERR_TAIL_CHARS = 4000
@@ -95,18 +96,22 @@ class StopRequest:
         return self.signum is not None
 
     def _handle(self, signum, frame) -> None:
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for the children
+        if self.signum is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt  # a second Ctrl-C: stop waiting for the children
+            return  # the first signal names the stop
         self.signum = signum
 
     def __enter__(self) -> "StopRequest":
         if threading.current_thread() is threading.main_thread():
-            self._old = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+            self._old = install_stop_handlers(self._handle, self.SIGNALS)  # inherited-ignored ones stay ignored
         return self
 
     def __exit__(self, *exc) -> None:
-        for s, old in self._old.items():
-            signal.signal(s, old)
+        if self.signum is not None or exc[0] is not None:
+            ignore_stop_signals()  # stopping: the caller reports and exits, uninterrupted
+        else:
+            restore_stop_handlers(self._old)
 
 
 class Child:

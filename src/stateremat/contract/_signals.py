@@ -1,0 +1,52 @@
+"""Stop signals (SIGINT, SIGTERM, SIGHUP) for the ``stateremat`` command and its runs.
+
+Two rules every handler here keeps: a signal the process inherited as ignored stays ignored
+(``nohup`` ignores SIGHUP, a shell ignores SIGINT for a background job ``cmd &``), and once a
+stop has begun, further stop signals are ignored, so the cleanup that keeps finished work and
+the one-line message are not cut short by a second Ctrl-C or a supervisor's SIGTERM.
+"""
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any, Callable
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def install_stop_handlers(handler: Callable[[int, Any], Any], signals: tuple = STOP_SIGNALS) -> dict[int, Any]:
+    """Set ``handler`` for each of ``signals`` that is not ignored now; returns the previous
+    handlers of those it set (for :func:`restore_stop_handlers`). Main thread only (``ValueError`` otherwise,
+    as ``signal.signal``)."""
+    old = {}
+    for s in signals:
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            old[s] = signal.signal(s, handler)
+    return old
+
+
+def restore_stop_handlers(old: dict[int, Any]) -> None:
+    """Put back the handlers :func:`install_stop_handlers` returned, unless a stop has begun (then they stay
+    ignored until the process exits)."""
+    for s, h in old.items():
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, h)
+
+
+def ignore_stop_signals() -> None:
+    """A stop has begun: ignore every stop signal from now on (main thread only; elsewhere a
+    no-op)."""
+    try:
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_IGN)
+    except ValueError:  # not the main thread
+        pass
+
+
+def stop_on_signal(signum: int, frame: Any) -> None:
+    """Signal handler: say which signal stopped the command, in one line, and exit
+    ``128 + signal`` (``SystemExit``, so ``finally`` blocks and lock releases still run)."""
+    ignore_stop_signals()
+    sys.stderr.write(f"error: stateremat: stopped by {signal.Signals(signum).name}. Tip: rerun "
+                     "the same command.\n")
+    raise SystemExit(128 + signum)

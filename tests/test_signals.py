@@ -1,0 +1,98 @@
+"""Stop signals: a signal inherited as ignored stays ignored (``nohup``, ``cmd &``), and once a
+stop has begun further stop signals do not cut the cleanup short (attack findings 6 and 7)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from stateremat.contract import (STOP_SIGNALS, ignore_stop_signals, install_stop_handlers,
+                                 restore_stop_handlers)
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.fixture()
+def saved_handlers():
+    old = {s: signal.getsignal(s) for s in STOP_SIGNALS}
+    yield
+    for s, h in old.items():
+        signal.signal(s, h)
+
+
+def _handler(signum, frame):  # pragma: no cover - never delivered
+    pass
+
+
+def test_install_leaves_ignored_signals_ignored_and_restore_keeps_a_begun_stop(saved_handlers):
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    old = install_stop_handlers(_handler)
+    assert signal.SIGHUP not in old and signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    assert signal.getsignal(signal.SIGINT) is _handler and signal.getsignal(signal.SIGTERM) is _handler
+    restore_stop_handlers(old)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    old = install_stop_handlers(_handler)
+    ignore_stop_signals()  # a stop began
+    restore_stop_handlers(old)
+    assert all(signal.getsignal(s) is signal.SIG_IGN for s in STOP_SIGNALS)
+
+
+def _catches(pid: int, signum: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            status = fh.read()
+    except OSError:
+        return False
+    caught = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:")), 16)
+    return bool(caught >> (signum - 1) & 1)
+
+
+def _start(out: Path, ignore: tuple = ()) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
+
+    def pre():
+        for s in ignore:
+            signal.signal(s, signal.SIG_IGN)
+    proc = subprocess.Popen([sys.executable, "-m", "stateremat", "verify", "finite", "--programs", "400",
+                             "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=pre)
+    deadline = time.monotonic() + 60
+    while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return proc
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("signame", ["SIGHUP", "SIGINT"])
+def test_a_signal_inherited_as_ignored_does_not_stop_the_run(tmp_path, signame):
+    signum = getattr(signal, signame)
+    proc = _start(tmp_path / "run", ignore=(signum,))
+    time.sleep(1.0)  # mid-run, inside the command's own stop handling
+    assert proc.poll() is None, "the run ended before the signal: make it longer"
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err.decode()
+    assert "stopped by" not in err.decode()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize("second", ["SIGTERM", "SIGINT", "SIGHUP"])
+def test_a_second_signal_during_the_stop_is_ignored(tmp_path, second):
+    proc = _start(tmp_path / "run")
+    time.sleep(1.0)
+    assert proc.poll() is None, "the run ended before the signal: make it longer"
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.005)
+    proc.send_signal(getattr(signal, second))
+    out, err = proc.communicate(timeout=120)
+    err = err.decode()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    assert err.count("stopped by") == 1 and "stopped by SIGINT" in err, err
