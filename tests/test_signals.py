@@ -56,13 +56,16 @@ def _catches(pid: int, signum: int) -> bool:
 def _start(out: Path, ignore: tuple = ()) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
-
-    def pre():
-        for s in ignore:
-            signal.signal(s, signal.SIG_IGN)
-    proc = subprocess.Popen([sys.executable, "-m", "stateremat", "verify", "finite", "--programs", "400",
-                             "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=pre)
+    # ignored here, so inherited as ignored (as nohup does); no preexec_fn: forking a process
+    # that has JAX loaded warns
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in ignore}
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "stateremat", "verify", "finite", "--programs", "400",
+                                 "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
     deadline = time.monotonic() + 60
     while not _catches(proc.pid, signal.SIGTERM) and time.monotonic() < deadline:
         time.sleep(0.005)
