@@ -38,8 +38,9 @@ def processes(
         1, MAX_THREADS, "1 avoids oversubscription"), help=f"CPU threads per process, 1 to "
         f"{MAX_THREADS:,}."),
     dask: Optional[str] = typer.Option(
-        None, "--dask", help="Dask scheduler address, host:port or scheme://host:port (e.g. "
-        "tcp://host:8786); checked first, refused if no scheduler answers within 5 s."),
+        None, "--dask", help="Dask scheduler address, host:port or tcp://host:port (e.g. "
+        "tcp://host:8786; tcp only: other schemes need a configured Client from Python); "
+        "checked first, refused unless a Dask scheduler answers within 5 s."),
     warmups: Optional[int] = typer.Option(None, "--warmups", callback=in_range(
         0, MAX_WARMUPS, "omit it for the experiment's count"),
         help=f"Warmup steps per method, 0 to {MAX_WARMUPS:,}."),

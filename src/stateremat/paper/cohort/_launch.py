@@ -35,20 +35,29 @@ GRACE_S = 5.0
 _POLL_S = 0.05
 #: Seconds to reach a Dask scheduler (and to hear its handshake) before giving up.
 DASK_CONNECT_TIMEOUT_S = 5.0
-#: Schemes of a Dask scheduler address (``distributed``'s comms reachable from another process).
-DASK_SCHEMES = ("tcp", "tls", "ws", "wss", "ucx")
+#: Schemes of a ``--dask`` address string: only ``tcp``, whose scheduler handshake can be
+#: checked here in seconds (tls/ws/wss/ucx need security or transport settings a string
+#: cannot carry: pass a configured ``distributed.Client`` to :func:`run_process_cohort`).
+DASK_SCHEMES = ("tcp",)
+#: Dask schemes refused by name (``distributed`` comms that a string address cannot check).
+_OTHER_DASK_SCHEMES = ("tls", "ws", "wss", "ucx", "inproc")
+#: Largest first frame accepted as a Dask handshake (a real one is a few hundred bytes).
+DASK_HANDSHAKE_MAX_BYTES = 1 << 16
 _DASK_ADDRESS = re.compile(r"(?:(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*)://)?"
                            r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>\d{1,5})")
 
 
 def check_dask_address(address: str, api: str = "stateremat cohort processes",
                        timeout_s: float = DASK_CONNECT_TIMEOUT_S) -> None:
-    """Refuse a malformed ``--dask`` address, or one where no scheduler answers, within
-    ``timeout_s`` seconds (before anything is measured or launched).
+    """Refuse a malformed ``--dask`` address, or one where no Dask scheduler answers, within
+    ``timeout_s`` seconds in all (before anything is measured or launched).
 
-    The address is ``host:port`` or ``scheme://host:port`` (``DASK_SCHEMES``). A ``tcp``
-    scheduler sends its handshake as soon as it accepts a connection, so silence there (a
-    port held by something else) is refused too; other schemes are checked by a connection.
+    The address is ``host:port`` or ``tcp://host:port`` (:data:`DASK_SCHEMES`); other schemes
+    are refused (pass a configured ``distributed.Client`` to ``run_process_cohort`` for them).
+    A ``tcp`` scheduler sends its handshake as soon as it accepts a connection: an 8-byte
+    little-endian length, then that many bytes of frames holding a msgpack dict. Silence,
+    a closed connection, or anything else (an SSH banner, an HTTP server, a length above
+    :data:`DASK_HANDSHAKE_MAX_BYTES`) is refused.
 
     Raises:
         ValueError: naming the address, what was wrong and a tip.
@@ -57,27 +66,76 @@ def check_dask_address(address: str, api: str = "stateremat cohort processes",
            "--dask to run the processes on this machine.")
     m = _DASK_ADDRESS.fullmatch(str(address).strip())
     scheme = (m.group("scheme") or "tcp").lower() if m else None
-    if m is None or scheme not in DASK_SCHEMES or not 1 <= int(m.group("port")) <= 65535:
+    if m is None or scheme not in DASK_SCHEMES + _OTHER_DASK_SCHEMES \
+            or not 1 <= int(m.group("port")) <= 65535:
         raise ValueError(f"{api}: --dask {address!r}: expected host:port or scheme://host:port "
                          f"(scheme {', '.join(DASK_SCHEMES)}; port 1 to 65535). {tip}")
-    if scheme == "ucx":
-        return
+    if scheme not in DASK_SCHEMES:
+        raise ValueError(f"{api}: --dask {address!r}: scheme {scheme!r} is not supported; "
+                         f"--dask takes tcp addresses only (host:port or tcp://host:port), the "
+                         "ones whose scheduler can be checked before the cohort starts. Tip: for "
+                         f"a {scheme} scheduler call run_process_cohort(..., dask_address=client) "
+                         "from Python with a distributed.Client configured for it, or start the "
+                         "scheduler with a tcp:// address.")
     host, port = m.group("host").strip("[]"), int(m.group("port"))
     where = f"{api}: --dask {address!r}"
+    deadline = time.monotonic() + timeout_s
     try:
         with socket.create_connection((host, port), timeout=timeout_s) as conn:
-            if scheme == "tcp":
-                conn.settimeout(timeout_s)
-                if not conn.recv(1):
-                    raise ConnectionError("closed the connection without a handshake")
+            head = _recv_exactly(conn, 8, deadline)
+            n = int.from_bytes(head, "little")
+            if not 0 < n <= DASK_HANDSHAKE_MAX_BYTES:
+                raise _NotDask(f"it sent {head!r}, not a Dask handshake")
+            _check_handshake(_recv_exactly(conn, n, deadline))
     except socket.gaierror as exc:
         raise ValueError(f"{where}: unknown host {host!r} ({exc.strerror or exc}). {tip}") from None
     except (TimeoutError, socket.timeout):
         raise ValueError(f"{where}: no Dask scheduler answered within {timeout_s:g} s. {tip}") \
             from None
+    except _NotDask as exc:
+        raise ValueError(f"{where}: no Dask scheduler answered there ({exc}). {tip}") from None
     except OSError as exc:
         raise ValueError(f"{where}: no Dask scheduler there ({type(exc).__name__}: "
                          f"{exc.strerror or exc}). {tip}") from None
+
+
+class _NotDask(Exception):
+    """Something answered, but not a Dask scheduler's handshake."""
+
+
+def _recv_exactly(conn: socket.socket, n: int, deadline: float) -> bytes:
+    """``n`` bytes from ``conn`` before ``deadline`` (``time.monotonic``)."""
+    buf = bytearray()
+    while len(buf) < n:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError
+        conn.settimeout(left)
+        chunk = conn.recv(n - len(buf))
+        if not chunk:
+            raise _NotDask("it closed the connection " + (
+                "without a handshake" if not buf else f"after {bytes(buf[:16])!r}"))
+        buf += chunk
+    return bytes(buf)
+
+
+def _check_handshake(body: bytes) -> None:
+    """Refuse ``body`` unless it is a Dask handshake: frames decoding to a dict."""
+    try:
+        from distributed.protocol import loads
+        from distributed.protocol.utils import unpack_frames
+
+        frames, missing = unpack_frames(body, partial=True)
+        if missing:
+            raise _NotDask("its handshake is longer than it said")
+        msg = loads(frames, deserialize=False)
+    except _NotDask:
+        raise
+    except Exception as exc:  # junk of any kind: never a traceback
+        raise _NotDask(f"its first {len(body)} bytes are not a Dask handshake: "
+                       f"{type(exc).__name__}") from None
+    if not isinstance(msg, dict):
+        raise _NotDask(f"its handshake is a {type(msg).__name__}, not a dict")
 
 
 class StopRequest:

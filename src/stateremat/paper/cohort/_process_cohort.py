@@ -21,7 +21,10 @@ launch, which re-runs them.
 Frozen profile: before launching anything the parent measures (or takes from ``--profile``)
 one profile card per cell, stores it in ``out_dir/profile/<cell>.json`` and its hash in the
 cohort config; each process receives the card's bytes and plans on it, so the profile digest
-is identical across processes (rows carry ``profile_hash``; the report checks it).
+is identical across processes (rows carry ``profile_hash``; the report checks it). Every card
+must fit its cell (workload and segment names, :func:`check_card_fits`), and a resumed run
+refuses a frozen card that is missing or was edited since the sidecar recorded its hash,
+before anything is measured or written.
 
 Threads: each process runs with ``threads`` CPU threads (default 1) and ``jobs`` processes run
 at once (default cores // threads on CPU, 1 on CUDA). Concurrency changes absolute times;
@@ -50,6 +53,7 @@ from ._launch import StopRequest, check_dask_address, dask_results, local_result
 from ._process_worker import EXPERIMENTS, method_order as method_order, worker_main as worker_main
 
 TIMING_TABLE = "cohort_timing"
+_API = "stateremat cohort processes"
 STATUS_TABLE = "cohort_processes"
 
 #: Prespecified comparisons (paper §11, Table 8): (numerator, denominator, primary metrics).
@@ -107,42 +111,64 @@ def freeze_profiles(spec: Any, out_dir: str | os.PathLike, device: str = "cpu",
     """Freeze one profile card per cell in ``out_dir/profile/<cell>.json``; return their JSON.
 
     An existing frozen card (a resumed cohort) is reused as it is. Otherwise the card comes
-    from ``profile_dir/<cell>.json`` (checked to describe the cell's workload) or is measured
-    once, here in the parent, on ``device``. Every check comes first: a ``profile_dir`` card
-    that differs from a card this folder froze earlier (measured here, or from other cards) is
-    refused before any card is measured or written.
+    from ``profile_dir/<cell>.json`` or is measured once, here in the parent, on ``device``.
+    Every check comes first, before any card is measured or written: every card (given or
+    frozen) must describe its cell's workload and name its segments as that workload does
+    (:func:`check_card_fits`); a ``profile_dir`` card that differs from a card this folder froze
+    earlier is refused; and in a folder that already holds a run (its sidecar records the
+    cards' hashes) a frozen card edited since is refused, as is a missing one unless
+    ``profile_dir`` holds exactly the card the run froze.
 
     Returns:
         ``{cell name: card JSON text}`` — the exact bytes every process plans on.
 
     Raises:
-        ProfileCardError: a given card is invalid, describes another workload, or differs from
-            the frozen card of its cell.
+        ProfileCardError: a card is invalid, does not fit its cell, differs from the frozen
+            card of its cell or from the hash the run recorded, or a frozen card is missing.
     """
     from ...contract import ProfileCardError, load_card, save_card
 
     frozen = Path(out_dir) / "profile"
+    recorded = recorded_cards(out_dir)  # None: no run here yet
     given: dict[str, Any] = {}
     differ: list[tuple[Path, Path]] = []
     for cell in spec.cells:   # checks only: nothing is measured or written in this pass
         path = frozen / f"{cell.name}.json"
-        old = load_card(path) if path.exists() else None  # a frozen card changed since: refused
+        rel = f"profile/{cell.name}.json"
+        want = (recorded or {}).get(cell.name)
+        old = None
+        if path.exists():  # a frozen card changed since: refused
+            old = load_card(path)
+            check_card_fits(old, cell, f"frozen card {rel}")
+            if want is not None and old.source_hash() != want:
+                raise ProfileCardError(
+                    f"{_API}: frozen card {rel} in {str(out_dir)!r} was changed after the run "
+                    f"froze it (its hash {old.source_hash()[:12]}… differs from "
+                    f"{want[:12]}… recorded in {TIMING_TABLE}.json). Tip: restore the original "
+                    "card (or pass --profile with the original cards after removing it), or use "
+                    "a new --out folder for another card.")
+        elif recorded is not None and profile_dir is None:
+            raise ProfileCardError(
+                f"{_API}: frozen card {rel} is missing from {str(out_dir)!r}, which already "
+                f"holds a run planned on it. Tip: restore it (or pass --profile with the "
+                "original cards); nothing was measured or written.")
         if profile_dir is None:
             continue
         src = Path(profile_dir) / f"{cell.name}.json"
         card = load_card(src)
-        if card.meta.get("workload") != cell.config.to_dict():
-            raise ProfileCardError(
-                f"stateremat cohort processes: {src} describes workload "
-                f"{card.meta.get('workload')!r}, but cell {cell.name!r} is "
-                f"{cell.config.to_dict()!r}. Tip: profile with the same --preset, or omit "
-                "--profile to measure the card once here.")
+        check_card_fits(card, cell, str(src))
         if old is not None and old.source_hash() != card.source_hash():
             differ.append((src, path))
+        elif old is None and want is not None and card.source_hash() != want:
+            raise ProfileCardError(
+                f"{_API}: {src} is not the card the run in {str(out_dir)!r} froze for cell "
+                f"{cell.name!r} (its hash {card.source_hash()[:12]}… differs from {want[:12]}… "
+                f"recorded in {TIMING_TABLE}.json; the frozen {rel} is missing). Tip: pass "
+                "--profile with the original cards, or use a new --out folder for these cards.")
         given[cell.name] = card
     if differ:
         raise ProfileCardError(
-            f"stateremat cohort processes: --profile {str(profile_dir)!r} holds other cards than "
+            f"{_API}: --profile {str(profile_dir)!r} holds other cards than "
             f"the ones this run folder froze earlier: "
             f"{'; '.join(f'{a} differs from {b}' for a, b in differ)}. Tip: rerun without "
             "--profile to resume on the frozen cards, or use a new --out folder for these cards.")
@@ -159,6 +185,52 @@ def freeze_profiles(spec: Any, out_dir: str | os.PathLike, device: str = "cpu",
             save_card(card, path)
         out[cell.name] = path.read_bytes().decode("utf-8")
     return out
+
+
+def recorded_cards(out_dir: str | os.PathLike) -> dict[str, str] | None:
+    """``{cell: card hash}`` the run in ``out_dir`` froze (its sidecar's config ``profile``);
+    ``{}`` when a sidecar records none, None when ``out_dir`` holds no run yet."""
+    from ..records import read_sidecar
+
+    for table in (TIMING_TABLE, STATUS_TABLE):
+        sidecar = Path(out_dir) / f"{table}.json"
+        if sidecar.exists():
+            config = read_sidecar(sidecar).get("config")
+            profile = config.get("profile") if isinstance(config, dict) else None
+            return {str(k): str(v) for k, v in profile.items()} if isinstance(profile, dict) else {}
+    return None
+
+
+def check_card_fits(card: Any, cell: Any, where: str) -> None:
+    """Refuse a profile card that does not describe ``cell``: its ``meta.workload`` must be the
+    cell's workload and its segments must be the ones that workload's chain has (count, names
+    and order), or planning on it fails in every process.
+
+    Raises:
+        ProfileCardError: naming ``where`` (the file) and what differs.
+    """
+    from ...contract import ProfileCardError
+
+    if card.meta.get("workload") != cell.config.to_dict():
+        raise ProfileCardError(
+            f"{_API}: {where} describes workload {card.meta.get('workload')!r}, but cell "
+            f"{cell.name!r} is {cell.config.to_dict()!r}. Tip: profile with the same --preset, "
+            "or omit --profile to measure the card once here.")
+    want, got = list(cell.config.segment_names), list(card.segment_names)
+    if got != want:
+        if len(got) != len(want):
+            what = f"{len(got)} segments, the cell's workload has {len(want)} ({_names(want)})"
+        else:
+            i = next(i for i, (g, w) in enumerate(zip(got, want)) if g != w)
+            what = f"segment {i} named {got[i]!r}, the cell's workload names it {want[i]!r}"
+        raise ProfileCardError(
+            f"{_API}: {where} does not fit cell {cell.name!r}: it has {what}. Tip: use the "
+            "card `stateremat profile` wrote for this cell and --preset (unedited), or omit "
+            "--profile to measure it once here.")
+
+
+def _names(names: Sequence[str]) -> str:
+    return ", ".join(names) if len(names) <= 4 else f"{names[0]} … {names[-1]}"
 
 
 def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -248,6 +320,12 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         from ..bench import with_budget
 
         spec = with_budget(spec, budget_bytes)
+    if profile_dir is not None and profile_fn is None:  # given cards that cannot fit: refused
+        from ...contract import load_card  # before the run folder is even created
+
+        for cell in spec.cells:
+            src = Path(profile_dir) / f"{cell.name}.json"
+            check_card_fits(load_card(src), cell, str(src))
     lock_run(out_dir)  # before anything is written: a refused second launch changes nothing
     # every option known before the cards, checked before any card is measured or written
     early = cohort_config(spec, experiment, preset, warmups=warmups, steps=steps, seed=seed,

@@ -115,14 +115,61 @@ def _unique(rows: pd.DataFrame, col: str) -> list:
 
 def expected_cohort(doc: dict, out_dir: Path) -> Expected:
     """Every (process, cell, method) of processes ``0..N-1``, N the largest launch's
-    ``--processes``; a unit is complete with all its measured steps (or an infeasible row)."""
+    ``--processes``; a unit is complete with all its measured steps (or an infeasible row) and
+    no row that raised (an ``error`` row is a failed method, never an infeasible one).
+
+    Raises:
+        RecordsError: a frozen card under ``profile/`` is missing or differs from the hash the
+            config recorded (the rows were planned on another card).
+    """
+    check_frozen_cards(doc["config"], out_dir)
     status = read_records(out_dir, STATUS_TABLE)
     n = int(status["requested_processes"].max()) if "requested_processes" in status else 0
     cells = doc["config"]["cells"]
-    done = {c["cell"]: steps_done(int(c["steps"])) for c in cells}
+    finished = {c["cell"]: steps_done(int(c["steps"])) for c in cells}
+    problems: dict[tuple, str] = {}
+
+    def done(g: pd.DataFrame) -> bool:
+        err = g[g["error"].fillna("").astype(str) != ""] if "error" in g else g.iloc[:0]
+        if not err.empty:
+            r = err.iloc[0]
+            problems[(int(r["process"]), str(r["cell"]), str(r["method"]))] = (
+                f"{len(err)} row(s) raised: {str(r['error']).strip().splitlines()[-1][:120]}")
+            return False
+        return finished[g["cell"].iloc[0]](g)
+
     units = [(p, c["cell"], m) for p in range(n) for c in cells for m in c["methods"]]
-    return Expected(("process", "cell", "method"), units,
-                    lambda g: done[g["cell"].iloc[0]](g), "(process, cell, method)")
+    return Expected(("process", "cell", "method"), units, done, "(process, cell, method)",
+                    why=problems.get)
+
+
+def check_frozen_cards(config: dict, out_dir: Path) -> None:
+    """Refuse a cohort folder whose frozen cards (``profile/<cell>.json``) are missing or no
+    longer the cards its config recorded (by hash).
+
+    Raises:
+        RecordsError: naming the card file and what differs.
+    """
+    from ...contract import ProfileCardError, load_card
+
+    for cell, want in (config.get("profile") or {}).items():
+        rel = f"profile/{cell}.json"
+        path = Path(out_dir) / rel
+        tip = ("Tip: restore the original card (e.g. from a copy of the run folder); rerunning "
+               "`stateremat cohort processes` with --profile and the original cards restores a "
+               "missing one.")
+        if not path.exists():
+            raise RecordsError(f"frozen card {rel} of {out_dir} is missing, so nothing shows "
+                               f"what the rows were planned on. {tip}")
+        try:
+            got = load_card(path).source_hash()
+        except ProfileCardError as exc:
+            raise RecordsError(f"frozen card {rel} of {out_dir} is unreadable ({exc}). {tip}") \
+                from None
+        if got != want:
+            raise RecordsError(f"frozen card {rel} of {out_dir} differs from the card the run "
+                               f"froze (hash {got[:12]}…, the config recorded {want[:12]}…): it "
+                               f"was edited after the rows were planned on it. {tip}")
 
 
 @register_reporter(TIMING_TABLE, outputs=("summary.json", "cohort.md", "figure1.png", "figure1.svg",

@@ -72,7 +72,10 @@ def _status(out_dir: Path, table: str) -> TableStatus:
         return st
     try:
         exp = EXPECTED[table](doc, out_dir)
-    except (KeyError, TypeError, ValueError, RecordsError):
+    except RecordsError as exc:  # the run folder contradicts its config (e.g. a frozen card)
+        st.problem = str(exc)
+        return st
+    except (KeyError, TypeError, ValueError):
         return st  # a config that does not say: the reporter judges the sidecar itself
     if exp is not None:
         st.expected, st.noun = len(exp.units), exp.noun

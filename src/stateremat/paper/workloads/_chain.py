@@ -167,7 +167,7 @@ class StatefulChain(nn.Module):
         init = torch.randn(cfg.state_rows, cfg.width, generator=g, dtype=torch.float64)
         state = init.to(_dtype(cfg)).to(device)
         first_live = cfg.segments - cfg.live_versions
-        self.segment_names = [f"seg{i}" for i in range(cfg.segments)]
+        self.segment_names = cfg.segment_names
         for i, name in enumerate(self.segment_names):
             self.add_module(name, StateSegment(cfg, i, state if i >= first_live else None, g))
 

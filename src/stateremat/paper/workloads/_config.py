@@ -125,6 +125,12 @@ class WorkloadConfig:
         return int(self.segments * per_segment * self.itemsize
                    + (2 + self.live_versions) * self.state_bytes)
 
+    @property
+    def segment_names(self) -> list[str]:
+        """The chain's segment names in forward order (``seg0`` … ``seg{segments-1}``), as a
+        profile card of this workload names its segments."""
+        return [f"seg{i}" for i in range(self.segments)]
+
     def replace(self, **changes) -> "WorkloadConfig":
         """A copy with ``changes`` applied (validated again)."""
         return dataclasses.replace(self, **changes)
