@@ -1,0 +1,77 @@
+"""Report review: a run folder stopped before its first rows, uneven MoCo seed coverage,
+--seeds text, error prefixes and damaged parts — each through the real `stateremat` CLI."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from stateremat.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "results" / "cpu"
+runner = CliRunner()
+
+
+def _run(*argv):
+    res = runner.invoke(app, [str(a) for a in argv])
+    assert "Traceback" not in res.output, res.output
+    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
+    return res
+
+
+# --- 1. a table with a sidecar and no rows yet -----------------------------------------------
+EMPTY = [("verify-finite", "finite"), ("verify-alias", "alias"), ("verify-engines", "engines"),
+         ("app-moco", "moco"), ("cohort-semantics", "semantics"),
+         ("cohort-semantics", "semantics_stateremat_jax"), ("bench-fair", "bench"),
+         ("cohort-fair44", "cohort_timing"), ("cohort-fair44", "cohort_processes")]
+
+
+@pytest.mark.parametrize("allow", [False, True], ids=["strict", "allow-incomplete"])
+@pytest.mark.parametrize("folder,table", EMPTY, ids=[f"{f}:{t}" for f, t in EMPTY])
+def test_report_on_a_table_without_rows_is_incomplete_not_a_crash(tmp_path, folder, table,
+                                                                  allow):
+    out = tmp_path / folder
+    shutil.copytree(RESULTS / folder, out)
+    for part in (out / table).glob("part-*.parquet"):   # stopped before its first unit
+        part.unlink()
+    res = _run("report", out, *(["--allow-incomplete"] if allow else []))
+    assert res.exit_code == 1, res.output
+    assert f"incomplete: {table}: " in res.output
+    assert "0 rows present" in res.output
+    assert f"not rendered: {table}" in res.output
+    if "no rows yet" not in res.output:   # the config says which units: they are named
+        assert "units have rows" in res.output and "missing: " in res.output
+    assert "pass --allow-incomplete" not in res.output   # it would render nothing
+
+
+def test_verify_alias_stopped_before_its_first_rows_reports_and_resumes(tmp_path):
+    out = tmp_path / "alias"
+    assert _run("verify", "alias", "--seeds", "2", "--out", out).exit_code == 0
+    for part in (out / "alias").glob("part-*.parquet"):
+        part.unlink()
+    res = _run("report", out)
+    assert res.exit_code == 1, res.output
+    assert ("incomplete: alias: 0 of 12 (seed, pattern, dim) units have rows (0 rows present"
+            in res.output), res.output
+    assert "missing: 0, prototype, 32;" in res.output
+    assert _run("verify", "alias", "--seeds", "2", "--out", out).exit_code == 0  # resumes
+    assert _run("report", out).exit_code == 0
+
+
+def test_a_damaged_part_says_to_move_it_away_then_rerun(tmp_path):
+    out = tmp_path / "alias"
+    assert _run("verify", "alias", "--seeds", "1", "--out", out).exit_code == 0
+    part = next((out / "alias").glob("part-*.parquet"))
+    part.write_bytes(b"not parquet")
+    res = _run("report", out)
+    assert res.exit_code == 1, res.output
+    assert ".. " not in res.output and "file.." not in res.output   # one period per sentence
+    assert "move it out of the folder (or delete it), then rerun" in res.output
+    assert "move it out of the folder or delete it; a rerun refuses" in res.output
+    assert _run("verify", "alias", "--seeds", "1", "--out", out).exit_code == 2  # as said
+    part.unlink()
+    assert _run("verify", "alias", "--seeds", "1", "--out", out).exit_code == 0
+    assert _run("report", out).exit_code == 0
