@@ -75,3 +75,55 @@ def test_a_damaged_part_says_to_move_it_away_then_rerun(tmp_path):
     part.unlink()
     assert _run("verify", "alias", "--seeds", "1", "--out", out).exit_code == 0
     assert _run("report", out).exit_code == 0
+
+
+# --- 2. MoCo: methods compared over the seeds they all share -----------------------------------
+def test_moco_table_compares_methods_over_shared_seeds_and_names_the_rest(tmp_path):
+    import json
+
+    out = tmp_path / "moco"
+    res = _run("app", "moco", "--preset", "tiny", "--seeds", "0:2", "--out", out)
+    assert res.exit_code == 0, res.output
+    assert _run("report", out).exit_code == 0
+    even = (out / "moco_table9.md").read_text()
+    assert "seeds [0, 1]\n" in even and "not in the comparison" not in even
+    res = _run("app", "moco", "--preset", "tiny", "--seeds", "2:3", "--methods", "eager",
+               "--out", out)
+    assert res.exit_code == 0, res.output
+    assert "note: eager: seed 2 not in the comparison: other methods lack it" in res.output
+    assert "identical_within_seed=True" in res.output
+    res = _run("report", out)
+    assert res.exit_code == 0, res.output
+    md = (out / "moco_table9.md").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["seeds"] == [0, 1, 2] and summary["seeds_compared"] == [0, 1]
+    assert summary["not_compared"] == {"eager": [2]}
+    assert summary["identical_within_seed"] is True   # over the shared seeds, not None
+    assert md.startswith("# Dense-queue application — fashion-mnist, seeds [0, 1] (the seeds "
+                         "every method ran; 0, 1, 2 have rows)")
+    assert "- eager: seed 2 not in the comparison: other methods lack it" in md
+    assert "| Eager | 2/2 |" in md   # eager's numbers are over the shared seeds only
+    assert "byte-identical within every seed compared: **True**" in md
+    # the means are over seeds 0 and 1 for every method: eager's equal the even run's
+    row = lambda text, m: next(l for l in text.splitlines() if l.startswith(f"| {m} |"))
+    assert row(md, "Eager") == row(even, "Eager")
+    # a plan that differs by seed is shown per seed, never as one seed's plan
+    plans = {}
+    for e in summary["methods"]:
+        if e["seed"] in (0, 1):
+            plans.setdefault(e["method"], set()).add(tuple(e["policy"]))
+    differing = [m for m, ps in plans.items() if len(ps) > 1]
+    labels = {"state_agnostic": "Agnostic", "joint": "Joint", "regions": "Regions",
+              "whole": "Whole", "functional": "Functional", "deferred": "Deferred",
+              "eager": "Eager"}
+    for m in plans:
+        cell = row(md, labels[m]).rsplit("|", 2)[1].strip()
+        assert cell.startswith("differs by seed: seed 0: ") == (m in differing), (m, cell)
+    # and whatever this machine's plans were: a summary whose plans differ renders them per seed
+    from stateremat.paper.report._moco import moco_markdown
+
+    for e in summary["methods"]:
+        if e["method"] == "whole" and e["seed"] == 1:
+            e["policy"] = ["eager"] + e["policy"][1:]
+    cell = row(moco_markdown(summary), "Whole").rsplit("|", 2)[1].strip()
+    assert cell.startswith("differs by seed: seed 0: whole") and "; seed 1: eager" in cell, cell

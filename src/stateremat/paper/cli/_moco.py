@@ -98,6 +98,10 @@ def moco(
                f"finished; identical_within_seed={summary['identical_within_seed']} "
                f"(methods compared per seed: {summary['methods_compared']}); "
                f"summary: {Path(out) / 'summary.json'}")
+    for m, ss in (summary.get("not_compared") or {}).items():   # uneven coverage: say so
+        typer.echo(f"note: {m}: seed{'s' if len(ss) > 1 else ''} {', '.join(map(str, ss))} not "
+                   f"in the comparison: other methods lack {'them' if len(ss) > 1 else 'it'} "
+                   f"(methods are compared over seeds {summary['seeds_compared']})", err=True)
     for f in failed_runs(out):   # recorded in the rows; said here so nobody has to dig
         first = (str(f["error"] or "").strip().splitlines() or [""])[0]
         typer.echo(f"failed: seed {f['seed']} {f['method']}: {f['error_type']}: {first}", err=True)
