@@ -127,3 +127,59 @@ def test_moco_table_compares_methods_over_shared_seeds_and_names_the_rest(tmp_pa
             e["policy"] = ["eager"] + e["policy"][1:]
     cell = row(moco_markdown(summary), "Whole").rsplit("|", 2)[1].strip()
     assert cell.startswith("differs by seed: seed 0: whole") and "; seed 1: eager" in cell, cell
+
+
+# --- 3. --seeds text, ASCII digits, one prefix per command ----------------------------------
+@pytest.mark.parametrize("argv,option_form", [
+    (["app", "moco", "--preset", "tiny"], "range"), (["cohort", "semantics"], "range"),
+    (["verify", "alias"], "count")])
+@pytest.mark.parametrize("text", ["x", "1:y", "٠:٢", "٣", "１:２"])
+def test_seeds_text_matches_what_is_accepted_and_only_ascii_digits(tmp_path, argv, option_form,
+                                                                   text):
+    out = tmp_path / "run"
+    res = _run(*argv, "--seeds", text, "--out", out)
+    assert res.exit_code == 2, res.output
+    assert not out.exists()   # refused before anything is written
+    cmd = " ".join(argv[:2])
+    assert res.output.startswith(f"error: stateremat {cmd}: --seeds {text!r}: "), res.output
+    assert "or one seed" not in res.output   # a bare number is not one seed for any of them
+    if not text.isascii():
+        assert "ASCII digits 0-9" in res.output
+    if option_form == "range":
+        assert "a bare N is refused" in res.output
+
+
+def test_bare_number_is_refused_for_range_options_and_a_count_for_alias(tmp_path):
+    res = _run("app", "moco", "--preset", "tiny", "--seeds", "3", "--out", tmp_path / "m")
+    assert res.exit_code == 2 and "write --seeds 3:4 for the one seed 3" in res.output
+    res = _run("verify", "alias", "--seeds", "0", "--out", tmp_path / "a")
+    assert res.exit_code == 2 and "expected a seed count >= 1" in res.output
+
+
+@pytest.mark.parametrize("argv", [
+    ["app", "moco", "--preset", "tiny", "--device", "cuda:99"],
+    ["app", "moco", "--preset", "tiny", "--device", "tpu"],
+    ["app", "moco", "--preset", "nope"],
+    ["app", "moco", "--preset", "tiny", "--methods", "eager,eager"],
+    ["app", "moco", "--preset", "tiny", "--data", "/nonexistent-dir"],
+    ["app", "moco", "--preset", "tiny", "--threads", "0"],
+    ["verify", "alias", "--seeds", "-1:2"],
+    ["cohort", "semantics", "--seeds", "5:5"],
+])
+def test_every_paper_command_error_starts_with_stateremat_and_the_command(tmp_path, argv):
+    res = _run(*argv, "--out", tmp_path / "run")
+    assert res.exit_code == 2, res.output
+    cmd = " ".join(argv[:2])
+    assert res.output.startswith(f"error: stateremat {cmd}: "), res.output
+    assert "Tip:" in res.output and ".. " not in res.output
+
+
+def test_a_records_error_is_said_as_the_command(tmp_path):
+    out = tmp_path / "alias"
+    assert _run("verify", "alias", "--seeds", "1", "--out", out).exit_code == 0
+    next((out / "alias").glob("part-*.parquet")).write_bytes(b"junk")
+    res = _run("verify", "alias", "--seeds", "1", "--out", out)
+    assert res.exit_code == 2, res.output
+    err = res.output.strip()   # after the progress bar's line
+    assert err.startswith("error: stateremat verify alias: cannot read "), res.output
+    assert ".. Tip" not in err and ". Tip: a part is written atomically" in err
