@@ -177,7 +177,7 @@ def test_report_on_a_folder_that_is_not_a_run_writes_nothing(tmp_path):
 
 # ------------------------------------------------------------ 6. report reproduces results/
 @pytest.mark.parametrize("folder", ["bench-fair", "bench-fair-44MiB", "verify-finite",
-                                    "verify-alias"])
+                                    "verify-alias", "app-moco"])
 def test_report_on_committed_results_reproduces_them_byte_for_byte(tmp_path, folder):
     src = ROOT / "results" / "cpu" / folder
     out = tmp_path / folder

@@ -25,10 +25,10 @@ def test_report_refuses_a_missing_folder(tmp_path):
 
 
 def test_cohort_reporter_needs_rows(tmp_path):
-    # a cohort whose processes all failed so far: sidecar but no rows -> clear error, exit 2
+    # a cohort whose processes all failed so far: sidecar but no rows -> incomplete, exit 1
     RecordStore(tmp_path, "cohort_timing", key=["process"], meta={"experiment": "fair44"})
     r = CliRunner().invoke(app, ["report", str(tmp_path)])
-    assert r.exit_code == 2 and "has no 'cohort_timing' rows" in r.output
+    assert r.exit_code == 1 and "incomplete: cohort_timing: no rows yet" in r.output
 
 
 def test_stats_public_names():

@@ -82,7 +82,7 @@ def parse_seed_range(text: str) -> list[int]:
     Raises:
         ValueError: if the text is not ``A`` or ``A:B`` with integers ``A < B``.
     """
-    m = re.fullmatch(r"\s*(-?\d+)\s*(?::\s*(-?\d+)\s*)?", str(text))
+    m = re.fullmatch(r"\s*(-?[0-9]+)\s*(?::\s*(-?[0-9]+)\s*)?", str(text))  # ASCII digits
     if not m:
         raise ValueError(f"seed range {text!r}: expected A:B (half-open, like 2701:2703) or one seed")
     if m.group(1).startswith("-") or (m.group(2) or "").startswith("-"):

@@ -8,6 +8,7 @@ registers itself on these objects; the modules are imported by ``stateremat.pape
 from __future__ import annotations
 
 import contextlib
+import re
 import signal
 import threading
 from pathlib import Path
@@ -103,10 +104,21 @@ def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
                    f"rows are kept{where}. Tip: rerun the same command to resume.",
                    code=128 + signum) from None
     except (RecordsError, ProfileCardError) as exc:
-        raise fail(str(exc)) from None
+        raise fail_from(api, exc) from None
     finally:
         _STOPS.clear()
         restore_stop_handlers(old)  # unless a stop began: then they stay ignored until the exit
+
+
+def fail_from(api: str, exc: BaseException, code: int = 2) -> "typer.Exit":
+    """:func:`fail` with an exception's message, said as the command's: it starts with
+    ``api:`` (``stateremat app moco: ...``), in place of a library's own ``stateremat <part>:``
+    prefix, before any other (``load_fashion_mnist: ...`` keeps its function name after it)."""
+    message = str(exc)
+    if not message.startswith(f"{api}:"):
+        m = re.match(r"stateremat [a-z][\w .-]*?: ", message)
+        message = f"{api}: {message[m.end():] if m else message}"
+    return fail(message, code=code)
 
 
 #: Shape presets of the chain experiments (bench, cohort processes, profile).

@@ -11,7 +11,8 @@ import typer
 
 from stateremat.cli import check_device, in_range, nonempty_path
 
-from ._app import check_out_dir, check_preset, cohort_app, fail, guarded, parse_budget, run_owns
+from ._app import (check_out_dir, check_preset, cohort_app, fail, fail_from, guarded, parse_budget,
+                   run_owns)
 from ._bench import check_workload_memory
 from ._limits import (MAX_JOBS, MAX_PROCESSES, MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_TIMEOUT_S,
                       MAX_WARMUPS, check_rows)
@@ -82,7 +83,7 @@ def processes(
         try:
             check_dask_address(dask, _API)
         except ValueError as exc:
-            raise fail(str(exc)) from None
+            raise fail_from(_API, exc) from None
     if profile is not None and not profile.is_dir():
         raise fail(f"{_API}: --profile {str(profile)!r} is not a folder. Tip: pass a folder "
                    "holding <cell>.json cards, or omit it to measure them here.")

@@ -47,39 +47,39 @@ def parse_seeds(api: str, option: str, text: str, max_count: int, *,
     Raises:
         typer.Exit: (code 2) naming the option, what was expected and what was given.
     """
-    from ...contract import parse_seed_range
-
     where = f"{api}: {option} {text!r}"
     form = "a count N (seeds 0..N-1) or a half-open range A:B" if count_form else \
-        "a half-open range A:B (one seed N: N:N+1)"
+        "a half-open range A:B (one seed N: N:N+1; a bare N is refused)"
     tip = f"Tip: {option} takes {form} of seeds in [0, {MAX_SEED}], at most {max_count:,} seeds."
-    m = re.fullmatch(r"\s*\+?(\d+)\s*(?::\s*\+?(\d+)\s*)?", str(text))
-    if m:
-        a, b = int(m.group(1)), None if m.group(2) is None else int(m.group(2))
-        if b is None and not count_form:
-            raise fail(f"{where}: a bare number is ambiguous here (a count, or one seed?); "
-                       f"{option} takes a half-open range A:B. Tip: write {option} {a}:{a + 1} "
-                       f"for the one seed {a}, or {option} 0:{a} for the {a:,} seeds 0..{a - 1}."
-                       if a > 0 else
-                       f"{where}: a bare number is ambiguous here (a count, or one seed?); "
-                       f"{option} takes a half-open range A:B. Tip: write {option} 0:1 for the "
-                       "one seed 0.")
-        if b is None:
-            a, b = 0, a
-        if b > a and b - 1 > MAX_SEED:
-            raise fail(f"{where}: seeds must be at most {MAX_SEED} (32 bits), got {b - 1}. {tip}")
-        if b - a > max_count:
-            raise fail(f"{where}: {b - a:,} seeds, more than the {max_count:,} allowed. {tip}")
-        if count_form and m.group(2) is None:
-            if a == b:
-                raise fail(f"{where}: expected a seed count >= 1 or a range A:B, got 0. {tip}")
-            return list(range(a, b))
-    if count_form and ":" not in str(text):
-        raise fail(f"{where}: expected a seed count >= 1 or a range A:B, got {text!r}. {tip}")
-    try:
-        return parse_seed_range(text)
-    except ValueError as exc:
-        raise fail(f"{where}: {exc}. {tip}")
+    # ASCII digits only ([0-9], not \d: "٠:٢" is no seed range anyone types on purpose)
+    m = re.fullmatch(r"\s*\+?([0-9]+)\s*(?::\s*\+?([0-9]+)\s*)?", str(text))
+    if not m:
+        signed = re.fullmatch(r"\s*[-+]?[0-9]+\s*:\s*[-+]?[0-9]+\s*", str(text))
+        why = ("seeds must be non-negative integers (NumPy and torch generators take seeds "
+               ">= 0)" if signed else "expected " + ("a seed count >= 1 or a range A:B"
+                                                    if count_form else "a half-open range A:B")
+               + f", written in ASCII digits 0-9, got {text!r}")
+        raise fail(f"{where}: {why}. {tip}")
+    a, b = int(m.group(1)), None if m.group(2) is None else int(m.group(2))
+    if b is None and not count_form:
+        raise fail(f"{where}: a bare number is ambiguous here (a count, or one seed?); "
+                   f"{option} takes a half-open range A:B. Tip: write {option} {a}:{a + 1} "
+                   f"for the one seed {a}, or {option} 0:{a} for the {a:,} seeds 0..{a - 1}."
+                   if a > 0 else
+                   f"{where}: a bare number is ambiguous here (a count, or one seed?); "
+                   f"{option} takes a half-open range A:B. Tip: write {option} 0:1 for the "
+                   "one seed 0.")
+    if b is None:
+        if a == 0:
+            raise fail(f"{where}: expected a seed count >= 1 or a range A:B, got 0. {tip}")
+        a, b = 0, a
+    if b <= a:
+        raise fail(f"{where}: empty range (A:B is half-open; need A < B). {tip}")
+    if b - 1 > MAX_SEED:
+        raise fail(f"{where}: seeds must be at most {MAX_SEED} (32 bits), got {b - 1}. {tip}")
+    if b - a > max_count:
+        raise fail(f"{where}: {b - a:,} seeds, more than the {max_count:,} allowed. {tip}")
+    return list(range(a, b))
 
 
 def check_rows(api: str, table: str, rows: int, what: str) -> None:

@@ -8,7 +8,7 @@ import typer
 
 from stateremat.cli import in_range, nonempty_path
 
-from ._app import app_app, check_out_dir, fail, guarded, run_owns
+from ._app import app_app, check_out_dir, fail, fail_from, guarded, run_owns
 from ._limits import MAX_MOCO_SEEDS, MAX_SEED, MAX_THREADS, parse_seeds
 from ._progress import progress_bar
 
@@ -63,17 +63,17 @@ def moco(
     from ..moco import METHODS, PRESETS, failed_runs, resolve_device, run_moco
     from ..workloads import detect_dataset
 
-    api = "app moco"
+    api = "stateremat app moco"
     if preset not in PRESETS:
         raise fail(f"{api}: unknown --preset {preset!r}; expected one of {sorted(PRESETS)}. "
                    "Tip: use cpu here, paper on a GPU with --data.")
-    seed_list = parse_seeds(f"stateremat {api}", "--seeds", seeds, MAX_MOCO_SEEDS)
+    seed_list = parse_seeds(api, "--seeds", seeds, MAX_MOCO_SEEDS)
     chosen = METHODS if methods is None else parse_methods(api, methods, METHODS)
     try:   # before anything is written: torch would raise later, mid-run
         resolve_device(device)
     except ValueError as exc:
-        raise fail(str(exc))
-    check_out_dir(f"stateremat {api}", out, owns=run_owns("moco", extra=("cards", "scores")))
+        raise fail_from(api, exc)
+    check_out_dir(api, out, owns=run_owns("moco", extra=("cards", "scores")))
     if data is not None and not data.is_dir():
         raise fail(f"{api}: --data {str(data)!r} is not a folder. Tip: pass the extracted "
                    "cifar-100-python folder or a folder of Fashion-MNIST IDX .gz files.")
@@ -87,17 +87,21 @@ def moco(
                        err=True)
             cfg = replace(cfg, dataset=found)
     try:
-        with guarded(f"stateremat {api}", out), progress_bar() as bar:
+        with guarded(api, out), progress_bar() as bar:
             summary = run_moco(cfg, seed_list, out, data=data, device=device, methods=chosen,
                                threads=threads, progress=bar)
     except (FileNotFoundError, ValueError) as exc:
-        raise fail(str(exc))
+        raise fail_from(api, exc)
     entries = summary["methods"]
     n_ok = sum(e["status"] == "ok" for e in entries)
     typer.echo(f"dataset {summary['dataset']}: {n_ok}/{len(entries)} method runs "
                f"finished; identical_within_seed={summary['identical_within_seed']} "
                f"(methods compared per seed: {summary['methods_compared']}); "
                f"summary: {Path(out) / 'summary.json'}")
+    for m, ss in (summary.get("not_compared") or {}).items():   # uneven coverage: say so
+        typer.echo(f"note: {m}: seed{'s' if len(ss) > 1 else ''} {', '.join(map(str, ss))} not "
+                   f"in the comparison: other methods lack {'them' if len(ss) > 1 else 'it'} "
+                   f"(methods are compared over seeds {summary['seeds_compared']})", err=True)
     for f in failed_runs(out):   # recorded in the rows; said here so nobody has to dig
         first = (str(f["error"] or "").strip().splitlines() or [""])[0]
         typer.echo(f"failed: seed {f['seed']} {f['method']}: {f['error_type']}: {first}", err=True)

@@ -56,7 +56,7 @@ def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run f
     for t in tables:
         st = status.get(t)
         if st is not None and not st.complete:
-            if st.problem is not None or not allow_incomplete:
+            if not st.renderable or not allow_incomplete:
                 bad.append(st)
                 gone = remove_outputs(out_dir, t)
                 typer.echo(f"incomplete: {st.message()}"
@@ -70,8 +70,16 @@ def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run f
             paths = REPORTERS[t](out_dir)
         for p in paths:
             typer.echo(f"{t}: wrote {p}")
-    if bad and not (allow_incomplete and all(st.problem is None for st in bad)):
+    if bad and not (allow_incomplete and all(st.renderable for st in bad)):
+        tips = []
+        if any(st.problem is not None for st in bad):
+            tips.append("fix what is named above first (a damaged part: move it out of the "
+                        "folder or delete it; a rerun refuses the folder while it is there)")
+        tips.append("rerun the run's command with the same --out to "
+                    + ("redo or finish its rows" if tips else "finish it"))
+        if not allow_incomplete and any(st.renderable for st in bad):
+            tips.append("or pass --allow-incomplete to render the rows there are")
         raise fail(f"{api}: {len(bad)} table(s) of {out_dir} not rendered: "
-                   f"{', '.join(st.table for st in bad)} (see above). Tip: rerun the run's "
-                   "command with the same --out to finish it, or pass --allow-incomplete to "
-                   "render the rows there are.", code=1)
+                   f"{', '.join(st.table for st in bad)} (see above). Tip: "
+                   + (", then ".join(tips[:2]) + (", " + tips[2] if len(tips) > 2 else ""))
+                   + ".", code=1)

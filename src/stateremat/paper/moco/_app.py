@@ -109,19 +109,22 @@ def resolve_device(name: str | None):
     try:
         dev = torch.device(name)
     except (RuntimeError, ValueError) as exc:
-        raise ValueError(f"app moco: --device {name!r} is not a device name ({exc}); expected "
-                         "cpu or cuda[:N]. Tip: omit --device to pick CUDA when present.") from None
+        raise ValueError(f"stateremat app moco: --device {name!r} is not a device name "
+                         f"({exc}); expected cpu or cuda[:N]. Tip: omit --device to pick CUDA "
+                         "when present.") from None
     if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"app moco: --device {name!r} has type {dev.type!r}; expected cpu or "
-                         "cuda[:N]. Tip: omit --device to pick CUDA when present.")
+        raise ValueError(f"stateremat app moco: --device {name!r} has type {dev.type!r}; "
+                         "expected cpu or cuda[:N]. Tip: omit --device to pick CUDA when "
+                         "present.")
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError(f"app moco: --device {name!r} but torch.cuda.is_available() is False "
-                             f"(torch {torch.__version__}). Tip: use --device cpu, or a CUDA "
-                             "build of torch on a GPU machine.")
+            raise ValueError(f"stateremat app moco: --device {name!r} but "
+                             f"torch.cuda.is_available() is False (torch {torch.__version__}). "
+                             "Tip: use --device cpu, or a CUDA build of torch on a GPU machine.")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"app moco: --device {name!r} but only {torch.cuda.device_count()} "
-                             "CUDA device(s) are visible. Tip: use cuda:0.")
+            raise ValueError(f"stateremat app moco: --device {name!r} but only "
+                             f"{torch.cuda.device_count()} CUDA device(s) are visible. Tip: use "
+                             "cuda:0.")
     return dev
 
 
@@ -132,8 +135,9 @@ def check_threads(threads: int | None) -> None:
         ValueError: ``threads`` is not None and below 1.
     """
     if threads is not None and threads < 1:
-        raise ValueError(f"app moco: --threads must be at least 1, got {threads}. Tip: 1 is "
-                         "fastest on a shared, oversubscribed machine; omit it for the preset's.")
+        raise ValueError(f"stateremat app moco: --threads must be at least 1, got {threads}. "
+                         "Tip: 1 is fastest on a shared, oversubscribed machine; omit it for "
+                         "the preset's.")
 
 
 def _sync(device) -> None:
@@ -369,7 +373,7 @@ def _run_row(preset: MocoPreset, split, seed: int, method: str, dev, out_dir,
                            "predicted_time_s": plan.predicted_time_s}
             if not plan.feasible:
                 raise RuntimeError(
-                    f"app moco: the {method} planner found no policy within the "
+                    f"stateremat app moco: the {method} planner found no policy within the "
                     f"{plan.budget_bytes} B budget (minimum predicted peak "
                     f"{plan.min_feasible_peak_bytes} B). Tip: raise the preset's budget.")
         row = train_one(preset, split, seed, method, dev, plan, on_step)

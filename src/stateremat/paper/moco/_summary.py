@@ -72,13 +72,17 @@ def summarize(out_dir: str | os.PathLike) -> dict[str, Any]:
     across the seven: ``False`` if any seed has a failed run or two distinct hashes among its
     intact score files; else ``None`` (JSON null) unless every seed has all seven methods
     recorded with intact score files (a missing or changed file is a storage problem, not a
-    result: identity is then not assessed); else ``True``. ``methods_compared`` maps each seed (as a string) to the number of
+    result: identity is then not assessed); else ``True`` — all over the seeds every method
+    ran (:func:`shared_seeds`; when some method ran seeds others lack, ``seeds_compared`` lists
+    the shared seeds and ``not_compared`` maps each such method to the seeds left out).
+    ``methods_compared`` maps each seed (as a string) to the number of
     methods whose hashes were compared (finished, file matching its row).
 
     Returns:
         ``{"dataset", "seeds", "methods": [{"method", "seed", "peak_bytes", "encoder_time_s",
         "test_accuracy", "test_cross_entropy", "scores_sha256", "policy", "status"}],
-        "identical_within_seed": true|false|null, "methods_compared": {seed: count}}``.
+        "identical_within_seed": true|false|null, "methods_compared": {seed: count}}``, plus
+        ``"seeds_compared"`` and ``"not_compared": {method: [seed]}`` when coverage is uneven.
 
     References:
         Paper §12, Table 9: byte-identical test scores across the seven methods of one seed.
@@ -105,17 +109,46 @@ def summarize(out_dir: str | os.PathLike) -> dict[str, Any]:
                                    else None),
                         "status": status})
     seeds = sorted({e["seed"] for e in entries})
-    broken, complete, compared = False, True, {}
+    shared, outside = shared_seeds(entries)
+    broken, complete, compared = False, bool(shared), {}
     for s in seeds:
         es = [e for e in entries if e["seed"] == s]
-        hashes = {e["scores_sha256"] for e in es if e["status"] == "ok"}
         compared[str(s)] = sum(e["status"] == "ok" for e in es)
+        if s not in shared:
+            continue   # not every method ran it: outside the comparison
+        hashes = {e["scores_sha256"] for e in es if e["status"] == "ok"}
         broken |= any(e["status"] == "failed" for e in es) or len(hashes) > 1
         complete &= {e["method"] for e in es if e["status"] != "score file mismatch"} == set(METHODS)
     identical = False if broken else (True if complete else None)
     datasets = sorted(set(df["dataset"].dropna()))
-    return {"dataset": datasets[0] if len(datasets) == 1 else datasets, "seeds": seeds,
-            "methods": entries, "identical_within_seed": identical, "methods_compared": compared}
+    out = {"dataset": datasets[0] if len(datasets) == 1 else datasets, "seeds": seeds,
+           "methods": entries, "identical_within_seed": identical, "methods_compared": compared}
+    if outside:   # uneven coverage: say which seeds the comparison is over, and what is left out
+        out["seeds_compared"] = shared
+        out["not_compared"] = outside
+    return out
+
+
+def shared_seeds(entries: list[dict[str, Any]]) -> tuple[list[int], dict[str, list[int]]]:
+    """The seeds every method with rows ran, and per method the seeds it ran outside them.
+
+    Methods are compared over the seeds they all share (a launch with ``--methods eager`` for a
+    new seed adds an eager row only: that seed is left out of every mean and of the identity
+    check, and named).
+
+    Returns:
+        ``(shared seeds, {method: [seeds outside the shared set]})`` (methods with none left out
+        are omitted), in Table 9's method order.
+    """
+    by_method: dict[str, set[int]] = {}
+    for e in entries:
+        by_method.setdefault(e["method"], set()).add(e["seed"])
+    shared = set.intersection(*by_method.values()) if by_method else set()
+    order = {m: i for i, m in enumerate(METHODS)}
+    outside = {m: sorted(ss - shared) for m, ss in sorted(by_method.items(),
+                                                         key=lambda kv: order.get(kv[0], 99))
+               if ss - shared}
+    return sorted(shared), outside
 
 
 def failed_runs(out_dir: str | os.PathLike) -> list[dict[str, Any]]:

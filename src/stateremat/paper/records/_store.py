@@ -255,9 +255,11 @@ def read_records(out_dir: str | os.PathLike, table: str) -> pd.DataFrame:
         try:
             frames.append(pq.read_table(p).to_pandas())
         except Exception as exc:  # corrupt part: say which file
-            raise RecordsError(f"stateremat records: cannot read {p}: {exc}. Tip: a part is "
+            detail = str(exc).strip().rstrip(".")
+            raise RecordsError(f"stateremat records: cannot read {p}: {detail}. Tip: a part is "
                                "written atomically, so this file was changed by something "
-                               "else; move it away and rerun to redo its rows.") from exc
+                               "else; move it out of the folder (or delete it), then rerun the "
+                               "run's command with the same --out to redo its rows.") from exc
     return pd.concat(frames, ignore_index=True)
 
 

@@ -39,16 +39,28 @@ class TableStatus:
 
     @property
     def complete(self) -> bool:
-        """Nothing missing and nothing wrong."""
-        return self.problem is None and not self.missing
+        """Rows present, nothing missing and nothing wrong."""
+        return self.problem is None and not self.missing and self.rows > 0
+
+    @property
+    def renderable(self) -> bool:
+        """Whether ``--allow-incomplete`` can render it: its rows can be read and there are some."""
+        return self.problem is None and self.rows > 0
 
     def message(self) -> str:
         """What is missing, in one line (names the first units)."""
         if self.problem is not None:
             return f"{self.table}: {self.problem}"
+        if self.expected is None and self.rows == 0:
+            return (f"{self.table}: no rows yet (0 rows present: the run stopped before its first "
+                    "unit finished, or its parts were moved away), so there is nothing to render")
         shown = "; ".join(", ".join(map(str, u)) + (f" ({self.why[u]})" if u in self.why else "")
                           for u in self.missing[:_SHOW])
         more = f"; and {len(self.missing) - _SHOW:,} more" if len(self.missing) > _SHOW else ""
+        if self.rows == 0:
+            return (f"{self.table}: 0 of {self.expected:,} {self.noun} units have rows (0 rows "
+                    "present: the run stopped before its first unit finished, or its parts were "
+                    f"moved away); missing: {shown}{more}")
         return (f"{self.table}: {len(self.missing):,} of {self.expected:,} {self.noun} units have "
                 f"no complete rows ({self.rows:,} rows present): {shown}{more}")
 
@@ -68,7 +80,7 @@ def _status(out_dir: Path, table: str) -> TableStatus:
                       "Tip: restore the sidecar from a copy; rerunning the run's command with "
                       "the same --out cannot resume without it")
         return st
-    if table not in EXPECTED or rows.empty:  # no rows at all: the reporter says so (exit 2)
+    if table not in EXPECTED:  # no rows at all: incomplete (message above), never rendered
         return st
     try:
         exp = EXPECTED[table](doc, out_dir)

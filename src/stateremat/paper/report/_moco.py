@@ -24,7 +24,7 @@ MARKERS = {"eager": "o", "whole": "s", "regions": "D", "functional": "^", "defer
 
 def moco_markdown(summary: dict) -> str:
     """Table 9-style markdown: per method peak, encoder seconds (mean, min–max), probe quality."""
-    entries = summary["methods"]
+    entries = compared_entries(summary)
     peaks = [e["peak_bytes"] for e in entries if e["peak_bytes"] is not None]
     unit, div = byte_unit(max(peaks) if peaks else 0)
     rows = []
@@ -37,8 +37,11 @@ def moco_markdown(summary: dict) -> str:
         ts = [e["encoder_time_s"] for e in ok]
         acc = [e["test_accuracy"] for e in ok]
         ce = [e["test_cross_entropy"] for e in ok]
-        policy = ok[0]["policy"] if ok else None
-        pol = ", ".join(policy) if policy and len(set(policy)) > 1 else (policy[0] if policy else "—")
+        by_seed = {e["seed"]: _policy(e["policy"]) for e in ok}
+        if len(set(by_seed.values())) > 1:   # plans differ by seed: each seed's, named
+            pol = "differs by seed: " + "; ".join(f"seed {sd}: {p}" for sd, p in by_seed.items())
+        else:
+            pol = next(iter(by_seed.values()), "—")
         rows.append([
             LABELS[m], f"{len(ok)}/{len(es)}",
             f"{max(pk) / div:.2f}" if pk else "—",
@@ -61,12 +64,26 @@ def moco_markdown(summary: dict) -> str:
         verdict = "**not assessed** (a subset of the seven methods; see the per-seed counts)"
     else:
         verdict = f"**{identical}**"
-    lines = [f"# Dense-queue application — {summary['dataset']}, seeds {summary['seeds']}\n\n",
+    outside = summary.get("not_compared") or {}
+    if outside:
+        head_seeds = (f"seeds {summary['seeds_compared']} (the seeds every method ran; "
+                      f"{', '.join(map(str, summary['seeds']))} have rows)")
+    else:
+        head_seeds = f"seeds {summary['seeds']}"
+    lines = [f"# Dense-queue application — {summary['dataset']}, {head_seeds}\n\n",
              "\n".join(table),
-             f"\nPer-image test-score files byte-identical within every seed: {verdict}.\n"]
+             f"\nPer-image test-score files byte-identical within every seed"
+             f"{' compared' if outside else ''}: {verdict}.\n"]
+    if outside:
+        lines.append("\nNot in the comparison (every number above is over the seeds all "
+                     "methods ran):\n")
+        for m, ss in outside.items():
+            lines.append(f"- {m}: seed{'s' if len(ss) > 1 else ''} {', '.join(map(str, ss))} "
+                         f"not in the comparison: other methods lack {'them' if len(ss) > 1 else 'it'}\n")
+        lines.append("\n")
     compared = summary.get("methods_compared", {})
     for s in summary["seeds"]:
-        es = [e for e in entries if e["seed"] == s]
+        es = [e for e in summary["methods"] if e["seed"] == s]
         distinct = sorted({e["scores_sha256"] for e in es if e["scores_sha256"]})
         n_cmp = compared.get(str(s), len(distinct))
         lines.append(f"- seed {s}: {len(distinct)} distinct hash(es) over {n_cmp} of "
@@ -76,6 +93,8 @@ def moco_markdown(summary: dict) -> str:
             names = [e["method"] for e in es if e["status"] == label]
             if names:
                 lines.append(f"; {label}: " + ", ".join(names))
+        if outside and s not in summary["seeds_compared"]:
+            lines.append(" (not in the comparison)")
         lines.append("\n")
     lines.append("\nPeak: allocated bytes over the preset's observed training steps (CUDA allocator, "
                  "or the CPU live-tensor-storage tracker; rows name the method). Encoder time: "
@@ -88,10 +107,26 @@ def moco_markdown(summary: dict) -> str:
     return "".join(lines)
 
 
+def _policy(policy) -> str:
+    """One run's plan, one policy per segment (a single name when all segments agree)."""
+    if not policy:
+        return "—"
+    return ", ".join(policy) if len(set(policy)) > 1 else policy[0]
+
+
+def compared_entries(summary: dict) -> list[dict]:
+    """The summary's (seed, method) entries over the seeds every method ran (all when even)."""
+    if not summary.get("not_compared"):
+        return summary["methods"]
+    keep = set(summary["seeds_compared"])
+    return [e for e in summary["methods"] if e["seed"] in keep]
+
+
 def moco_figure(summary: dict, stem: Path) -> list[Path]:
-    """Figure 3C-style scatter: every (seed, method) at (encoder time, peak), one marker per method."""
+    """Figure 3C-style scatter: every compared (seed, method) at (encoder time, peak), one
+    marker per method."""
     fig, (ax,) = new_figure(1, width_in=6.0, panel_height_in=4.0)
-    entries = [e for e in summary["methods"] if e["scores_sha256"] is not None]
+    entries = [e for e in compared_entries(summary) if e["scores_sha256"] is not None]
     peaks = [e["peak_bytes"] for e in entries] or [0]
     unit, div = byte_unit(max(peaks))
     long_run = max([e["encoder_time_s"] for e in entries] or [0]) >= 120
@@ -104,7 +139,8 @@ def moco_figure(summary: dict, stem: Path) -> list[Path]:
                        color="#e66101" if m == "joint" else None, label=label, alpha=0.8)
     ax.set_xlabel(f"Complete encoder time ({t_unit})")
     ax.set_ylabel(f"Peak allocated ({unit})")
-    ax.set_title(f"Dense queue, {len(summary['seeds'])} training seed(s) — {summary['dataset']}")
+    n_seeds = len(summary.get("seeds_compared", summary["seeds"]))
+    ax.set_title(f"Dense queue, {n_seeds} training seed(s) — {summary['dataset']}")
     ax.legend(fontsize=8, ncol=2)
     return save_figure(fig, stem)
 
