@@ -664,6 +664,26 @@ class _Bag:  # a plain object holding state
 
 
 _GLOBAL_BAG = _Bag()
+_FN_BAG = _Bag()
+
+
+def _global_fetch():  # a global helper function that loads a global of its own
+    return _FN_BAG
+
+
+class _Fetch:  # a callable object (not a module) holding state
+    def __init__(self, bag):
+        self.bag = bag
+
+    def __call__(self):
+        return self.bag
+
+
+def _bag_self(bag):  # a method of a plain object, bound
+    return bag
+
+
+_Bag.me = _bag_self
 
 
 class _Holder(nn.Module):
@@ -687,6 +707,13 @@ class _Holder(nn.Module):
             self.mem.t = [torch.zeros(3, dtype=D)]
         elif path == "unregistered_module":
             object.__setattr__(self, "parent", parent)
+        elif path == "helper_closure":
+            bag = _Bag()
+            self.fetch = lambda: bag  # a helper closing over the state
+        elif path == "callable_object":
+            self.fetch = _Fetch(_Bag())
+        elif path == "bound_method":
+            self.fetch = _Bag().me
 
     def _get(self):
         return {"underscore": lambda: (self, "_t", "_g"), "plain_object": lambda: (self.mem, "t", "g"),
@@ -695,7 +722,11 @@ class _Holder(nn.Module):
                 "class_object": lambda: (type(self).bag, "t", "g"),
                 "list_in_object": lambda: (self.mem.t, 0, None),
                 "class_tensor": lambda: (type(self), "table", None),
-                "unregistered_module": lambda: (self.parent, "count", None)}[self.path]()
+                "unregistered_module": lambda: (self.parent, "count", None),
+                "helper_closure": lambda: (self.fetch(), "t", "g"),
+                "callable_object": lambda: (self.fetch(), "t", "g"),
+                "bound_method": lambda: (self.fetch(), "t", "g"),
+                "global_function": lambda: (_global_fetch(), "t", "g")}[self.path]()
 
     def forward(self, x):
         obj, name, gname = self._get()
@@ -718,6 +749,8 @@ def _holder_pair(path, op):
         parent.register_buffer("count", torch.zeros(3, dtype=D))
         if path == "global_object":
             _GLOBAL_BAG.__init__()
+        if path == "global_function":
+            _FN_BAG.__init__()
         if path.startswith("class_"):
             _Holder.table, _Holder.bag = torch.zeros(3, dtype=D), _Bag()
         return _Holder(path, op, parent)
@@ -725,7 +758,10 @@ def _holder_pair(path, op):
 
 
 _PATHS = ["underscore", "plain_object", "underscore_plain_object", "global_object", "class_object",
-          "list_in_object", "class_tensor", "unregistered_module"]
+          "list_in_object", "class_tensor", "unregistered_module",
+          # through callables (attack review): a helper's closure, a callable object, a bound
+          # method of a plain object, a global function's own global
+          "helper_closure", "callable_object", "bound_method", "global_function"]
 
 
 @pytest.mark.parametrize("path", _PATHS)
@@ -777,3 +813,46 @@ def test_profile_puts_back_state_reached_by_any_path(path):
     for (t0, v0, g0), (t1, v1, g1) in zip(before, state()):
         assert t1 is t0 and torch.equal(t1, v0)
         assert g0 is None or torch.equal(g1, g0)
+
+
+@pytest.mark.parametrize("kind", ["forward_hook", "forward_pre_hook", "full_backward_hook"])
+@pytest.mark.parametrize("op", ["write", "draw"])
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_state_a_module_hook_captures_is_replayed_or_refused(kind, op, preserve):
+    """A hook on a module inside the segment runs again at replay: a tensor it writes is refused
+    (named), a generator it draws from is replayed (attack review of the scan)."""
+    def build():
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(3, 3), nn.Tanh(), nn.Linear(3, 1)).double()
+        acc, g = torch.zeros(3, dtype=D), torch.Generator().manual_seed(7)
+
+        def hook(mod, *args):
+            if op == "write":
+                acc.add_(1)
+                return None
+            if kind == "forward_pre_hook":
+                return (args[0][0] * torch.rand(3, generator=g, dtype=D),)
+            if kind == "forward_hook":
+                return args[1] * torch.rand(3, generator=g, dtype=D)
+            return None
+        if kind == "full_backward_hook" and op == "draw":
+            pytest.skip("a backward hook's draw happens once, outside the replay")
+        getattr(m[1], f"register_{kind}")(hook)
+        return m, acc, g
+
+    x = torch.randn(2, 3, dtype=D)
+    ref, _, g_ref = build()
+    ref(x).sum().backward()
+    m, acc, g = build()
+    if op == "write" and kind == "full_backward_hook":  # runs in the backward, once: eager's result
+        checkpoint(m, x, state="buffers", preserve=preserve).sum().backward()
+        assert torch.equal(acc, torch.ones(3, dtype=D))
+        return
+    if op == "write":
+        with pytest.raises(UndeclaredStateError, match="captured variable 'acc'"):
+            checkpoint(m, x, state="buffers", preserve=preserve).sum().backward()
+        return
+    checkpoint(m, x, state="buffers", preserve=preserve).sum().backward()
+    for a, b in zip(ref.parameters(), m.parameters()):
+        assert torch.equal(a.grad, b.grad)
+    assert torch.equal(g.get_state(), g_ref.get_state())

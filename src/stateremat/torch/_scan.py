@@ -6,7 +6,9 @@ modules included) of the modules it runs (``fn`` itself, a bound method's ``self
 captured in its closure, named as globals or passed as arguments), their classes' attributes,
 the globals their methods (``forward`` and its helpers) and ``fn`` load, tensors in its
 arguments and closure, and — up to :data:`MAX_DEPTH` levels — tensors inside captured lists,
-tuples, dicts and plain objects' attributes (``self.memory.bank``). Version counters of
+tuples, dicts and plain objects' attributes (``self.memory.bank``) and what user functions,
+bound methods, callable objects and module hooks capture, hold or load as globals (a helper
+closing over a BatchNorm, a pre-hook drawing from its own generator). Version counters of
 reachable tensors are read before and after the forward (and around the replay): a change on
 one that is not declared is an undeclared in-place write; a list, dict, object, class or
 module global that holds another tensor after the forward was *rebound* (refused the same
@@ -16,9 +18,8 @@ byte for byte, because ``native_batch_norm`` updates them without bumping a vers
 
 Danger:
     Tensors reachable only through deeper object graphs (or past :data:`MAX_OBJECTS` objects),
-    through functions outside the modules' classes that load globals of their own, or through
-    objects of standard-library classes (other than ``SimpleNamespace``) are not checked: an
-    undeclared write to one repeats at replay.
+    or through objects and functions of the standard library (other than ``SimpleNamespace``),
+    torch, numpy or jax are not checked: an undeclared write to one repeats at replay.
 """
 from __future__ import annotations
 
@@ -72,11 +73,28 @@ def _class_globals(cls: type) -> tuple[tuple[str, dict], ...]:
     return tuple(out.values())
 
 
+#: Top-level packages whose functions and callable objects hold no state of a model's.
+_LIBRARIES = frozenset({"torch", "numpy", "jax", "jaxlib", "stateremat", "typing_extensions", "builtins"})
+
+
+def _user_code(v: Any) -> bool:
+    """A Python function, bound method or callable object defined outside the standard library,
+    torch, numpy, jax and this package: its captured variables, ``self`` or attributes can hold
+    a model's state (a helper closing over a BatchNorm, a hook closing over a generator)."""
+    f = v.__func__ if isinstance(v, types.MethodType) else v
+    mod = getattr(f, "__module__", None) if isinstance(f, types.FunctionType) else type(f).__module__
+    top = (mod or "").partition(".")[0]
+    return bool(top) and top not in _LIBRARIES and top not in sys.stdlib_module_names
+
+
 def _state_global(v: Any) -> bool:
-    """A global worth following: tensors, modules, generators, containers and plain objects
-    (not functions, classes, imported modules or plain values)."""
-    return isinstance(v, (torch.Tensor, nn.Module, torch.Generator)) or not (
-        v is None or callable(v) or isinstance(v, _ATOMS))
+    """A global worth following: tensors, modules, generators, containers, plain objects and
+    user functions (not library functions, classes, imported modules or plain values)."""
+    if isinstance(v, (torch.Tensor, nn.Module, torch.Generator)):
+        return True
+    if isinstance(v, (types.FunctionType, functools.partial)):
+        return isinstance(v, functools.partial) or _user_code(v)
+    return not (v is None or callable(v) or isinstance(v, _ATOMS))
 
 
 def module_attrs(m: nn.Module) -> list[tuple[str, Any]]:
@@ -240,6 +258,9 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
             else:
                 where = f"{path}.{k}" if path else k
                 _add_value(r, v, f"attribute {where}", 1, where)
+        for hooks in (sub._forward_pre_hooks, sub._forward_hooks, sub._backward_pre_hooks, sub._backward_hooks):
+            for h in list(hooks.values()):  # user hooks: what they capture runs again at replay
+                _add_value(r, h, f"hook of {path or type(sub).__name__!r}", 1, path)
         cls = type(sub)
         for k in _class_state(cls):
             if k not in sub.__dict__:  # a class attribute the instance does not shadow
@@ -257,17 +278,23 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
 
 
 def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
-    if depth > 2:
+    """What ``fn`` can reach: its module (``fn`` itself or a bound method's ``self``), a
+    partial's arguments, its captured variables and the globals its code loads; followed
+    ``depth`` levels deep (a helper's helper), at most :data:`MAX_DEPTH`."""
+    if depth > MAX_DEPTH:
         return
     if isinstance(fn, functools.partial):
         _add_callable(r, fn.func, prefix, depth + 1)
         for i, v in enumerate(list(fn.args) + list(fn.keywords.values())):
-            _add_value(r, v, f"partial argument {i}", 0)
+            _add_value(r, v, f"partial argument {i}", depth)
         return
     root = root_module(fn)
     if root is not None:
         _add_module(r, root, prefix)
         fn = getattr(type(root), "forward", None) if fn is root else getattr(fn, "__func__", fn)
+    elif isinstance(fn, types.MethodType):  # a method of a plain object: its attributes
+        _add_value(r, fn.__self__, f"{prefix or 'method'}.__self__", depth + 1, prefix)
+        fn = fn.__func__
     code = getattr(fn, "__code__", None)
     if code is None:
         return
@@ -277,14 +304,17 @@ def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
             v = cell.cell_contents
         except ValueError:  # empty cell
             continue
-        _add_value(r, v, f"captured variable {name!r}", 0, name)
+        _add_value(r, v, f"captured variable {name!r}", depth, name)
+    defaults = (getattr(fn, "__defaults__", None) or ()) + tuple((getattr(fn, "__kwdefaults__", None) or {}).values())
+    for i, v in enumerate(defaults):
+        _add_value(r, v, f"default argument {i}", depth)
     glb = getattr(fn, "__globals__", {})
     for name in _code_names(code):
         v = glb.get(name)
         if _state_global(v):
             if isinstance(v, torch.Tensor):
                 r.slots.append((f"global {name!r}", glb, name, v))
-            _add_value(r, v, f"global {name!r}", 0, name)
+            _add_value(r, v, f"global {name!r}", depth, name)
 
 
 def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> None:
@@ -301,6 +331,12 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
         return
     if id(v) in r.seen or not r.budget_left():
         return
+    if isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
+        # a helper, bound method or hook the segment calls: what it captures runs again at replay
+        if isinstance(v, functools.partial) or _user_code(v) or root_module(v) is not None:
+            r.seen.add(id(v))
+            _add_callable(r, v, prefix or what, depth + 1)
+        return
     r.seen.add(id(v))
     if isinstance(v, (list, tuple, set, frozenset)):
         mutable = isinstance(v, list)
@@ -316,12 +352,18 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
             if isinstance(x, torch.Tensor):
                 r.slots.append((f"{what}[{k!r}]", v, k, x))
             _add_value(r, x, f"{what}[{k!r}]", depth + 1, prefix)
-    elif not callable(v) and isinstance(getattr(v, "__dict__", None), dict) and _may_hold_state(v):
+    elif (isinstance(getattr(v, "__dict__", None), dict) and _may_hold_state(v)
+          and (not callable(v) or _user_code(v))):
         r.mutables.append(v)
-        for k, x in vars(v).items():  # attributes of a plain object
+        for k, x in vars(v).items():  # attributes of a plain (or callable) object
             if isinstance(x, torch.Tensor):
                 r.slots.append((f"{what}.{k}", v, k, x))
             _add_value(r, x, f"{what}.{k}", depth + 1, prefix)
+        if callable(v):  # a callable object's __call__ and helpers may load globals
+            for name, glb in _class_globals(type(v)):
+                g = glb.get(name)
+                if _state_global(g) and not isinstance(g, types.FunctionType):
+                    _add_value(r, g, f"global {name!r}", depth + 1, name)
 
 
 def reach(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") -> Reach:
