@@ -22,6 +22,7 @@ from stateremat.torch import (
     StatefulCheckpoint,
     UndeclaredStateError,
     UndeclaredStateWarning,
+    UnsupportedError,
     checkpoint,
     is_replaying,
 )
@@ -856,3 +857,20 @@ def test_state_a_module_hook_captures_is_replayed_or_refused(kind, op, preserve)
     for a, b in zip(ref.parameters(), m.parameters()):
         assert torch.equal(a.grad, b.grad)
     assert torch.equal(g.get_state(), g_ref.get_state())
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap", "vjp"])
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("form", ["function", "module"])
+def test_torch_func_transforms_are_refused_clearly(transform, preserve, form):
+    """Attack review: torch.func.grad/vmap over a checkpoint crashed in the library ("Cannot
+    access data pointer of Tensor that doesn't have storage")."""
+    lin = nn.Linear(3, 3).double()
+    seg = (lambda t: checkpoint(lambda u: torch.sin(u) * u, t, preserve=preserve)) if form == "function" \
+        else StatefulCheckpoint(lin, state="buffers", preserve=preserve)
+    f = lambda t: seg(t).sum()  # noqa: E731
+    x = torch.randn(3, dtype=D)
+    call = {"grad": lambda: torch.func.grad(f)(x), "vmap": lambda: torch.func.vmap(seg)(x.expand(2, 3)),
+            "vjp": lambda: torch.func.vjp(f, x)}[transform]
+    with pytest.raises(UnsupportedError, match=r"inside a torch.func transform.*Tip:"):
+        call()

@@ -15,10 +15,11 @@ from ._compat import (
     DisableTorchFunctionSubclass,
     debug_override,
     eager_only,
-    entered_hiding,
     early_stop_override,
+    entered_hiding,
     has_storage,
     in_foreign_recompute,
+    in_functorch_transform,
     library_ops,
     make_saved_tensor,
     tree_flatten,
@@ -277,6 +278,13 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
                 recompute_context: Any = None, check_metadata: bool = True, early_stop: bool = True,
                 debug: bool = False) -> Any:
     """Run one checkpointed segment (shared by :func:`checkpoint` and ``StatefulCheckpoint``)."""
+    if in_functorch_transform():
+        raise UnsupportedError(
+            f"stateremat.torch.checkpoint: segment {name or _segment_name(fn)!r} runs inside a torch.func "
+            "transform (grad, vjp, vmap, jacrev, ...); expected plain autograd: the transforms do not support "
+            "saved-tensor hooks, which checkpointing replays through (torch's own checkpoint refuses them too). "
+            "Tip: call the function without checkpoint under torch.func, or use loss.backward() / "
+            "torch.autograd.grad.")
     if declared is None:
         declared = resolve_state(state, root_module(fn), module_prefix)
     rt = runtime()

@@ -128,6 +128,11 @@ def has_storage(t: torch.Tensor) -> bool:
             and t.device.type != "meta")
 
 
+def in_functorch_transform() -> bool:
+    """True inside a ``torch.func`` transform (``grad``, ``vjp``, ``vmap``, ``jacrev``, ...)."""
+    return torch._C._functorch.peek_interpreter_stack() is not None
+
+
 _REENTRANT_BACKWARD = _tuc.CheckpointFunction.backward.__code__
 
 
