@@ -874,3 +874,55 @@ def test_torch_func_transforms_are_refused_clearly(transform, preserve, form):
             "vjp": lambda: torch.func.vjp(f, x)}[transform]
     with pytest.raises(UnsupportedError, match=r"inside a torch.func transform.*Tip:"):
         call()
+
+
+class _Rebind(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4).double()
+        self.l2 = nn.Linear(4, 4).double()
+        self.register_buffer("q", torch.randn(5, 4, dtype=D))
+        self.cache = torch.ones(4, dtype=D)  # a plain tensor attribute
+
+    def forward(self, x):
+        h = torch.tanh(self.l2(torch.tanh(self.l(x)))) * self.cache
+        return (h @ self.q.clone().T).sum()
+
+
+_REBINDS = {
+    "buffer": (lambda m: setattr(m, "q", m.q * 0.3), "buffer 'q'"),
+    "register_buffer": (lambda m: m.register_buffer("q", m.q * 0.3), "buffer 'q'"),
+    "parameter": (lambda m: setattr(m.l2, "weight", nn.Parameter(m.l2.weight.detach() * 0.3)), "parameter 'l2.weight'"),
+    "submodule": (lambda m: setattr(m, "l2", nn.Linear(4, 4).double()), "submodule 'l2'"),
+    "tensor_attribute": (lambda m: setattr(m, "cache", m.cache * 2), "tensor attribute 'cache'"),
+    "same_bytes_attribute": (lambda m: setattr(m, "cache", m.cache.clone()), None),  # a refreshed cache
+}
+
+
+@pytest.mark.parametrize("kind", list(_REBINDS))
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("form", ["checkpoint", "stateful", "nested"])
+def test_rebinding_between_forward_and_backward_is_refused(kind, preserve, form):
+    """Attack review: rebinding a buffer, parameter or submodule after the forward made the
+    replay read the new object (gradient off by up to 2.7, silently)."""
+    mutate, name = _REBINDS[kind]
+
+    def step(run):
+        torch.manual_seed(0)
+        m = _Rebind()
+        x = torch.randn(3, 4, dtype=D)
+        loss = run(m, x)
+        mutate(m)
+        loss.backward()
+        return m.l.weight.grad
+
+    runs = {"checkpoint": lambda m, x: checkpoint(m, x, state="buffers", preserve=preserve),
+            "stateful": lambda m, x: StatefulCheckpoint(m, state="buffers", preserve=preserve)(x),
+            "nested": lambda m, x: checkpoint(lambda y: checkpoint(m, y, state="buffers", preserve=preserve), x,
+                                              state=[m], preserve=preserve)}
+    want = step(lambda m, x: m(x))
+    if name is None:
+        assert torch.equal(step(runs[form]), want)
+        return
+    with pytest.raises(ReplayError, match=rf"{name}.* rebound to another object between its forward and this backward"):
+        step(runs[form])

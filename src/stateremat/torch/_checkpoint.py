@@ -366,6 +366,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
                 raise UnsupportedError(cache_message("stateremat.torch.checkpoint", seg.name, where, cache, "updated"))
         seg.report_undeclared(seg.undeclared_writes(), "after the forward")
         seg.note_parameters()
+        seg.note_bindings(r.modules)
     except BaseException:
         txn.release()
         raise

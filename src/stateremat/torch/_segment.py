@@ -79,6 +79,16 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
+def _same_tensor(a: Any, b: Any) -> bool:
+    """Both tensors with the same metadata and bytes (a tensor attribute refreshed, not changed)."""
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if (a.shape, a.dtype, a.device) != (b.shape, b.dtype, b.device):
+        return False
+    with library_ops():
+        return bool(torch.equal(a.detach(), b.detach()))
+
+
 class _StopRecomputation(Exception):
     pass
 
@@ -185,6 +195,7 @@ class Segment:
         self.fingerprints: list[tuple[Any, torch.Tensor, tuple[int, int]]] = []
         self.slots: list[tuple[str, Any, dict, set]] = []  # tensor bindings of reachable undeclared modules
         self.plain_slots: list = []  # tensors bound in lists, dicts, plain objects, classes, globals
+        self.end_bindings: list = []  # reached modules' bindings after the forward (check_bindings)
         self.param_versions: list[tuple[Any, torch.Tensor, int]] = []
         self._candidates: dict | None = None
         self.weak_holders: list[weakref.ref] = []
@@ -291,6 +302,39 @@ class Segment:
         """Remember the versions of reachable parameters after the forward (checked at replay)."""
         with DisableTorchFunctionSubclass():
             self.param_versions = [(n, t, t._version) for n, t, _ in self.scan if t.requires_grad and t.is_leaf]
+
+    def note_bindings(self, modules: list[tuple[str, Any]]) -> None:
+        """Remember, after the forward, which tensor each attribute of the reached modules names
+        and which submodule each child name holds (checked at replay: :meth:`check_bindings`)."""
+        self.end_bindings = [(path, m, tensor_slots(m), dict(m._modules)) for path, m in modules]
+
+    def check_bindings(self) -> None:
+        """Refuse a replay after a parameter, buffer, tensor attribute or submodule of a reached
+        module was rebound since the forward (``m.q = m.q * 0.3``, ``m.l2 = nn.Linear(...)``):
+        the replay would read the new object where eager's backward uses the forward's. A tensor
+        attribute rebound to one with the same bytes (a refreshed cache) reads the same: allowed.
+
+        Raises:
+            ReplayError: naming every rebound attribute.
+        """
+        changed = []
+        for path, m, slots, children in self.end_bindings:
+            now = tensor_slots(m)
+            for (d, k) in set(slots) | set(now):
+                old, new = slots.get((d, k)), now.get((d, k))
+                if old is new or (d == "__dict__" and _same_tensor(old, new)):
+                    continue
+                kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
+                changed.append(f"{kind} {(f'{path}.{k}' if path else k)!r}")
+            for k in set(children) | set(m._modules):
+                if children.get(k) is not m._modules.get(k):
+                    changed.append(f"submodule {(f'{path}.{k}' if path else k)!r}")
+        if changed:
+            raise ReplayError(
+                f"stateremat.torch.checkpoint: cannot replay segment {self.name!r}: {', '.join(changed)} "
+                "rebound to another object between its forward and this backward, so the replay would "
+                f"read the new one where eager's backward uses the forward's ({rule('R8')}). Tip: run "
+                "backward before rebinding (or swapping modules), or update the tensor in place.")
 
     def check_parameters(self) -> None:
         """Refuse a replay whose parameters changed in place since the forward (R8).
@@ -475,6 +519,7 @@ class Segment:
     def recompute(self, gid: Any) -> None:
         """Re-run the segment once for backward ``gid`` inside the replay transaction."""
         self.check_parameters()
+        self.check_bindings()
         args, kwargs = self.inputs()
         device_type, device_kw, cpu_kw = self._autocast
         if device_kw is None and not _autocast_on(device_type):
