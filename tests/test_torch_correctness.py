@@ -926,3 +926,26 @@ def test_rebinding_between_forward_and_backward_is_refused(kind, preserve, form)
         return
     with pytest.raises(ReplayError, match=rf"{name}.* rebound to another object between its forward and this backward"):
         step(runs[form])
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("form", ["checkpoint", "stateful", "sequential"])
+def test_rrelu_module_in_training_replays_its_noise(preserve, form):
+    """Attack review: RReLU saves its noise before filling it, so an early-stopped replay handed
+    backward uninitialized memory (gradient entries like 6.9e-310). nn.RReLU in a segment turns
+    early stop off for that segment."""
+    from stateremat.torch import checkpoint_sequential
+
+    def grads(run):
+        torch.manual_seed(0)
+        m = nn.Sequential(nn.Linear(4, 4), nn.RReLU()).double().train()  # rrelu saves last
+        x = torch.randn(3, 4, dtype=D, requires_grad=True)
+        torch.manual_seed(5)
+        run(m, x).sum().backward()
+        return [x.grad] + [p.grad for p in m.parameters()]
+
+    runs = {"checkpoint": lambda m, x: checkpoint(m, x, preserve=preserve),
+            "stateful": lambda m, x: StatefulCheckpoint(m, preserve=preserve)(x),
+            "sequential": lambda m, x: checkpoint_sequential(m, 1, x, preserve=preserve)}
+    for a, b in zip(grads(lambda m, x: m(x)), grads(runs[form])):
+        assert torch.equal(a, b)

@@ -307,6 +307,10 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     seg.attach(txn)
     cuda_before = _rng.cuda_ready()
     r = reach(fn, args, kwargs, module_prefix)
+    if seg.early_stop and any(isinstance(m, torch.nn.RReLU) and m.training for _, m in r.modules):
+        # rrelu saves its noise before filling it: a replay that stops at its last saved tensor
+        # hands backward unfilled memory (torch's checkpoint too); replay to the end instead
+        seg.early_stop = False
     lazy = [describe(n) for n, t in r.tensors.values() if torch.nn.parameter.is_lazy(t)]
     if lazy:
         txn.release()
