@@ -949,3 +949,35 @@ def test_rrelu_module_in_training_replays_its_noise(preserve, form):
             "sequential": lambda m, x: checkpoint_sequential(m, 1, x, preserve=preserve)}
     for a, b in zip(grads(lambda m, x: m(x)), grads(runs[form])):
         assert torch.equal(a, b)
+
+
+class _Grows(nn.Module):  # a buffer allocated at its first call, as torch.ao observers do
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4).double()
+        self.register_buffer("stat", torch.tensor([], dtype=D))
+
+    def forward(self, x):
+        y = torch.tanh(self.l(x))
+        if self.stat.numel() == 0:
+            self.stat.resize_(4)
+        self.stat.copy_(y.detach().amax(0))
+        return y.pow(2).sum()
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("warm", [False, True])
+def test_declared_buffer_resized_inside_the_forward_is_refused_then_fine_once_sized(preserve, warm):
+    """Attack review: the error blamed a set_/.data = after the forward, at backward."""
+    torch.manual_seed(0)
+    m, ref = _Grows(), _Grows()
+    ref.load_state_dict(m.state_dict())
+    x = torch.randn(3, 4, dtype=D)
+    if warm:  # one plain step gives the buffer its size; checkpointed steps then match eager
+        m(x).backward(), ref(x).backward()
+        checkpoint(m, x, state="buffers", preserve=preserve).backward()
+        ref(x).backward()
+        assert torch.equal(m.stat, ref.stat) and torch.equal(m.l.weight.grad, ref.l.weight.grad)
+        return
+    with pytest.raises(UnsupportedError, match=r"resized inside the segment's forward.*Tip: run one step"):
+        checkpoint(m, x, state="buffers", preserve=preserve)

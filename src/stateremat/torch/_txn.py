@@ -109,6 +109,17 @@ class Bindings:
         with DisableTorchFunctionSubclass():
             moved = [e for e in self.data if e[0].data_ptr() != e[5] or e[0].untyped_storage().data_ptr()
                      != e[1].data_ptr()]
+            # the same storage object, reallocated: resize_ grew it inside the forward; its bytes
+            # before the forward are gone with the old allocation, so no replay can start from them
+            grown = [e for e in moved if e[0].untyped_storage().data_ptr() == e[1].data_ptr()]
+        if grown:
+            t = grown[0][0]
+            raise UnsupportedError(
+                f"stateremat.torch.checkpoint: a declared tensor (now shape {tuple(t.shape)}, {t.dtype}) was "
+                "resized inside the segment's forward (resize_ grew its storage), so the bytes the replay "
+                "must start from are gone (expected declared state to keep its storage within a segment; "
+                "torch.ao observers grow their buffers on their first call). Tip: run one step without "
+                "checkpointing first (the buffer then has its final size), or allocate it at full size.")
         with library_ops():
             self.swapped = [(t, torch.empty(0, dtype=t.dtype, device=t.device).set_(st, off, size, stride))
                             for t, st, off, size, stride, _ in moved]
