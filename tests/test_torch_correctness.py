@@ -876,7 +876,7 @@ def test_torch_func_transforms_are_refused_clearly(transform, preserve, form):
         call()
 
 
-class _Rebind(nn.Module):
+class _RebindLater(nn.Module):
     def __init__(self):
         super().__init__()
         self.l = nn.Linear(4, 4).double()
@@ -909,7 +909,7 @@ def test_rebinding_between_forward_and_backward_is_refused(kind, preserve, form)
 
     def step(run):
         torch.manual_seed(0)
-        m = _Rebind()
+        m = _RebindLater()
         x = torch.randn(3, 4, dtype=D)
         loss = run(m, x)
         mutate(m)
