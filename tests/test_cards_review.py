@@ -10,20 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from stateremat.cli import app
+from _cli import run_cli
 
-runner = CliRunner()
 COHORT = ["cohort", "processes", "--experiment", "fair44", "--preset", "tiny", "--processes", "1",
           "--steps", "1", "--warmups", "0"]
 CARD = Path("profile") / "large_sparse.json"
 
-
-def _run(*argv):
-    res = runner.invoke(app, [str(a) for a in argv])
-    assert "Traceback" not in res.output, res.output
-    return res
+_run = run_cli
 
 
 def _text(res) -> str:

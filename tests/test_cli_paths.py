@@ -13,20 +13,14 @@ import stat
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from stateremat.cli import app
 from stateremat.contract import save_card
 from stateremat.planner import random_card
+from _cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-runner = CliRunner()
 
-
-def _run(*argv):
-    res = runner.invoke(app, [str(a) for a in argv])
-    assert "Traceback" not in res.output, res.output
-    return res
+_run = run_cli
 
 
 @pytest.fixture()

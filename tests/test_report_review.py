@@ -6,20 +6,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from stateremat.cli import app
+from _cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "results" / "cpu"
-runner = CliRunner()
 
-
-def _run(*argv):
-    res = runner.invoke(app, [str(a) for a in argv])
-    assert "Traceback" not in res.output, res.output
-    assert res.exception is None or isinstance(res.exception, SystemExit), repr(res.exception)
-    return res
+_run = run_cli
 
 
 # --- 1. a table with a sidecar and no rows yet -----------------------------------------------

@@ -9,19 +9,13 @@ import shutil
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from stateremat.cli import app
 from stateremat.paper.records import read_records
+from _cli import catches_signal, run_cli
 
-runner = CliRunner()
 SRC = Path(__file__).resolve().parents[1] / "src"
 
-
-def _run(*argv):
-    res = runner.invoke(app, [str(a) for a in argv])
-    assert "Traceback" not in res.output, res.output
-    return res
+_run = run_cli
 
 
 # --- 1. MoCo score files -----------------------------------------------------------------
@@ -206,15 +200,7 @@ def test_unreachable_dask_scheduler_fails_in_seconds(tmp_path):
 
 # --- 6. a stop signal during the CLI's startup imports: one line, 128 + signal -------------
 
-def _catches(pid: int, signum: int) -> bool:
-    """Whether process ``pid`` has a handler installed for ``signum`` (Linux /proc)."""
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            status = fh.read()
-    except OSError:
-        return False
-    caught = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:")), 16)
-    return bool(caught >> (signum - 1) & 1)
+_catches = catches_signal
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux /proc")

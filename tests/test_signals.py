@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from _cli import catches_signal
 from stateremat.contract import (STOP_SIGNALS, ignore_stop_signals, install_stop_handlers,
                                  restore_stop_handlers)
 
@@ -43,14 +44,7 @@ def test_install_leaves_ignored_signals_ignored_and_restore_keeps_a_begun_stop(s
     assert all(signal.getsignal(s) is signal.SIG_IGN for s in STOP_SIGNALS)
 
 
-def _catches(pid: int, signum: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            status = fh.read()
-    except OSError:
-        return False
-    caught = int(next(ln.split()[1] for ln in status.splitlines() if ln.startswith("SigCgt:")), 16)
-    return bool(caught >> (signum - 1) & 1)
+_catches = catches_signal
 
 
 def _start(out: Path, ignore: tuple = ()) -> subprocess.Popen:
