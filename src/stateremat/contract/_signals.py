@@ -7,6 +7,7 @@ the one-line message are not cut short by a second Ctrl-C or a supervisor's SIGT
 """
 from __future__ import annotations
 
+import atexit
 import signal
 import sys
 from typing import Any, Callable
@@ -20,27 +21,43 @@ def install_stop_handlers(handler: Callable[[int, Any], Any], signals: tuple = S
     as ``signal.signal``)."""
     old = {}
     for s in signals:
-        if signal.getsignal(s) is not signal.SIG_IGN:
+        if signal.getsignal(s) not in (signal.SIG_IGN, _stopping):
             old[s] = signal.signal(s, handler)
     return old
+
+
+def _stopping(signum: int, frame: Any) -> None:
+    """The handler once a stop has begun: does nothing. (Not ``SIG_IGN`` while Python code still
+    runs: a signal already pending when the handler changes would print "Signal N ignored due to
+    race condition"; at exit :func:`_ignore_at_exit` switches to ``SIG_IGN``, because Python
+    resets its own handlers to the default, deadly one while it finalizes.)"""
+
+
+def _ignore_at_exit() -> None:
+    for s in STOP_SIGNALS:
+        if signal.getsignal(s) is _stopping:
+            signal.signal(s, signal.SIG_IGN)
 
 
 def restore_stop_handlers(old: dict[int, Any]) -> None:
     """Put back the handlers :func:`install_stop_handlers` returned, unless a stop has begun (then they stay
     ignored until the process exits)."""
     for s, h in old.items():
-        if signal.getsignal(s) is not signal.SIG_IGN:
+        if signal.getsignal(s) not in (signal.SIG_IGN, _stopping):
             signal.signal(s, h)
 
 
 def ignore_stop_signals() -> None:
     """A stop has begun: ignore every stop signal from now on (main thread only; elsewhere a
-    no-op)."""
+    no-op). Signals inherited as ignored stay ``SIG_IGN``."""
     try:
         for s in STOP_SIGNALS:
-            signal.signal(s, signal.SIG_IGN)
+            if signal.getsignal(s) is not signal.SIG_IGN:
+                signal.signal(s, _stopping)
     except ValueError:  # not the main thread
-        pass
+        return
+    atexit.unregister(_ignore_at_exit)
+    atexit.register(_ignore_at_exit)
 
 
 def stop_on_signal(signum: int, frame: Any) -> None:
