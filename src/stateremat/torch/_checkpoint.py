@@ -368,7 +368,8 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
         for (where, cache), before in zip(caches, cache_state):
             if cache_fingerprint(cache) != before:
                 raise UnsupportedError(cache_message("stateremat.torch.checkpoint", seg.name, where, cache, "updated"))
-        seg.report_undeclared(seg.undeclared_writes(), "after the forward")
+        # a hook's own tensors: refused only if the replay writes them again (an unguarded hook)
+        seg.report_undeclared(seg.undeclared_writes(skip=r.hook_only), "after the forward")
         seg.note_parameters()
         seg.note_bindings(r.modules)
     except BaseException:

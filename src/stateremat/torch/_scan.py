@@ -228,6 +228,9 @@ class Reach:
     #: ``(name, holder, key, tensor)``: a tensor bound in a list, dict, plain object, class or
     #: module globals (see :func:`rebound`)
     slots: list[tuple[str, Any, Any, torch.Tensor]] = field(default_factory=list)
+    #: ids of tensors reached only through module hooks: a hook may guard its write with
+    #: ``is_replaying()``, so only a write by the replay itself is refused
+    hook_only: set[int] = field(default_factory=set)
 
     def budget_left(self) -> bool:
         return len(self.seen) < MAX_OBJECTS
@@ -258,9 +261,11 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
             else:
                 where = f"{path}.{k}" if path else k
                 _add_value(r, v, f"attribute {where}", 1, where)
+        known = set(r.tensors)
         for hooks in (sub._forward_pre_hooks, sub._forward_hooks, sub._backward_pre_hooks, sub._backward_hooks):
             for h in list(hooks.values()):  # user hooks: what they capture runs again at replay
                 _add_value(r, h, f"hook of {path or type(sub).__name__!r}", 1, path)
+        r.hook_only.update(set(r.tensors) - known)
         cls = type(sub)
         for k in _class_state(cls):
             if k not in sub.__dict__:  # a class attribute the instance does not shadow

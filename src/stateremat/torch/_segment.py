@@ -79,14 +79,13 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
-def _same_tensor(a: Any, b: Any) -> bool:
-    """Both tensors with the same metadata and bytes (a tensor attribute refreshed, not changed)."""
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return False
-    if (a.shape, a.dtype, a.device) != (b.shape, b.dtype, b.device):
-        return False
-    with library_ops():
-        return bool(torch.equal(a.detach(), b.detach()))
+def _put(table: dict, key: str, present: bool, value: Any) -> None:
+    """Bind ``key`` in a module's table (``_parameters``, ``_buffers``, ``__dict__``,
+    ``_modules``) to ``value``, or remove it when it was not there."""
+    if present:
+        table[key] = value
+    else:
+        table.pop(key, None)
 
 
 class _StopRecomputation(Exception):
@@ -195,7 +194,7 @@ class Segment:
         self.fingerprints: list[tuple[Any, torch.Tensor, tuple[int, int]]] = []
         self.slots: list[tuple[str, Any, dict, set]] = []  # tensor bindings of reachable undeclared modules
         self.plain_slots: list = []  # tensors bound in lists, dicts, plain objects, classes, globals
-        self.end_bindings: list = []  # reached modules' bindings after the forward (check_bindings)
+        self.end_bindings: list = []  # reached modules' bindings after the forward (forward_end_bindings)
         self.param_versions: list[tuple[Any, torch.Tensor, int]] = []
         self._candidates: dict | None = None
         self.weak_holders: list[weakref.ref] = []
@@ -267,29 +266,33 @@ class Segment:
             names = [n for n, t in reachable(self.fn, args, kwargs) if storage_key(t) == key]
         return names[0] if names else None
 
-    def undeclared_writes(self) -> list[str]:
-        """Reachable undeclared tensors written since the forward began (versions and norm bytes)."""
+    def undeclared_writes(self, skip: set[int] = frozenset()) -> list[str]:
+        """Reachable undeclared tensors written since the forward began (versions and norm bytes),
+        except those whose ids are in ``skip``."""
         own = {k for k, p in self.txn.items.items() if p.owned}
         found: dict[str, str] = {}
         expected = self.expected
         with DisableTorchFunctionSubclass():
             for n, t, _ in self.scan:
+                if id(t) in skip:
+                    continue
                 if t._version != expected.get(id(t), t._version) and storage_key(t) not in own:
                     found.setdefault(describe(n), "version counter")
             if self.norm_probes:
                 with library_ops():
                     for n, t, before in self.norm_probes:
-                        if not _same_bytes(t, before) and storage_key(t) not in own:
+                        if id(t) not in skip and not _same_bytes(t, before) and storage_key(t) not in own:
                             found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
             for n, t, ptr in self.ptrs:
-                if t.data_ptr() != ptr:
+                if t.data_ptr() != ptr and id(t) not in skip:
                     found.setdefault(describe(n), "storage rebound (.data = / set_)")
             for n, t, fp in self.fingerprints:
-                if describe(n) not in found and storage_key(t) not in own and fingerprint(t) != fp:
+                if (id(t) not in skip and describe(n) not in found and storage_key(t) not in own
+                        and fingerprint(t) != fp):
                     found.setdefault(describe(n), "bytes (written through .data or another alias)")
-        for path, m, before, skip in self.slots:
+        for path, m, before, held in self.slots:
             now = tensor_slots(m)
-            for (d, k) in (set(before) | set(now)) - skip:
+            for (d, k) in (set(before) | set(now)) - held:
                 if before.get((d, k)) is not now.get((d, k)):
                     kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
                     full = f"{path}.{k}" if path else k
@@ -308,33 +311,31 @@ class Segment:
         and which submodule each child name holds (checked at replay: :meth:`check_bindings`)."""
         self.end_bindings = [(path, m, tensor_slots(m), dict(m._modules)) for path, m in modules]
 
-    def check_bindings(self) -> None:
-        """Refuse a replay after a parameter, buffer, tensor attribute or submodule of a reached
-        module was rebound since the forward (``m.q = m.q * 0.3``, ``m.l2 = nn.Linear(...)``):
-        the replay would read the new object where eager's backward uses the forward's. A tensor
-        attribute rebound to one with the same bytes (a refreshed cache) reads the same: allowed.
+    @contextlib.contextmanager
+    def forward_end_bindings(self) -> Any:
+        """During the replay, bind every reached module's parameters, buffers, tensor attributes
+        and submodules as they were at the forward's end; put the current ones back afterwards.
 
-        Raises:
-            ReplayError: naming every rebound attribute.
+        Eager's backward uses the forward's objects, so a rebinding between forward and backward
+        (``m.q = m.q * 0.3``, ``m.l2 = nn.Linear(...)``, a cache rebuilt by a second micro-batch's
+        forward, a later layer rebinding its own buffer) must not change what the replay reads.
         """
-        changed = []
-        for path, m, slots, children in self.end_bindings:
+        swaps = []
+        for _, m, slots, children in self.end_bindings:
             now = tensor_slots(m)
-            for (d, k) in set(slots) | set(now):
-                old, new = slots.get((d, k)), now.get((d, k))
-                if old is new or (d == "__dict__" and _same_tensor(old, new)):
-                    continue
-                kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
-                changed.append(f"{kind} {(f'{path}.{k}' if path else k)!r}")
+            for key in set(slots) | set(now):
+                if slots.get(key) is not now.get(key):
+                    swaps.append((getattr(m, key[0]), key[1], key in slots, slots.get(key), key in now, now.get(key)))
             for k in set(children) | set(m._modules):
                 if children.get(k) is not m._modules.get(k):
-                    changed.append(f"submodule {(f'{path}.{k}' if path else k)!r}")
-        if changed:
-            raise ReplayError(
-                f"stateremat.torch.checkpoint: cannot replay segment {self.name!r}: {', '.join(changed)} "
-                "rebound to another object between its forward and this backward, so the replay would "
-                f"read the new one where eager's backward uses the forward's ({rule('R8')}). Tip: run "
-                "backward before rebinding (or swapping modules), or update the tensor in place.")
+                    swaps.append((m._modules, k, k in children, children.get(k), k in m._modules, m._modules.get(k)))
+        for table, k, had, old, _, _ in swaps:
+            _put(table, k, had, old)
+        try:
+            yield
+        finally:
+            for table, k, _, _, has, new in reversed(swaps):
+                _put(table, k, has, new)
 
     def check_parameters(self) -> None:
         """Refuse a replay whose parameters changed in place since the forward (R8).
@@ -519,7 +520,6 @@ class Segment:
     def recompute(self, gid: Any) -> None:
         """Re-run the segment once for backward ``gid`` inside the replay transaction."""
         self.check_parameters()
-        self.check_bindings()
         args, kwargs = self.inputs()
         device_type, device_kw, cpu_kw = self._autocast
         if device_kw is None and not _autocast_on(device_type):
@@ -537,7 +537,8 @@ class Segment:
         with DisableTorchFunctionSubclass():
             versions = [(n, t, t._version) for n, t, _ in self.scan]
         bindings = self.bindings.as_of_forward_start() if self.bindings is not None else contextlib.nullcontext()
-        with bindings, self.txn.replay(self), _rng.replayed(self.rng):  # forward-start bindings first
+        with self.forward_end_bindings(), bindings, self.txn.replay(self), _rng.replayed(self.rng):
+            # the forward's end bindings, then (declared modules) its start bindings
             with self._recompute_hooks(gid), torch.autograd.enable_grad(), device_ac, cpu_ac, \
                     entered_hiding(self.recompute_context), strict, oplog:
                 try:
