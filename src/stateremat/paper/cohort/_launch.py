@@ -23,7 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from ...contract import (atomic_write_bytes, ignore_stop_signals, install_stop_handlers,
                          restore_stop_handlers)
