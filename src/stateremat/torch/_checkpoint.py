@@ -307,9 +307,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     seg.attach(txn)
     cuda_before = _rng.cuda_ready()
     r = reach(fn, args, kwargs, module_prefix)
-    if seg.early_stop and any(isinstance(m, torch.nn.RReLU) and m.training for _, m in r.modules):
-        # rrelu saves its noise before filling it: a replay that stops at its last saved tensor
-        # hands backward unfilled memory (torch's checkpoint too); replay to the end instead
+    if r.replay_to_end:  # see Reach.replay_to_end
         seg.early_stop = False
     lazy = [describe(n) for n, t in r.tensors.values() if torch.nn.parameter.is_lazy(t)]
     if lazy:
@@ -368,10 +366,10 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
         for (where, cache), before in zip(caches, cache_state):
             if cache_fingerprint(cache) != before:
                 raise UnsupportedError(cache_message("stateremat.torch.checkpoint", seg.name, where, cache, "updated"))
+        seg.note_bindings(r.modules)  # once: also what undeclared_writes compares slots with
         # a hook's own tensors: refused only if the replay writes them again (an unguarded hook)
         seg.report_undeclared(seg.undeclared_writes(skip=r.hook_only), "after the forward")
         seg.note_parameters()
-        seg.note_bindings(r.modules)
     except BaseException:
         txn.release()
         raise

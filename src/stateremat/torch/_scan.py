@@ -231,6 +231,10 @@ class Reach:
     #: ids of tensors reached only through module hooks: a hook may guard its write with
     #: ``is_replaying()``, so only a write by the replay itself is refused
     hook_only: set[int] = field(default_factory=set)
+    #: an ``nn.RReLU`` in training is reached: rrelu saves its noise before filling it, so a
+    #: replay that stops at its last saved tensor hands backward unfilled memory (torch's
+    #: checkpoint too); the replay must run to the end
+    replay_to_end: bool = False
 
     def budget_left(self) -> bool:
         return len(self.seen) < MAX_OBJECTS
@@ -261,11 +265,15 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
             else:
                 where = f"{path}.{k}" if path else k
                 _add_value(r, v, f"attribute {where}", 1, where)
-        known = set(r.tensors)
-        for hooks in (sub._forward_pre_hooks, sub._forward_hooks, sub._backward_pre_hooks, sub._backward_hooks):
-            for h in list(hooks.values()):  # user hooks: what they capture runs again at replay
+        if isinstance(sub, nn.RReLU) and sub.training:
+            r.replay_to_end = True
+        hooks = [h for d in (sub._forward_pre_hooks, sub._forward_hooks, sub._backward_pre_hooks,
+                             sub._backward_hooks) for h in d.values()]
+        if hooks:  # user hooks: what they capture runs again at replay
+            known = set(r.tensors)
+            for h in hooks:
                 _add_value(r, h, f"hook of {path or type(sub).__name__!r}", 1, path)
-        r.hook_only.update(set(r.tensors) - known)
+            r.hook_only.update(set(r.tensors) - known)
         cls = type(sub)
         for k in _class_state(cls):
             if k not in sub.__dict__:  # a class attribute the instance does not shadow

@@ -40,7 +40,7 @@ from ._mode import StrictMode, warn_undeclared
 from ._runtime import Runtime
 from ._scan import describe, reachable, rebound, tensor_slots
 from ._storage import fingerprint, storage_key
-from ._txn import Bindings, Transaction
+from ._txn import Bindings, Transaction, put_binding
 
 
 class _Holder:
@@ -77,15 +77,6 @@ def _autocast_on(device_type: str) -> bool:
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN == NaN, -0.0 != 0.0)."""
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
-def _put(table: dict, key: str, present: bool, value: Any) -> None:
-    """Bind ``key`` in a module's table (``_parameters``, ``_buffers``, ``__dict__``,
-    ``_modules``) to ``value``, or remove it when it was not there."""
-    if present:
-        table[key] = value
-    else:
-        table.pop(key, None)
 
 
 class _StopRecomputation(Exception):
@@ -290,8 +281,9 @@ class Segment:
                 if (id(t) not in skip and describe(n) not in found and storage_key(t) not in own
                         and fingerprint(t) != fp):
                     found.setdefault(describe(n), "bytes (written through .data or another alias)")
+        ends = {id(m): slots for _, m, slots, _ in self.end_bindings}  # taken at this forward's end
         for path, m, before, held in self.slots:
-            now = tensor_slots(m)
+            now = ends.get(id(m)) if id(m) in ends else tensor_slots(m)
             for (d, k) in (set(before) | set(now)) - held:
                 if before.get((d, k)) is not now.get((d, k)):
                     kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
@@ -308,7 +300,8 @@ class Segment:
 
     def note_bindings(self, modules: list[tuple[str, Any]]) -> None:
         """Remember, after the forward, which tensor each attribute of the reached modules names
-        and which submodule each child name holds (checked at replay: :meth:`check_bindings`)."""
+        and which submodule each child name holds (bound again for the replay:
+        :meth:`forward_end_bindings`; read by :meth:`undeclared_writes`)."""
         self.end_bindings = [(path, m, tensor_slots(m), dict(m._modules)) for path, m in modules]
 
     @contextlib.contextmanager
@@ -330,12 +323,12 @@ class Segment:
                 if children.get(k) is not m._modules.get(k):
                     swaps.append((m._modules, k, k in children, children.get(k), k in m._modules, m._modules.get(k)))
         for table, k, had, old, _, _ in swaps:
-            _put(table, k, had, old)
+            put_binding(table, k, had, old)
         try:
             yield
         finally:
             for table, k, _, _, has, new in reversed(swaps):
-                _put(table, k, has, new)
+                put_binding(table, k, has, new)
 
     def check_parameters(self) -> None:
         """Refuse a replay whose parameters changed in place since the forward (R8).

@@ -73,13 +73,18 @@ def _slot_get(m: nn.Module, d: str, k: str) -> Any:
     return getattr(m, d).get(k, None)
 
 
+def put_binding(table: dict, key: str, present: bool, value: Any) -> None:
+    """Bind ``key`` in a module's table (``_parameters``, ``_buffers``, ``__dict__``,
+    ``_modules``) to ``value``, or remove it when ``present`` is false."""
+    if present:
+        table[key] = value
+    else:
+        table.pop(key, None)
+
+
 def _slot_set(m: nn.Module, d: str, k: str, v: Any) -> None:
     """Set (``v`` a tensor) or remove (``v`` None) a module's parameter/buffer/attribute slot."""
-    slots = getattr(m, d)
-    if v is None:
-        slots.pop(k, None)
-    else:
-        slots[k] = v
+    put_binding(getattr(m, d), k, v is not None, v)
 
 
 class Bindings:
