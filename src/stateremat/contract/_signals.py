@@ -16,9 +16,12 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def install_stop_handlers(handler: Callable[[int, Any], Any], signals: tuple = STOP_SIGNALS) -> dict[int, Any]:
-    """Set ``handler`` for each of ``signals`` that is not ignored now; returns the previous
-    handlers of those it set (for :func:`restore_stop_handlers`). Main thread only (``ValueError`` otherwise,
-    as ``signal.signal``)."""
+    """Set ``handler`` for each of ``signals`` that is not ignored now (nor stopping); returns
+    the previous handlers of those it set, for :func:`restore_stop_handlers`.
+
+    Raises:
+        ValueError: called off the main thread (as ``signal.signal``).
+    """
     old = {}
     for s in signals:
         if signal.getsignal(s) not in (signal.SIG_IGN, _stopping):
@@ -40,8 +43,8 @@ def _ignore_at_exit() -> None:
 
 
 def restore_stop_handlers(old: dict[int, Any]) -> None:
-    """Put back the handlers :func:`install_stop_handlers` returned, unless a stop has begun (then they stay
-    ignored until the process exits)."""
+    """Put back the handlers :func:`install_stop_handlers` returned, unless a stop has begun
+    (then they stay ignored until the process exits). Main thread only (``ValueError``)."""
     for s, h in old.items():
         if signal.getsignal(s) not in (signal.SIG_IGN, _stopping):
             signal.signal(s, h)
