@@ -362,11 +362,11 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
         finally:
             if strict is not None:
                 rt.strict_depth -= 1
-        seg.bindings.settle()
+        seg.note_bindings(r.modules)  # once: also what settle and undeclared_writes compare slots with
+        seg.bindings.settle({id(m): slots for _, m, slots, _ in seg.end_bindings})
         for (where, cache), before in zip(caches, cache_state):
             if cache_fingerprint(cache) != before:
                 raise UnsupportedError(cache_message("stateremat.torch.checkpoint", seg.name, where, cache, "updated"))
-        seg.note_bindings(r.modules)  # once: also what undeclared_writes compares slots with
         # a hook's own tensors: refused only if the replay writes them again (an unguarded hook)
         seg.report_undeclared(seg.undeclared_writes(skip=r.hook_only), "after the forward")
         seg.note_parameters()

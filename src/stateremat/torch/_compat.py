@@ -122,10 +122,15 @@ def debug_override() -> bool | None:
     return _tuc._checkpoint_debug_enabled
 
 
+#: Tensor classes that are never wrapper subclasses (``_mark`` adds its marked classes).
+PLAIN_TENSOR_TYPES: set[type] = {torch.Tensor, torch.nn.Parameter}
+
+
 def has_storage(t: torch.Tensor) -> bool:
     """True for dense strided tensors with a real storage (not meta, not wrapper subclasses)."""
-    return (t.layout == torch.strided and not is_traceable_wrapper_subclass(t)
-            and t.device.type != "meta")
+    if t.layout != torch.strided or t.is_meta:
+        return False
+    return type(t) in PLAIN_TENSOR_TYPES or not is_traceable_wrapper_subclass(t)
 
 
 def in_functorch_transform() -> bool:
@@ -160,6 +165,7 @@ def in_foreign_recompute() -> bool:
 class _Hidden(threading.local):
     def __init__(self) -> None:
         self.modes: list[Any] = []  # dispatch modes pushed by context_fn contexts, innermost last
+        self.depth = 0  # library_ops contexts entered on this thread (nested ones cost nothing)
 
 
 _HIDDEN = _Hidden()
@@ -178,8 +184,45 @@ def entered_hiding(ctx: Any) -> Iterator[None]:
             del _HIDDEN.modes[len(_HIDDEN.modes) - len(pushed):]
 
 
-@contextlib.contextmanager
-def library_ops() -> Iterator[None]:
+class _LibraryOps:
+    """The context :func:`library_ops` returns (a class: it is entered on every journaled write)."""
+
+    __slots__ = ("grad", "dtf", "popped", "kept", "outer")
+
+    def __enter__(self) -> None:
+        local = _HIDDEN
+        self.outer = not local.depth
+        if not self.outer:  # inside another library_ops: already set up
+            local.depth += 1
+            return
+        self.popped = self.kept = None
+        hidden = local.modes
+        if hidden:
+            n = _len_torch_dispatch_stack()
+            self.popped = [_pop_mode() for _ in range(n)]  # innermost first
+            self.kept = [m for m in reversed(self.popped) if not any(m is h for h in hidden)]
+            for m in self.kept:
+                _push_mode(m)
+        self.grad = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        self.dtf = DisableTorchFunction()
+        self.dtf.__enter__()
+        local.depth = 1  # set up: only now can __exit__ run
+
+    def __exit__(self, *exc: Any) -> None:
+        _HIDDEN.depth -= 1
+        if not self.outer:
+            return
+        self.dtf.__exit__(None, None, None)
+        torch._C._set_grad_enabled(self.grad)
+        if self.popped is not None:
+            for _ in self.kept:
+                _pop_mode()
+            for m in reversed(self.popped):
+                _push_mode(m)
+
+
+def library_ops() -> _LibraryOps:
     """Run stateremat's own tensor bookkeeping outside the user's checkpoint policy and graphs.
 
     Snapshot copies, journal gathers and restores are not part of the user's program: the
@@ -188,21 +231,4 @@ def library_ops() -> Iterator[None]:
     tensors' handlers. Other modes (memory trackers, tracing) keep seeing them: snapshot and
     journal bytes are memory too.
     """
-    hidden = _HIDDEN.modes
-    if not hidden:
-        with torch.no_grad(), DisableTorchFunction():
-            yield
-        return
-    n = _len_torch_dispatch_stack()
-    popped = [_pop_mode() for _ in range(n)]  # innermost first
-    kept = [m for m in reversed(popped) if not any(m is h for h in hidden)]
-    for m in kept:
-        _push_mode(m)
-    try:
-        with torch.no_grad(), DisableTorchFunction():
-            yield
-    finally:
-        for _ in kept:
-            _pop_mode()
-        for m in reversed(popped):
-            _push_mode(m)
+    return _LibraryOps()

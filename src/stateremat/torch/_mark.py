@@ -23,8 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._compat import DisableTorchFunctionSubclass, eager_only, has_storage
+from ._compat import PLAIN_TENSOR_TYPES, DisableTorchFunctionSubclass, eager_only, has_storage
 from ._errors import UnsupportedError
+from ._mode import WriteMode, direct_writes, run_direct
 from ._storage import storage_key
 
 #: id(marked tensor) -> its DeclaredStorage.
@@ -63,10 +64,12 @@ def _handle(func: Any, args: tuple, kwargs: dict) -> Any:
             _collect(kwargs.values(), known)
         if not known:
             return func(*args, **kwargs)
-        from ._mode import WriteMode
-
-        with WriteMode(known):
-            out = func(*args, **kwargs)
+        direct = direct_writes(func, args, kwargs)
+        if direct is not None:  # writes known up front: no dispatch mode
+            out = run_direct(known, *direct, func, args, kwargs)
+        else:
+            with WriteMode(known):
+                out = func(*args, **kwargs)
         _mark_aliases(out, known)
         return out
 
@@ -118,6 +121,7 @@ class _MarkedParameter(nn.Parameter):
 
 _MARKED_OF: dict[type, type] = {torch.Tensor: _MarkedTensor, nn.Parameter: _MarkedParameter}
 _BASE_OF: dict[type, type] = {v: k for k, v in _MARKED_OF.items()}
+PLAIN_TENSOR_TYPES.update(_BASE_OF)
 
 
 def _marked_subclass(cls: type) -> type | None:

@@ -100,6 +100,77 @@ def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
     return [t for t in out if has_storage(t) and t.numel() > 0]
 
 
+#: Calls whose writes are known at the ``__torch_function__`` level: ``Tensor`` methods that write
+#: exactly ``self`` (every element of it), with the ATen op named in messages and journal runs.
+_SELF_WRITERS = {
+    "add_": _aten.add_.Tensor, "sub_": _aten.sub_.Tensor, "mul_": _aten.mul_.Tensor, "div_": _aten.div_.Tensor,
+    "copy_": _aten.copy_.default, "zero_": _aten.zero_.default, "fill_": _aten.fill_.Scalar,
+    "lerp_": _aten.lerp_.Scalar, "addcmul_": _aten.addcmul_.default, "addcdiv_": _aten.addcdiv_.default,
+    "clamp_": _aten.clamp_.default,
+}
+_DIRECT: dict[Any, Any] = {getattr(torch.Tensor, n): op for n, op in _SELF_WRITERS.items()}
+_BN = torch.nn.functional.batch_norm
+
+
+def direct_writes(func: Any, args: tuple, kwargs: dict) -> tuple[Any, list[torch.Tensor]] | None:
+    """``(ATen op, tensors written)`` of a ``__torch_function__``-level call whose writes are
+    known without dispatching it under :class:`WriteMode`; None: dispatch it to find out.
+
+    Known: ``Tensor`` methods that write exactly ``self`` (:data:`_SELF_WRITERS`) and
+    ``F.batch_norm`` (in training it writes ``running_mean`` and ``running_var``). A written
+    tensor that requires grad goes the dispatch way, so autograd's own checks (a leaf written in
+    place) come before any bookkeeping, as they do there.
+    """
+    op = _DIRECT.get(func)
+    if op is not None:
+        w = args[0] if args else None
+        if not isinstance(w, torch.Tensor) or w.requires_grad:
+            return None
+        return op, [w]
+    if func is _BN:
+        def arg(i: int, name: str, default: Any) -> Any:
+            return args[i] if len(args) > i else kwargs.get(name, default)
+        stats = [arg(1, "running_mean", None), arg(2, "running_var", None)]
+        if not arg(5, "training", False):
+            return _aten.native_batch_norm.default, []
+        if any(t is not None and (not isinstance(t, torch.Tensor) or t.requires_grad) for t in stats):
+            return None
+        return _aten.native_batch_norm.default, [t for t in stats if t is not None]
+    return None
+
+
+def run_direct(known: dict, op: Any, written: list[torch.Tensor], func: Any, args: tuple, kwargs: dict) -> Any:
+    """Run ``func`` whose writes ``written`` are known (:func:`direct_writes`): route each write to a
+    declared storage of ``known`` to :func:`on_write`, call it, then settle the version bumps."""
+    hit = []
+    for w in written:
+        if not has_storage(w) or w.numel() == 0:
+            continue
+        st = known.get(storage_key(w))
+        if st is not None:
+            on_write(st, op, (w,), {}, w)
+            hit.append(st)
+    out = func(*args, **kwargs)
+    for st in hit:
+        st.observe(journaled=True)
+    return out
+
+
+_BEFORE_WRITES: list = []
+
+
+def _before_writes() -> list:
+    """The ``before_write`` hooks of the preserver kinds that keep something per write (the
+    region journal); ``whole`` keeps nothing per write. Found once: the preservers import this
+    module's callers."""
+    if not _BEFORE_WRITES:
+        from ._preserve import PRESERVERS, Preserver
+
+        _BEFORE_WRITES.extend(cls.before_write for cls in PRESERVERS.values()
+                              if cls.before_write.__func__ is not Preserver.before_write.__func__)
+    return _BEFORE_WRITES
+
+
 def on_write(st: DeclaredStorage, func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
     """``func`` is about to write ``w``, a tensor on declared storage ``st``.
 
@@ -111,8 +182,6 @@ def on_write(st: DeclaredStorage, func: Any, args: tuple, kwargs: dict, w: torch
         ReplayError: ``torch.utils.checkpoint`` is recomputing a segment that writes declared
             state (its replay would write it a second time, outside any transaction).
     """
-    from ._preserve import PRESERVERS  # the preservers import this module's callers
-
     rt = runtime()
     if rt.replay:
         rt.replay[-1].on_write(st, func, args, kwargs, w)
@@ -131,8 +200,8 @@ def on_write(st: DeclaredStorage, func: Any, args: tuple, kwargs: dict, w: torch
             break
         seg.check_write(st.key, func)
     owner = rt.forward[-1] if rt.forward else None
-    for cls in PRESERVERS.values():
-        n = cls.before_write(st, func, args, kwargs, w)
+    for before_write in _before_writes():
+        n = before_write(st, func, args, kwargs, w)
         if n and owner is not None and owner.txn.runtime is st.rt:
             owner.txn.credit(st.key, n)
 

@@ -90,7 +90,12 @@ class DeclaredStorage:
         return True
 
     def observe(self, journaled: bool) -> None:
-        """Compare witnesses with the last synced versions; an unjournaled change is a gap."""
+        """Compare witnesses with the last synced versions; an unjournaled change is a gap.
+
+        Only a region journal reads gaps: with none, nothing is compared (a journal begun later
+        syncs every witness first, so what changed before it is no gap of its consumers)."""
+        if self.journal is None:
+            return
         changed = [i for i, t in self.witnesses.items() if t._version != self.synced[i]]
         if not changed:
             return

@@ -90,7 +90,10 @@ def _user_code(v: Any) -> bool:
 def _state_global(v: Any) -> bool:
     """A global worth following: tensors, modules, generators, containers, plain objects and
     user functions (not library functions, classes, imported modules or plain values)."""
-    if isinstance(v, (torch.Tensor, nn.Module, torch.Generator)):
+    t = type(v)
+    if t in _PLAIN_VALUES or t is types.ModuleType or isinstance(v, type):
+        return False
+    if isinstance(v, (torch.Tensor, nn.Module)) or _is_generator(v):
         return True
     if isinstance(v, (types.FunctionType, functools.partial)):
         return isinstance(v, functools.partial) or _user_code(v)
@@ -260,6 +263,8 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
         for k, v in module_attrs(sub):
             # Unregistered attributes (s.count = torch.zeros(1), s._gen, s.memory = Memory(), an
             # unregistered module) that replay would otherwise write twice or draw from again.
+            if type(v) in _PLAIN_VALUES:
+                continue
             if isinstance(v, torch.Tensor):
                 r.tensors.setdefault(id(v), (("tensor attribute", path, k), v))
             else:
@@ -330,11 +335,27 @@ def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
             _add_value(r, v, f"global {name!r}", depth, name)
 
 
+#: Exact types of plain values (checked before any ``isinstance``: most attributes are these).
+_PLAIN_VALUES = frozenset({type(None), bool, int, float, complex, str, bytes})
+#: type -> is it a ``torch.Generator`` (its metaclass makes ``isinstance`` slow).
+_GENERATOR_TYPES: dict[type, bool] = {}
+
+
+def _is_generator(v: Any) -> bool:
+    t = type(v)
+    g = _GENERATOR_TYPES.get(t)
+    if g is None:
+        g = _GENERATOR_TYPES[t] = isinstance(v, torch.Generator)
+    return g
+
+
 def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> None:
+    if type(v) in _PLAIN_VALUES:
+        return
     if isinstance(v, torch.Tensor):
         r.tensors.setdefault(id(v), (what, v))
         return
-    if isinstance(v, torch.Generator):
+    if _is_generator(v):
         r.generators.setdefault(id(v), (what, v))
         return
     if isinstance(v, nn.Module):
@@ -356,12 +377,16 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
         if mutable or isinstance(v, set):
             r.mutables.append(v)
         for i, x in enumerate(v):
+            if type(x) in _PLAIN_VALUES:  # (checked here: no name is formatted for it)
+                continue
             if mutable and isinstance(x, torch.Tensor):
                 r.slots.append((f"{what}[{i}]", v, i, x))
             _add_value(r, x, f"{what}[{i}]", depth + 1, prefix)
     elif isinstance(v, dict):
         r.mutables.append(v)
         for k, x in v.items():
+            if type(x) in _PLAIN_VALUES:
+                continue
             if isinstance(x, torch.Tensor):
                 r.slots.append((f"{what}[{k!r}]", v, k, x))
             _add_value(r, x, f"{what}[{k!r}]", depth + 1, prefix)
@@ -369,6 +394,8 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
           and (not callable(v) or _user_code(v))):
         r.mutables.append(v)
         for k, x in vars(v).items():  # attributes of a plain (or callable) object
+            if type(x) in _PLAIN_VALUES:
+                continue
             if isinstance(x, torch.Tensor):
                 r.slots.append((f"{what}.{k}", v, k, x))
             _add_value(r, x, f"{what}.{k}", depth + 1, prefix)

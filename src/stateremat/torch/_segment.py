@@ -37,7 +37,7 @@ from ._compat import (
 )
 from ._errors import ReplayDivergenceError, ReplayError, UndeclaredStateError
 from ._mode import StrictMode, warn_undeclared
-from ._runtime import Runtime
+from ._runtime import Runtime, runtime
 from ._scan import describe, reachable, rebound, tensor_slots
 from ._storage import fingerprint, storage_key
 from ._txn import Bindings, Transaction, put_binding
@@ -504,8 +504,6 @@ class Segment:
 
     @staticmethod
     def rt_exec_replay() -> Any:
-        from ._runtime import runtime
-
         rt = runtime()
         return rt.replay[-1] if rt.replay else None
 

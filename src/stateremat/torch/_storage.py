@@ -72,6 +72,19 @@ def _run_ids(runs: np.ndarray, c: int) -> np.ndarray:
         lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
 
 
+def runs_within(runs: np.ndarray, cover: np.ndarray) -> bool:
+    """True if every byte of ``runs`` lies inside ``cover`` (sorted disjoint runs, shape ``(n, 2)``)."""
+    if runs.shape[0] == 0:
+        return True
+    if cover.shape[0] == 0:
+        return False
+    if cover.shape[0] == 1:  # the common case (a whole view restored): no numpy calls on tiny arrays
+        lo, hi = cover[0].tolist()
+        return lo <= int(runs[:, 0].min()) and int(runs[:, 1].max()) <= hi
+    i = np.searchsorted(cover[:, 0], runs[:, 0], side="right") - 1
+    return bool((i >= 0).all() and (runs[:, 1] <= cover[np.maximum(i, 0), 1]).all())
+
+
 def run_bytes(runs: np.ndarray) -> int:
     """Total bytes covered by disjoint ``runs``."""
     return int((runs[:, 1] - runs[:, 0]).sum()) if runs.size else 0
@@ -212,6 +225,12 @@ def _element_runs(shape: list[int], stride: list[int], item: int) -> tuple[np.nd
 
 def view_runs(t: torch.Tensor) -> np.ndarray:
     """Exact byte runs of the storage holding the elements of ``t``, shape ``(n, 2)``."""
+    if t.is_contiguous():  # the common case: one run
+        n = t.numel()
+        if n == 0:
+            return np.zeros((0, 2), dtype=np.int64)
+        lo = t.storage_offset() * t.element_size()
+        return np.array([[lo, lo + n * t.element_size()]], dtype=np.int64)
     lo, hi = byte_extent(t)
     if t.numel() == 0:
         return np.zeros((0, 2), dtype=np.int64)
@@ -307,6 +326,12 @@ def _index_put_runs(t: torch.Tensor, indices: list) -> np.ndarray | None:
 
 _SCATTER_OPS = {"scatter_", "scatter_add_", "scatter_reduce_", "scatter", "scatter_add", "scatter_reduce"}
 _MASK_OPS = {"masked_fill_", "masked_scatter_", "masked_fill", "masked_scatter"}
+#: Ops whose written elements :func:`write_runs` resolves from their index/mask arguments.
+_ELEMENT_OPS = _INDEX_DIM_OPS | _SCATTER_OPS | _MASK_OPS | {"index_put_", "index_put", "_index_put_impl_"}
+
+
+#: ATen op -> its base name (``aten::index_put_`` -> ``index_put_``).
+_OP_NAMES: dict = {}
 
 
 def write_runs(func: torch._ops.OpOverload, args: tuple, kwargs: dict, written: torch.Tensor) -> np.ndarray:
@@ -317,9 +342,11 @@ def write_runs(func: torch._ops.OpOverload, args: tuple, kwargs: dict, written: 
     ``masked_fill_``/``masked_scatter_``) are resolved to the elements they write; every other
     write is the full set of elements of the written view (exact for slices and strided views).
     """
-    name = func._schema.name.split("::")[-1]
+    name = _OP_NAMES.get(func)
+    if name is None:
+        name = _OP_NAMES[func] = func._schema.name.split("::")[-1]
     runs = None
-    if args and args[0] is written:
+    if args and args[0] is written and name in _ELEMENT_OPS:
         if name in _INDEX_DIM_OPS and len(args) >= 3:
             runs = _index_runs(written, int(args[1]), args[2])
         elif name in ("index_put_", "index_put", "_index_put_impl_") and len(args) >= 2:

@@ -23,7 +23,7 @@ from stateremat.contract import rule
 from ._preserve import PRESERVERS, Preserver, Restored, WholePreserver
 from ._runtime import DeclaredStorage, Runtime, runtime
 from ._scan import tensor_slots
-from ._storage import StorageKey, gather, scatter, storage_key, write_runs
+from ._storage import StorageKey, gather, runs_within, scatter, storage_key, write_runs
 
 
 class ReplayLog:
@@ -42,6 +42,9 @@ class ReplayLog:
         # (key, copy-and-store callback). Copied lazily, before bytes under them change (R1).
         self.aliases: list[tuple[StorageKey, Callable[[], int]]] = []
         self.alias_bytes = 0  # bytes of saved-tensor aliases copied at pack time (whole items)
+        # key -> runs the restore set aside and reinstates after the replay: a replay write
+        # inside them needs no undo (the reinstatement overwrites it)
+        self.covered: dict[StorageKey, np.ndarray] = {}
 
     def on_write(self, st: DeclaredStorage, func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
         """A write to declared storage ``st`` during this replay."""
@@ -53,6 +56,9 @@ class ReplayLog:
             return  # the visible bytes set aside cover every byte of the storage
         self.copy_aliases(st.key)
         runs = write_runs(func, args, kwargs, w)
+        cover = self.covered.get(st.key)
+        if cover is not None and runs_within(runs, cover):
+            return
         if runs.shape[0]:
             with library_ops():
                 self.writes.append((st, runs, gather(st.flat, runs)))
@@ -105,11 +111,17 @@ class Bindings:
         self.rebound: list[tuple[nn.Module, str, str, Any]] = []
         self.swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def settle(self) -> None:
-        """After the forward: note what changed (nothing kept when nothing did)."""
+    def settle(self, now: dict[int, dict] | None = None) -> None:
+        """After the forward: note what changed (nothing kept when nothing did).
+
+        Args:
+            now: ``id(module) -> tensor_slots(module)`` already taken after the forward, if any.
+        """
+        now = now or {}
         self.rebound = [(m, d, k, v) for m, d, k, v in self.slots if _slot_get(m, d, k) is not v]
         start = {(id(m), d, k) for m, d, k, _ in self.slots}
-        self.rebound += [(m, d, k, None) for m in self.mods for (d, k) in tensor_slots(m)
+        self.rebound += [(m, d, k, None) for m in self.mods
+                         for (d, k) in (now[id(m)] if id(m) in now else tensor_slots(m))
                          if (id(m), d, k) not in start]  # created by the forward (a lazy buffer)
         with DisableTorchFunctionSubclass():
             moved = [e for e in self.data if e[0].data_ptr() != e[5] or e[0].untyped_storage().data_ptr()
@@ -193,12 +205,13 @@ class Transaction:
             with DisableTorchFunctionSubclass():
                 by_key.setdefault(storage_key(t), []).append((name, t))
         cls = PRESERVERS[self.preserve]
-        for key, members in by_key.items():
-            st = self.runtime.acquire(key, members[0][1])
-            for name, t in members:  # every declared tensor on the storage watches its version (R8)
-                if st.add_witness(t, name) and not _mark.mark_tensor(t, st):
-                    st.unmarkable = True  # writes to it reach on_write from now on, or via StrictMode
-            self._add(key, st, [n for n, _ in members], cls)
+        with library_ops():  # once for every storage's snapshot
+            for key, members in by_key.items():
+                st = self.runtime.acquire(key, members[0][1])
+                for name, t in members:  # every declared tensor on the storage watches its version (R8)
+                    if st.add_witness(t, name) and not _mark.mark_tensor(t, st):
+                        st.unmarkable = True  # writes to it reach on_write from now on, or via StrictMode
+                self._add(key, st, [n for n, _ in members], cls)
 
     def _add(self, key: StorageKey, st: DeclaredStorage, names: list[str], cls: type[Preserver]) -> Preserver:
         p = cls(st, self.segment_id, self.granularity_bytes)
@@ -278,10 +291,12 @@ class Transaction:
                 f"forward used; {rule('R8')}). Tip: write new values in place (t.copy_(new)) instead of "
                 "rebinding the tensor's storage between forward and backward.")
         restored: list[tuple[Preserver, Restored]] = []
-        for p in self.items.values():
-            r = p.restore(segment.name)
-            if r is not None:
-                restored.append((p, r))
+        with library_ops():
+            for p in self.items.values():
+                r = p.restore(segment.name)
+                if r is not None:
+                    restored.append((p, r))
+                    log.covered[p.storage.key] = r.runs
         versions = [(w, w._version) for w in witnesses.values()]
         temp = sum(r.visible.numel() for _, r in restored)
         rt_exec.replay.append(log)
@@ -299,8 +314,8 @@ class Transaction:
             with library_ops():
                 for st, runs, old in reversed(log.writes):  # back to B0 ...
                     scatter(st.flat, runs, old)
-            for p, r in restored:  # ... then to the visible bytes
-                p.reinstate(r)
+                for p, r in restored:  # ... then to the visible bytes
+                    p.reinstate(r)
             if versions:
                 reset_versions(tuple(w for w, _ in versions), tuple(v for _, v in versions))
             for p in self.items.values():

@@ -1,0 +1,253 @@
+"""The per-write fast paths of the marked-tensor handler and the journal (issue 15) change no result.
+
+* Calls whose writes are known at the ``__torch_function__`` level (``Tensor`` methods that write
+  ``self``, ``F.batch_norm``) skip the dispatch mode: for every such op, both preservers, nested
+  or not, the gradients, the buffers and the journal bytes equal those of the dispatch path
+  (``direct_writes`` switched off) and eager execution, bit for bit.
+* A replay write inside the bytes the restore set aside needs no undo (the reinstatement
+  overwrites it): property-tested against eager over random partial writes.
+* ``library_ops`` nests at no cost and an exception leaves grad mode and the nesting depth as
+  they were; the scan skips plain values without missing a tensor next to them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings, strategies as st
+
+from stateremat.torch import StatefulCheckpoint, checkpoint, preservation_stats
+from stateremat.torch import _compat, _mode
+from stateremat.torch._scan import reach
+from stateremat.torch._storage import runs_within
+
+D = torch.float64
+_SELF_OPS = {
+    "add_": lambda b, v: b.add_(v),
+    "sub_": lambda b, v: b.sub_(v * 0.5),
+    "mul_": lambda b, v: b.mul_(1 + v),
+    "div_": lambda b, v: b.div_(2 + v),
+    "copy_": lambda b, v: b.copy_(b * 0.5 + v),
+    "zero_": lambda b, v: b.zero_(),
+    "fill_": lambda b, v: b.fill_(float(v.sum())),
+    "lerp_": lambda b, v: b.lerp_(v, 0.25),
+    "addcmul_": lambda b, v: b.addcmul_(v, v, value=0.5),
+    "addcdiv_": lambda b, v: b.addcdiv_(v, v + 2, value=0.5),
+    "clamp_": lambda b, v: b.clamp_(min=-0.1, max=0.3),
+}
+
+
+def test_every_direct_op_is_listed_with_its_aten_op():
+    assert set(_SELF_OPS) == set(_mode._SELF_WRITERS)
+
+
+class _Block(torch.nn.Module):
+    """Writes its buffer with one op (on a slice when ``part``), reads it, and has a BatchNorm."""
+
+    def __init__(self, op: str, part: bool) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6).to(D)
+        self.bn = torch.nn.BatchNorm1d(6).to(D)
+        self.register_buffer("buf", torch.linspace(-1, 1, 12, dtype=D).reshape(2, 6))
+        self.op, self.part = op, part
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        target = self.buf[0] if self.part else self.buf
+        _SELF_OPS[self.op](target, h.detach()[0] if self.part else h.detach()[:2])
+        return self.bn(h) * self.buf.sum() + h
+
+
+def _run(op: str, part: bool, how: str, preserve: str, direct: bool, monkeypatch) -> tuple:
+    if not direct:
+        monkeypatch.setattr(_mode, "direct_writes", lambda *a: None)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(_Block(op, part), _Block(op, part))
+    if how == "wrapped":
+        model[0] = StatefulCheckpoint(model[0], state="buffers", preserve=preserve)
+    elif how == "nested":
+        inner = StatefulCheckpoint(model[1], state="buffers", preserve=preserve)
+        model = torch.nn.Sequential(model[0], inner)
+        outer = model
+        model = StatefulCheckpoint(outer, state="buffers", preserve=preserve)
+    journal = 0
+    for step in range(2):
+        x = torch.randn(4, 6, dtype=D, generator=torch.Generator().manual_seed(step))
+        before = preservation_stats().journal_bytes
+        out = model(x)
+        journal += preservation_stats().journal_bytes - before
+        out.square().sum().backward()
+    params = [p.grad.clone() for p in model.parameters()]
+    return params, [b.clone() for b in model.buffers()], journal
+
+
+@pytest.mark.parametrize("op", sorted(_SELF_OPS))
+@pytest.mark.parametrize("part", [False, True], ids=["whole_view", "slice"])
+@pytest.mark.parametrize("how", ["wrapped", "nested"])
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_direct_writes_equal_the_dispatch_path_and_eager(op, part, how, preserve, monkeypatch):
+    fast = _run(op, part, how, preserve, True, monkeypatch)
+    with monkeypatch.context() as m:
+        slow = _run(op, part, how, preserve, False, m)
+    eager = _run(op, part, "eager", preserve, True, monkeypatch)
+    for a, b, c in zip(fast[0] + fast[1], slow[0] + slow[1], eager[0] + eager[1]):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert fast[2] == slow[2]  # the same bytes journaled (none under whole)
+    if preserve == "whole":
+        assert fast[2] == 0
+
+
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("momentum", [0.1, 1.0])
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_functional_batch_norm_keywords_and_modes(training, momentum, preserve):
+    torch.manual_seed(0)
+    rm, rv = torch.zeros(3, dtype=D), torch.ones(3, dtype=D)
+    erm, erv = rm.clone(), rv.clone()
+    x = torch.randn(5, 3, dtype=D, requires_grad=True)
+
+    def f(x, rm, rv):
+        return F.batch_norm(x, running_mean=rm, running_var=rv, training=training, momentum=momentum).exp().sum()
+
+    checkpoint(lambda x: f(x, rm, rv), x, state=[rm, rv], preserve=preserve).backward()
+    g = x.grad.clone()
+    x.grad = None
+    f(x, erm, erv).backward()
+    assert torch.equal(g, x.grad) and torch.equal(rm, erm) and torch.equal(rv, erv)
+
+
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_a_write_to_a_declared_leaf_that_requires_grad_keeps_torchs_error(preserve):
+    p = torch.nn.Parameter(torch.ones(3, dtype=D))
+    before = preservation_stats().journal_bytes
+
+    def f(x):
+        p.add_(1.0)
+        return (x * p).sum()
+
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        checkpoint(f, torch.ones(3, dtype=D, requires_grad=True), state=[p], preserve=preserve)
+    assert preservation_stats().journal_bytes == before
+    assert torch.equal(p.detach(), torch.ones(3, dtype=D))
+
+
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_unmarked_alias_written_with_a_marked_argument_is_seen(preserve):
+    buf = torch.zeros(4, 3, dtype=D)
+    alias = buf[1]  # taken before the segment marks buf: writes through it alone are not seen
+    eager_buf = buf.clone()
+    x = torch.randn(3, dtype=D, requires_grad=True)
+
+    def f(x, b, a):
+        a.add_(b[0] + 1.0)  # the marked buf is an argument: the write to its storage is seen
+        return (b[1] * x).exp().sum()
+
+    checkpoint(lambda x: f(x, buf, alias), x, state=[buf], preserve=preserve).backward()
+    g = x.grad.clone()
+    x.grad = None
+    f(x, eager_buf, eager_buf[1]).backward()
+    assert torch.equal(g, x.grad) and torch.equal(buf, eager_buf)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_replay_writes_inside_restored_runs_match_eager(data):
+    """Random partial writes in forward, between forward and backward and again in the replay."""
+    n = data.draw(st.integers(4, 16))
+    spans = st.tuples(st.integers(0, n - 1), st.integers(1, 4)).map(lambda t: (t[0], min(n, t[0] + t[1])))
+    inside = data.draw(st.lists(spans, min_size=1, max_size=4))
+    between = data.draw(st.lists(spans, max_size=3))
+    results = []
+    for mode in ("region", "whole", "eager"):
+        buf = torch.arange(n, dtype=D)
+        x = torch.linspace(0.1, 1, n, dtype=D, requires_grad=True)
+
+        def seg(x):
+            for k, (a, b) in enumerate(inside):
+                buf[a:b].mul_(0.5).add_(k + 1)
+            return (x * buf.clone()).sin().sum()  # eager saves no alias of buf: it may change before backward
+
+        out = seg(x) if mode == "eager" else checkpoint(seg, x, state=[buf], preserve=mode)
+        for a, b in between:
+            buf[a:b] += 3.0
+        out.backward()
+        results.append((x.grad.clone(), buf.clone()))
+    for got in results[:2]:
+        assert torch.equal(got[0], results[2][0]) and torch.equal(got[1], results[2][1])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 8)), max_size=5),
+       st.lists(st.tuples(st.integers(0, 60), st.integers(1, 8)), max_size=4))
+def test_runs_within_equals_a_byte_set_check(runs, cover):
+    def norm(rs):
+        spans = sorted((a, a + k) for a, k in rs)
+        merged: list[list[int]] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], b)
+            else:
+                merged.append([a, b])
+        return np.array(merged, dtype=np.int64).reshape(-1, 2)
+
+    r, c = norm(runs), norm(cover)
+    covered = {i for a, b in c for i in range(a, b)}
+    assert runs_within(r, c) == all(i in covered for a, b in r for i in range(a, b))
+
+
+def test_library_ops_nest_and_an_exception_restores_everything():
+    x = torch.ones(2, requires_grad=True)
+    assert torch.is_grad_enabled()
+    with pytest.raises(KeyError):
+        with _compat.library_ops():
+            with _compat.library_ops():
+                assert not torch.is_grad_enabled()
+                assert not (x * 2).requires_grad
+                raise KeyError("inner")
+    assert torch.is_grad_enabled() and _compat._HIDDEN.depth == 0
+    assert (x * 2).requires_grad
+
+
+def test_scan_skips_plain_values_without_missing_tensors_beside_them():
+    t1, t2, t3 = torch.zeros(1), torch.zeros(2), torch.zeros(3)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.log = [*range(1000), t1, "x", None]
+            self.table = {**{i: float(i) for i in range(1000)}, "t": t2}
+            self.cfg = type("Cfg", (), {})()
+            self.cfg.n, self.cfg.t = 3, t3
+
+        def forward(self, x):
+            return x
+
+    r = reach(M(), (torch.ones(1),), {})
+    found = {id(t) for _, t in r.tensors.values()}
+    assert {id(t1), id(t2), id(t3)} <= found
+
+
+class _Tagged(torch.Tensor):
+    """A user subclass with torch's own ``__torch_function__`` (markable)."""
+
+
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+@pytest.mark.parametrize("op", ["add_", "copy_", "mul_"])
+def test_direct_writes_on_a_user_tensor_subclass(op, preserve):
+    x = torch.randn(3, dtype=D, requires_grad=True)
+    results = []
+    for mode in (preserve, "eager"):
+        buf = torch.linspace(0, 1, 3, dtype=D).as_subclass(_Tagged)
+
+        def seg(x):
+            _SELF_OPS[op](buf, x.detach())
+            return (x * buf.clone()).exp().sum()
+
+        out = seg(x) if mode == "eager" else checkpoint(seg, x, state=[buf], preserve=mode)
+        buf.add_(1.0)  # between forward and backward
+        out.backward()
+        results.append((x.grad.clone(), buf.as_subclass(torch.Tensor).clone(), type(buf)))
+        x.grad = None
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+    assert results[0][2] is _Tagged  # the class is given back once nothing can replay
