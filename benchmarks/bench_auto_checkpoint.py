@@ -13,6 +13,9 @@ One training step = forward, loss, backward, SGD step. For each model:
    expected (chain) peak, the measured peak and whether it fits (target: measured <= budget).
    If no plan fits 0.5 × eager's peak it says so (with the least predicted peak as a fraction of
    eager's) and plans at 1.02 × that least peak instead.
+   For models with a BatchNorm it also prints a lower bound on the peak of *any* plan
+   (:func:`plan_floor_bytes`): no checkpointing plan can go below it, so a budget under it is
+   infeasible by arithmetic, not for want of a planner.
 3. Time: steps of the planned model (A), of the same model with torch's own checkpointing
    (``torch.utils.checkpoint``, non-reentrant) on exactly the segments the plan replays (B), on
    every segment (C) and eager (D) are interleaved A B C D, D C B A, ...; printed are medians
@@ -109,6 +112,40 @@ def measured_peak(model, step, opt, inputs, device) -> int:
     return pm.peak_bytes
 
 
+def plan_floor_bytes(model, step, opt, inputs) -> int | None:
+    """A lower bound on the peak of *any* checkpointing plan of a model with a BatchNorm, in bytes.
+
+    When autograd runs the backward of the first BatchNorm (the stem's, at the largest
+    resolution), its saved input, its output gradient and its input gradient are live at once
+    (3 x the input's bytes, whatever is recomputed), together with the parameters, the gradients
+    of every later layer, the optimizer state and the batch. None if the model has no BatchNorm.
+    """
+    bn = next((m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)), None)
+    if bn is None:
+        return None
+    order: list = []  # modules with parameters, in the order the forward ran them
+    sizes: list = []
+
+    def note(m, a, out):
+        if m is bn and not sizes:
+            sizes.append(a[0].numel() * a[0].element_size())
+        if any(True for _ in m.parameters(recurse=False)) and m not in order:
+            order.append(m)
+    handles = [m.register_forward_hook(note) for m in model.modules()]
+    try:
+        step(model)
+    finally:
+        for h in handles:
+            h.remove()
+    early = {id(p) for m in order[:order.index(bn) + 1] for p in m.parameters(recurse=False)}
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    grads = sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in early)
+    state = sum(t.numel() * t.element_size() for s in opt.state.values() for t in s.values()
+                if isinstance(t, torch.Tensor))
+    batch = sum(t.numel() * t.element_size() for t in inputs)
+    return params + grads + state + batch + 3 * sizes[0]
+
+
 def torch_checkpoint(model, names) -> None:
     for name in names:
         m = model.get_submodule(name)
@@ -121,6 +158,7 @@ def run(name: str, pairs: int, device: torch.device) -> dict:
     model, loss_of, segments, inputs = build(device)
     step, opt = trainer(model, loss_of)
     eager_peak = measured_peak(model, step, opt, inputs, device)
+    floor = plan_floor_bytes(model, step, opt, inputs)
     budget = eager_peak // 2
     ours, loss_ours, _, _ = build(device)
     step_ours, opt_ours = trainer(ours, loss_ours)
@@ -172,7 +210,7 @@ def run(name: str, pairs: int, device: torch.device) -> dict:
     expected = expected_peak_bytes(res.card, res.options)
     return {
         "model": name, "segments": len(res.segment_names), "plan": dict(zip(res.segment_names, res.options)),
-        "eager_measured_peak": eager_peak, "budget": budget, "budget_rule": budget_rule, "predicted_peak_eq3": res.predicted_peak_bytes,
+        "eager_measured_peak": eager_peak, "any_plan_floor": floor, "budget": budget, "budget_rule": budget_rule, "predicted_peak_eq3": res.predicted_peak_bytes,
         "expected_peak_chain": expected, "measured_peak": ours_peak, "fits": ours_peak <= budget,
         "measured_over_expected": ours_peak / expected, "torch_same_segments_peak": torch_same_peak,
         "profile_plan_apply_s": plan_s,
@@ -188,6 +226,10 @@ def report(r: dict) -> str:
     lines = [f"== {r['model']}: {r['segments']} segments, plan {list(r['plan'].values())}",
              f"eager measured peak {mb(r['eager_measured_peak'])}; budget {mb(r['budget'])} "
              f"({r['budget'] / r['eager_measured_peak']:.3f} x eager: {r['budget_rule']})",
+             *([f"lower bound of any plan's peak: {mb(r['any_plan_floor'])} = "
+                f"{r['any_plan_floor'] / r['eager_measured_peak']:.3f} x eager (the first BatchNorm's backward: "
+                "3 x its input's bytes, with parameters, later gradients, optimizer state and batch)"]
+               if r['any_plan_floor'] else []),
              f"predicted (eq. 3) {mb(r['predicted_peak_eq3'])}, expected (chain) {mb(r['expected_peak_chain'])}, "
              f"measured {mb(r['measured_peak'])} -> fits budget: {r['fits']} "
              f"(measured/expected {r['measured_over_expected']:.4f}); torch on the same segments "
