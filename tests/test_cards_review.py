@@ -79,7 +79,10 @@ def test_rows_that_raised_are_failed_in_report_never_infeasible(cohort_run, tmp_
     cut = _cut_card(cohort_run / CARD, tmp_path / "cut")
     out = tmp_path / "run"
     res = _run(*COHORT, "--profile", cut.parent, "--out", out)
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # the processes ran, but a method raised: not a success
+    text = _text(res)
+    assert "unit(s) ran but raised" in text and "build_method: 3 options for 16 segments" in text, text
+    assert "new --out" in text, text
     res = _run("report", out)
     assert res.exit_code == 1, res.output
     text = _text(res)

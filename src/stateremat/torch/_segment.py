@@ -124,7 +124,10 @@ def undeclared_message(seg: "Segment", names: str, when: str, reachable: bool = 
     """The ``UndeclaredStateError`` text; ``written``: ``(scan name, tensor)`` of the written tensors
     (a write to an input that autograd tracks gets the out-of-place tip instead of declaring)."""
     inputs = _written_inputs(written)
-    head = (f"stateremat.torch.checkpoint: segment {seg.name!r} wrote in place to {names}, which existed "
+    parts = names.split(", ")
+    rebinds = [p.endswith("(rebound to another tensor)") for p in parts]
+    verb = "rebound" if all(rebinds) else "wrote in place to or rebound" if any(rebinds) else "wrote in place to"
+    head = (f"stateremat.torch.checkpoint: segment {seg.name!r} {verb} {names}, which existed "
             f"before the segment and is not declared state (expected only declared tensors to be "
             f"mutated, got a write {when}); replay would repeat this write ({rule('R7')}).")
     if inputs:

@@ -113,6 +113,23 @@ def processes(
         raise fail(f"{_API}: processes {res['failed']} failed (exit codes and stderr tails in "
                    f"{out}/cohort_processes). Tip: rerun the same command to retry only those; "
                    "finished processes are kept.", code=1)
+    _fail_on_error_rows(out)
+
+
+def _fail_on_error_rows(out: Path) -> None:
+    """Exit 1 when a process finished but a method in it raised (its rows carry the error)."""
+    from ..cohort import TIMING_TABLE
+    from ..report import check_complete
+
+    st = check_complete(out).get(TIMING_TABLE)
+    if st is None or not st.why:
+        return
+    (p, cell, method), why = next(iter(st.why.items()))
+    raise fail(f"{_API}: {len(st.why)} (process, cell, method) unit(s) ran but raised, e.g. process {p}, "
+               f"cell {cell!r}, method {method!r}: {why}. Their rows are kept and `stateremat report "
+               f"{out}` lists them as incomplete (a raised method is a failure, never infeasible). Tip: "
+               "fix the cause, then run the cohort into a new --out folder (a rerun here counts those "
+               "processes as done).", code=1)
 
 
 def _spec(experiment: str, preset: str):
