@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from stateremat.torch import StatefulCheckpoint, checkpoint, preservation_stats
+from stateremat.torch import ReplayError, StatefulCheckpoint, checkpoint, preservation_stats
 from stateremat.torch import _compat, _mode
 from stateremat.torch._scan import reach
 from stateremat.torch._storage import runs_within
@@ -251,3 +251,146 @@ def test_direct_writes_on_a_user_tensor_subclass(op, preserve):
         x.grad = None
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
     assert results[0][2] is _Tagged  # the class is given back once nothing can replay
+
+
+# --- review findings: a write recorded before the call must be a write that happens -----------
+
+def _bn_calls():
+    bn = torch.nn.BatchNorm1d(3).to(D)
+
+    def empty(x):
+        return torch.tanh(x) * 2 + F.batch_norm(x[:0], bn.running_mean, bn.running_var, training=True).sum()
+
+    def one_value(x):  # eager raises before any write; the model catches it
+        try:
+            F.batch_norm(x[:1], bn.running_mean, bn.running_var, training=True)
+        except ValueError:
+            pass
+        return torch.tanh(x) * 2
+
+    def bad_eps(x):
+        try:
+            F.batch_norm(x, bn.running_mean, bn.running_var, training=True, eps=0.0)
+        except ValueError:
+            pass
+        return torch.tanh(x) * 2
+
+    return bn, {"empty": empty, "one_value": one_value, "bad_eps": bad_eps}
+
+
+@pytest.mark.parametrize("call", ["empty", "one_value", "bad_eps"])
+@pytest.mark.parametrize("outer", ["stateremat", "stateremat_warn", "torch"])
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_a_batch_norm_that_writes_nothing_is_not_a_write(call, outer, preserve):
+    """The statistics are declared by a live segment; a later call that writes nothing in eager
+    (empty batch, one value per channel, eps <= 0) is no undeclared write and no foreign replay write."""
+    import warnings
+
+    import torch.utils.checkpoint as tuc
+
+    bn, calls = _bn_calls()
+    lin = torch.nn.Linear(3, 3).to(D)
+    x = torch.randn(4, 3, dtype=D, requires_grad=True)
+    y = checkpoint(lambda x: bn(lin(x)), x, state=[bn], preserve=preserve)
+    before = (bn.running_mean.clone(), bn.running_var.clone())
+    f = calls[call]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if outer == "torch":
+            z = tuc.checkpoint(f, y, use_reentrant=False)
+        else:
+            z = checkpoint(f, y, on_undeclared="warn" if outer == "stateremat_warn" else "raise")
+        z.sum().backward()
+    assert torch.equal(bn.running_mean, before[0]) and torch.equal(bn.running_var, before[1])
+
+
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_an_inference_tensor_written_outside_inference_mode_keeps_torchs_error(preserve):
+    with torch.inference_mode():
+        buf = torch.zeros(3, dtype=D)
+
+    def f(x):
+        buf.add_(1.0)
+        return (x * 2).sum()
+
+    with pytest.raises(RuntimeError, match="[Ii]nference tensor"):
+        checkpoint(f, torch.ones(3, dtype=D, requires_grad=True), state=[buf], preserve=preserve)
+
+
+# --- review finding: a later segment's replay must not hide an unseen write from a region journal ---
+
+def _two_segments(mode: str, first: str, second: str):
+    torch.manual_seed(0)
+    lin1, lin2 = torch.nn.Linear(6, 6).to(D), torch.nn.Linear(6, 6).to(D)
+    q = torch.linspace(-1, 1, 30, dtype=D).reshape(5, 6)
+    early_alias = q[4]  # taken before any segment: never marked, its writes bypass the journal
+
+    def seg(lin, row):
+        def f(x):
+            h = torch.tanh(lin(x))
+            out = h * q[4].clone() + h * q[row].clone()
+            q[row].mul_(1.1)
+            return out
+        return f
+
+    x = torch.randn(4, 6, dtype=D, generator=torch.Generator().manual_seed(0))
+    fa, fb = seg(lin1, 0), seg(lin2, 1)
+    out = fb(fa(x)) if mode == "eager" else checkpoint(
+        fb, checkpoint(fa, x, state=[q], preserve=first), state=[q], preserve=second)
+    loss = out.square().sum()
+    early_alias.add_(0.25)  # eager code between forward and backward, unseen by the journal
+    loss.backward()
+    return q, lin1.weight.grad, lin2.weight.grad
+
+
+@pytest.mark.parametrize("second", ["whole", "region"])
+def test_an_unseen_write_is_refused_for_a_region_segment_whatever_replays_first(second):
+    with pytest.raises(ReplayError, match="version gap"):
+        _two_segments("checkpoint", "region", second)
+
+
+def test_an_unseen_write_is_fine_when_every_segment_keeps_a_whole_snapshot():
+    got, want = _two_segments("checkpoint", "whole", "whole"), _two_segments("eager", "", "")
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+# --- review finding: results of calls on a declared user subclass keep the subclass -----------
+
+class _Doubling(torch.Tensor):
+    """Overrides a method: ``add_`` adds twice."""
+
+    def add_(self, other, alpha=1):
+        return super().add_(other, alpha=2 * alpha)
+
+
+_DERIVED = {
+    "row": lambda q: q[0],
+    "transpose": lambda q: q.T,
+    "flat_view": lambda q: q.view(-1)[:3],
+    "product": lambda q: q * 2,
+    "clone": lambda q: q.clone(),
+}
+
+
+@pytest.mark.parametrize("derive", sorted(_DERIVED))
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_results_of_a_declared_subclass_keep_its_class_and_overrides(derive, preserve):
+    lin = torch.nn.Linear(3, 3).to(D)
+    x = torch.randn(2, 3, dtype=D)
+    results = []
+    for mode in ("eager", preserve):
+        q = torch.zeros(2, 3, dtype=D).as_subclass(_Doubling)
+        seen = []
+
+        def f(x):
+            d = _DERIVED[derive](q)
+            seen.append(isinstance(d, _Doubling))
+            d.add_(1.0)
+            return lin(x) * q.as_subclass(torch.Tensor).sum()
+
+        out = f(x) if mode == "eager" else checkpoint(f, x, state=[q], preserve=mode)
+        out.sum().backward()
+        results.append((q.as_subclass(torch.Tensor).clone(), lin.weight.grad.clone(), all(seen)))
+        lin.weight.grad = None
+    assert results[0][2] and results[1][2]
+    assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])

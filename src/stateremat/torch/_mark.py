@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._compat import PLAIN_TENSOR_TYPES, DisableTorchFunctionSubclass, eager_only, has_storage
+from ._compat import PLAIN_TENSOR_TYPES, DisableTorchFunctionSubclass, as_eager_class, eager_only, has_storage
 from ._errors import UnsupportedError
 from ._mode import WriteMode, direct_writes, run_direct
 from ._storage import storage_key
@@ -50,11 +50,14 @@ def _handler(cls: type, func: Any, types: tuple, args: tuple = (), kwargs: dict 
     if func in _QUIET:  # metadata: no write, no alias
         with DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
-    return _handle(func, args, kwargs)
+    return _handle(func, args, kwargs, _BASE_OF.get(cls, cls))
 
 
 @eager_only
-def _handle(func: Any, args: tuple, kwargs: dict) -> Any:
+def _handle(func: Any, args: tuple, kwargs: dict, base: type = torch.Tensor) -> Any:
+    """Run ``func`` on marked tensors: writes to declared storages reach ``on_write``; results
+    get the class eager gives them (``base``: the unmarked class), and aliases of a declared
+    storage are marked."""
     with DisableTorchFunctionSubclass():
         if func in _AS_BASE:
             return _as_base(func, args, kwargs)
@@ -63,13 +66,14 @@ def _handle(func: Any, args: tuple, kwargs: dict) -> Any:
         if kwargs:
             _collect(kwargs.values(), known)
         if not known:
-            return func(*args, **kwargs)
+            return as_eager_class(func(*args, **kwargs), func, base)
         direct = direct_writes(func, args, kwargs)
         if direct is not None:  # writes known up front: no dispatch mode
             out = run_direct(known, *direct, func, args, kwargs)
         else:
             with WriteMode(known):
                 out = func(*args, **kwargs)
+        out = as_eager_class(out, func, base)
         _mark_aliases(out, known)
         return out
 

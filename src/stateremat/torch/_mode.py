@@ -117,25 +117,32 @@ def direct_writes(func: Any, args: tuple, kwargs: dict) -> tuple[Any, list[torch
     known without dispatching it under :class:`WriteMode`; None: dispatch it to find out.
 
     Known: ``Tensor`` methods that write exactly ``self`` (:data:`_SELF_WRITERS`) and
-    ``F.batch_norm`` (in training it writes ``running_mean`` and ``running_var``). A written
-    tensor that requires grad goes the dispatch way, so autograd's own checks (a leaf written in
-    place) come before any bookkeeping, as they do there.
+    ``F.batch_norm`` (in training it writes ``running_mean`` and ``running_var``). The writes are
+    recorded before the call runs, so only calls that surely write take this path; the others go
+    the dispatch way, where a write is seen only when the kernel is reached: a written tensor
+    that requires grad or is an inference tensor (autograd's own checks come first), and a
+    batch norm that writes nothing or raises before its kernel (an empty batch, one value per
+    channel, ``eps <= 0``, a missing statistic, an input of fewer than two dimensions).
     """
     op = _DIRECT.get(func)
     if op is not None:
         w = args[0] if args else None
-        if not isinstance(w, torch.Tensor) or w.requires_grad:
+        if not isinstance(w, torch.Tensor) or w.requires_grad or w.is_inference():
             return None
         return op, [w]
     if func is _BN:
         def arg(i: int, name: str, default: Any) -> Any:
             return args[i] if len(args) > i else kwargs.get(name, default)
-        stats = [arg(1, "running_mean", None), arg(2, "running_var", None)]
         if not arg(5, "training", False):
             return _aten.native_batch_norm.default, []
-        if any(t is not None and (not isinstance(t, torch.Tensor) or t.requires_grad) for t in stats):
+        x, stats, eps = args[0] if args else kwargs.get("input"), [arg(1, "running_mean", None),
+                                                                   arg(2, "running_var", None)], arg(7, "eps", 1e-5)
+        if not (isinstance(x, torch.Tensor) and x.dim() >= 2 and x.numel() > 0 and x.numel() // x.shape[1] > 1
+                and type(eps) in (float, int) and eps > 0 and type(arg(6, "momentum", 0.1)) in (float, int)
+                and all(isinstance(t, torch.Tensor) and not t.requires_grad and not t.is_inference()
+                        for t in stats)):
             return None
-        return _aten.native_batch_norm.default, [t for t in stats if t is not None]
+        return _aten.native_batch_norm.default, stats
     return None
 
 
@@ -183,6 +190,7 @@ def on_write(st: DeclaredStorage, func: Any, args: tuple, kwargs: dict, w: torch
             state (its replay would write it a second time, outside any transaction).
     """
     rt = runtime()
+    st.observe(journaled=False)  # a change since the last seen write is a gap (R8)
     if rt.replay:
         rt.replay[-1].on_write(st, func, args, kwargs, w)
         return
@@ -194,7 +202,6 @@ def on_write(st: DeclaredStorage, func: Any, args: tuple, kwargs: dict, w: torch
             "checkpoint that part with stateremat.torch.checkpoint or StatefulCheckpoint instead of "
             "torch.utils.checkpoint; they nest."
         )
-    st.observe(journaled=False)  # a change since the last seen write is a gap (R8)
     for seg in reversed(rt.forward):  # innermost segment first (R7)
         if st.key in seg.txn.items:
             break

@@ -290,6 +290,8 @@ class Transaction:
                 f"restoring its bytes would not restore what the replay reads (expected the storage the "
                 f"forward used; {rule('R8')}). Tip: write new values in place (t.copy_(new)) instead of "
                 "rebinding the tensor's storage between forward and backward.")
+        for p in self.items.values():  # an unseen change before this replay is a gap for other
+            p.storage.observe(journaled=False)  # consumers; the replay's own writes are synced after
         restored: list[tuple[Preserver, Restored]] = []
         with library_ops():
             for p in self.items.values():
