@@ -131,19 +131,27 @@ def direct_writes(func: Any, args: tuple, kwargs: dict) -> tuple[Any, list[torch
             return None
         return op, [w]
     if func is _BN:
-        def arg(i: int, name: str, default: Any) -> Any:
-            return args[i] if len(args) > i else kwargs.get(name, default)
-        if not arg(5, "training", False):
-            return _aten.native_batch_norm.default, []
-        x, stats, eps = args[0] if args else kwargs.get("input"), [arg(1, "running_mean", None),
-                                                                   arg(2, "running_var", None)], arg(7, "eps", 1e-5)
-        if not (isinstance(x, torch.Tensor) and x.dim() >= 2 and x.numel() > 0 and x.numel() // x.shape[1] > 1
-                and type(eps) in (float, int) and eps > 0 and type(arg(6, "momentum", 0.1)) in (float, int)
-                and all(isinstance(t, torch.Tensor) and not t.requires_grad and not t.is_inference()
-                        for t in stats)):
-            return None
-        return _aten.native_batch_norm.default, stats
+        return _batch_norm_writes(args, kwargs)
     return None
+
+
+def _batch_norm_writes(args: tuple, kwargs: dict) -> tuple[Any, list[torch.Tensor]] | None:
+    """:func:`direct_writes` of ``F.batch_norm(input, running_mean, running_var, weight, bias,
+    training, momentum, eps)``: nothing in evaluation; both statistics in training when the call
+    surely reaches its kernel (mirrors ``F.batch_norm``'s own checks); else None."""
+    def arg(i: int, name: str, default: Any) -> Any:
+        return args[i] if len(args) > i else kwargs.get(name, default)
+
+    if not arg(5, "training", False):
+        return _aten.native_batch_norm.default, []
+    x, eps, momentum = arg(0, "input", None), arg(7, "eps", 1e-5), arg(6, "momentum", 0.1)
+    stats = [arg(1, "running_mean", None), arg(2, "running_var", None)]
+    reaches_kernel = (
+        isinstance(x, torch.Tensor) and x.dim() >= 2 and x.numel() > 0
+        and x.numel() // x.shape[1] > 1  # more than one value per channel (else ValueError)
+        and type(eps) in (float, int) and eps > 0 and type(momentum) in (float, int)
+        and all(isinstance(t, torch.Tensor) and not t.requires_grad and not t.is_inference() for t in stats))
+    return (_aten.native_batch_norm.default, stats) if reaches_kernel else None
 
 
 def run_direct(known: dict, op: Any, written: list[torch.Tensor], func: Any, args: tuple, kwargs: dict) -> Any:
