@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings, strategies as st
 
-from stateremat.torch import ReplayError, StatefulCheckpoint, checkpoint, preservation_stats
+from stateremat.torch import ReplayError, StatefulCheckpoint, UnsupportedError, checkpoint, preservation_stats
 from stateremat.torch import _compat, _mode
 from stateremat.torch._scan import reach
 from stateremat.torch._storage import runs_within
@@ -275,10 +275,25 @@ def _bn_calls():
             pass
         return torch.tanh(x) * 2
 
-    return bn, {"empty": empty, "one_value": one_value, "bad_eps": bad_eps}
+    def wrong_weight(x):  # a size error before the kernel
+        try:
+            F.batch_norm(x, bn.running_mean, bn.running_var, torch.ones(4, dtype=D), training=True)
+        except RuntimeError:
+            pass
+        return torch.tanh(x) * 2
+
+    def wrong_channels(x):
+        try:
+            F.batch_norm(torch.cat([x, x], 1), bn.running_mean, bn.running_var, training=True)
+        except RuntimeError:
+            pass
+        return torch.tanh(x) * 2
+
+    return bn, {"empty": empty, "one_value": one_value, "bad_eps": bad_eps, "wrong_weight": wrong_weight,
+                "wrong_channels": wrong_channels}
 
 
-@pytest.mark.parametrize("call", ["empty", "one_value", "bad_eps"])
+@pytest.mark.parametrize("call", ["empty", "one_value", "bad_eps", "wrong_weight", "wrong_channels"])
 @pytest.mark.parametrize("outer", ["stateremat", "stateremat_warn", "torch"])
 @pytest.mark.parametrize("preserve", ["whole", "region"])
 def test_a_batch_norm_that_writes_nothing_is_not_a_write(call, outer, preserve):
@@ -305,16 +320,18 @@ def test_a_batch_norm_that_writes_nothing_is_not_a_write(call, outer, preserve):
 
 
 @pytest.mark.parametrize("preserve", ["whole", "region"])
-def test_an_inference_tensor_written_outside_inference_mode_keeps_torchs_error(preserve):
+def test_a_declared_inference_tensor_is_refused_with_a_clear_error(preserve):
     with torch.inference_mode():
         buf = torch.zeros(3, dtype=D)
+    calls = []
 
     def f(x):
-        buf.add_(1.0)
-        return (x * 2).sum()
+        calls.append(1)
+        return (x * buf).sum()
 
-    with pytest.raises(RuntimeError, match="[Ii]nference tensor"):
+    with pytest.raises(UnsupportedError, match="inference tensor.*Tip:"):
         checkpoint(f, torch.ones(3, dtype=D, requires_grad=True), state=[buf], preserve=preserve)
+    assert not calls  # refused before the forward ran
 
 
 # --- review finding: a later segment's replay must not hide an unseen write from a region journal ---
@@ -394,3 +411,144 @@ def test_results_of_a_declared_subclass_keep_its_class_and_overrides(derive, pre
         lin.weight.grad = None
     assert results[0][2] and results[1][2]
     assert torch.equal(results[0][0], results[1][0]) and torch.equal(results[0][1], results[1][1])
+
+
+# --- second review: one call writing twice; subclasses with their own __torch_function__ -------
+
+def _write_twice(kind: str):
+    if kind == "fill_diagonal":
+        q = torch.rand(8, dtype=D, generator=torch.Generator().manual_seed(0))
+        return q, lambda: q.view(4, 2).fill_diagonal_(0.5, wrap=True)  # one call, two ATen fills
+    q = torch.rand(8, dtype=D, generator=torch.Generator().manual_seed(0))  # both statistics on one storage
+    return q, lambda: F.instance_norm(torch.randn(2, 4, 5, dtype=D, generator=torch.Generator().manual_seed(1)),
+                                      running_mean=q[:4], running_var=q[4:], use_input_stats=True)
+
+
+@pytest.mark.parametrize("kind", ["fill_diagonal", "instance_norm"])
+@pytest.mark.parametrize("first,second", [("region", "region"), ("whole", "region"), ("region", "whole"),
+                                          ("whole", "whole")])
+def test_one_call_that_writes_twice_is_no_gap(kind, first, second):
+    results = []
+    for mode in ("eager", "checkpoint"):
+        torch.manual_seed(0)
+        q, write = _write_twice(kind)
+        l1, l2 = torch.nn.Linear(4, 4).to(D), torch.nn.Linear(4, 4).to(D)
+
+        def a(x):
+            write()
+            return torch.tanh(l1(x)) * q[:4].clone()
+
+        def b(x):
+            out = torch.tanh(l2(x)) * q[4:].clone()
+            q[4:].mul_(0.9)
+            return out
+
+        x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(2))
+        if mode == "eager":
+            ya, yb = a(x), b(x)
+        else:
+            ya = checkpoint(a, x, state=[q], preserve=first)
+            yb = checkpoint(b, x, state=[q], preserve=second)
+        ya.square().sum().backward()  # a replays first, then b
+        yb.square().sum().backward()
+        results.append((l1.weight.grad, l2.weight.grad, q))
+    assert all(torch.equal(u, v) for u, v in zip(*results))
+
+
+class _FakeQuant(torch.Tensor):
+    """Its own ``__torch_function__``: runs the op, then rounds float results to quarters."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **(kwargs or {}))
+        if type(out) is torch.Tensor and out.is_floating_point():
+            out = (out + ((out * 4).round() / 4 - out).detach()).as_subclass(cls)
+        return out
+
+
+@pytest.mark.parametrize("order", ["buffer_first", "subclass_first"])
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_a_subclass_with_its_own_torch_function_still_handles_calls_with_declared_tensors(order, preserve):
+    results = []
+    for mode in ("eager", preserve):
+        torch.manual_seed(0)
+        scale = torch.tensor([0.3, 0.7, 1.1], dtype=D)
+        w = torch.randn(3, dtype=D, requires_grad=True)
+
+        def f(x):
+            xq = (x * w).as_subclass(_FakeQuant)
+            y = scale + xq if order == "buffer_first" else xq + scale  # add saves neither input
+            scale.mul_(0.5)  # a write to the declared buffer in the same segment
+            return y.as_subclass(torch.Tensor)
+
+        x = torch.randn(2, 3, dtype=D, generator=torch.Generator().manual_seed(1))
+        out = f(x) if mode == "eager" else checkpoint(f, x, state=[scale], preserve=mode)
+        out.sum().backward()
+        results.append((out.detach(), w.grad, scale))
+    assert all(torch.equal(u, v) for u, v in zip(*results))
+
+
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_batch_norm_statistics_are_right_when_a_subclass_input_runs_the_norm_itself(preserve):
+    """The subclass's handler runs ``batch_norm`` past the marks, and ``native_batch_norm`` bumps
+    no version: running statistics are kept by a whole snapshot even under region."""
+    results = []
+    for mode in ("eager", preserve):
+        torch.manual_seed(0)
+        bn = torch.nn.BatchNorm1d(3).to(D)
+        x = torch.randn(4, 3, dtype=D).as_subclass(_FakeQuant).requires_grad_()
+        out = bn(x) if mode == "eager" else checkpoint(bn, x, state=[bn], preserve=mode)
+        out.as_subclass(torch.Tensor).sum().backward()
+        results.append((bn.running_mean.clone(), bn.running_var.clone(), x.grad.as_subclass(torch.Tensor)))
+    assert all(torch.equal(u, v) for u, v in zip(*results))
+
+
+class _Doubling2(torch.Tensor):
+    def add_(self, other, alpha=1):
+        return super().add_(other, alpha=2 * alpha)
+
+
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_a_subclass_activation_through_a_declared_batch_norm_keeps_its_class(preserve):
+    results = []
+    for mode in ("eager", preserve):
+        torch.manual_seed(0)
+        bn = torch.nn.BatchNorm1d(3).to(D)
+        x = torch.randn(4, 3, dtype=D).as_subclass(_Doubling2).requires_grad_()
+        classes = []
+
+        def f(x):
+            y = bn(x)
+            classes.append(type(y))
+            z = y * 1.0
+            z.add_(1.0)  # _Doubling2.add_ in eager: adds 2
+            return z
+
+        out = f(x) if mode == "eager" else checkpoint(f, x, state=[bn], preserve=mode)
+        out.sum().backward()
+        results.append((out.detach().as_subclass(torch.Tensor), x.grad.as_subclass(torch.Tensor),
+                        bn.running_mean.clone()))
+        assert all(issubclass(c, _Doubling2) for c in classes)
+    assert all(torch.equal(u, v) for u, v in zip(*results))
+
+
+def test_a_subclass_whose_init_subclass_needs_a_keyword_can_be_declared():
+    class NeedsKind(torch.Tensor):
+        def __init_subclass__(cls, *, kind, **kw):
+            super().__init_subclass__(**kw)
+            cls.kind = kind
+
+    results = []
+    for mode in ("eager", "region", "whole"):
+        q = torch.zeros(3, dtype=D).as_subclass(NeedsKind)
+        x = torch.ones(3, dtype=D, requires_grad=True)
+
+        def f(x):
+            q.add_(1.0)
+            return (x * q.as_subclass(torch.Tensor).clone()).sum()
+
+        (f(x) if mode == "eager" else checkpoint(f, x, state=[q], preserve=mode)).backward()
+        results.append((x.grad, q.as_subclass(torch.Tensor).clone(), type(q)))
+    for r in results[1:]:
+        assert torch.equal(r[0], results[0][0]) and torch.equal(r[1], results[0][1]) and r[2] is NeedsKind

@@ -23,7 +23,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._compat import PLAIN_TENSOR_TYPES, DisableTorchFunctionSubclass, as_eager_class, eager_only, has_storage
+from ._compat import (
+    _DEFAULT_TORCH_FUNCTION,
+    PLAIN_TENSOR_TYPES,
+    DisableTorchFunctionSubclass,
+    as_eager_class,
+    eager_only,
+    has_storage,
+)
 from ._errors import UnsupportedError
 from ._mode import WriteMode, direct_writes, run_direct
 from ._storage import storage_key
@@ -50,7 +57,67 @@ def _handler(cls: type, func: Any, types: tuple, args: tuple = (), kwargs: dict 
     if func in _QUIET:  # metadata: no write, no alias
         with DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
-    return _handle(func, args, kwargs, _BASE_OF.get(cls, cls))
+    if len(types) == 1:  # only marked tensors of one class: the common case
+        return _handle(func, args, kwargs, _BASE_OF.get(cls, cls))
+    return _as_eager_dispatch(func, types, args, kwargs)
+
+
+def _eager_order(types: tuple) -> list[type]:
+    """The classes whose ``__torch_function__`` eager would try, in its order: marked classes
+    replaced by their own, ``Tensor`` and classes with torch functions disabled (``Parameter``)
+    dropped, a subclass before its superclasses, otherwise in argument order."""
+    order: list[type] = []
+    for t in types:
+        t = _BASE_OF.get(t, t)
+        tf = getattr(t, "__torch_function__", None)
+        if t is torch.Tensor or t in order or getattr(tf, "__func__", tf) is torch._C._disabled_torch_function_impl:
+            continue
+        at = next((i for i, u in enumerate(order) if issubclass(t, u)), len(order))
+        order.insert(at, t)
+    return order
+
+
+def _as_eager_dispatch(func: Any, types: tuple, args: tuple, kwargs: dict) -> Any:
+    """Marked tensors met other tensor subclasses: run the ``__torch_function__`` protocol over
+    the classes eager would see (the unmarked ones). A class with torch's default handler takes
+    the call if it is a subclass of every other (its results get its class); a class with its
+    own handler is called, with writes to declared storages seen at the dispatch level (its
+    handler runs the op with subclass torch functions off, past the marks); NotImplemented
+    passes to the next, and ``TypeError`` when none takes it, as in eager.
+
+    Raises:
+        TypeError: no class implements ``func`` for these types (eager raises the same).
+    """
+    order = _eager_order(types)
+    if not order:
+        return _handle(func, args, kwargs, torch.Tensor)
+    for c in order:
+        tf = c.__torch_function__
+        if getattr(tf, "__func__", tf) is _DEFAULT_TORCH_FUNCTION:
+            if all(issubclass(c, t) for t in order):
+                return _handle(func, args, kwargs, c)
+            continue
+        out = _delegate(c, func, tuple(order), args, kwargs)
+        if out is not NotImplemented:
+            return out
+    raise TypeError(f"no implementation found for '{getattr(func, '__qualname__', func)}' on types that "
+                    f"implement __torch_function__: {order}")
+
+
+@eager_only
+def _delegate(c: type, func: Any, types: tuple, args: tuple, kwargs: dict) -> Any:
+    """Call ``c``'s own ``__torch_function__`` with the writes it makes to declared storages seen."""
+    known: dict = {}
+    with DisableTorchFunctionSubclass():
+        _collect(args, known)
+        if kwargs:
+            _collect(kwargs.values(), known)
+    with WriteMode(known):
+        out = c.__torch_function__(func, types, args, kwargs)
+    if out is not NotImplemented:
+        with DisableTorchFunctionSubclass():
+            _mark_aliases(out, known)
+    return out
 
 
 @eager_only
@@ -135,8 +202,11 @@ def _marked_subclass(cls: type) -> type | None:
                                             torch._C._disabled_torch_function_impl)
     if not (isinstance(cls, type) and issubclass(cls, torch.Tensor) and plain) or "__slots__" in vars(cls):
         return None  # a subclass with its own __torch_function__: every op is watched instead (StrictMode)
-    marked = type(f"_Marked{cls.__name__}", (cls,), {"__torch_function__": classmethod(_handler),
-                                                     "__module__": __name__})
+    try:
+        marked = type(f"_Marked{cls.__name__}", (cls,), {"__torch_function__": classmethod(_handler),
+                                                         "__module__": __name__})
+    except Exception:  # its __init_subclass__ refuses a subclass (a required keyword, a registry)
+        return None
     _MARKED_OF[cls], _BASE_OF[marked] = marked, cls
     return marked
 

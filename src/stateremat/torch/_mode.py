@@ -146,11 +146,15 @@ def _batch_norm_writes(args: tuple, kwargs: dict) -> tuple[Any, list[torch.Tenso
         return _aten.native_batch_norm.default, []
     x, eps, momentum = arg(0, "input", None), arg(7, "eps", 1e-5), arg(6, "momentum", 0.1)
     stats = [arg(1, "running_mean", None), arg(2, "running_var", None)]
+    affine = [t for t in (arg(3, "weight", None), arg(4, "bias", None)) if t is not None]
     reaches_kernel = (
         isinstance(x, torch.Tensor) and x.dim() >= 2 and x.numel() > 0
         and x.numel() // x.shape[1] > 1  # more than one value per channel (else ValueError)
         and type(eps) in (float, int) and eps > 0 and type(momentum) in (float, int)
-        and all(isinstance(t, torch.Tensor) and not t.requires_grad and not t.is_inference() for t in stats))
+        and x.is_floating_point()
+        and all(isinstance(t, torch.Tensor) and not t.requires_grad and not t.is_inference()
+                and t.numel() == x.shape[1] for t in stats)
+        and all(isinstance(t, torch.Tensor) and t.numel() == x.shape[1] for t in affine))  # else a size error
     return (_aten.native_batch_norm.default, stats) if reaches_kernel else None
 
 
@@ -229,8 +233,15 @@ class WriteMode(TorchDispatchMode):
         self.known = known
         self.hit: list[DeclaredStorage] = []  # written storages: their version bumps come after dispatch
 
+    def _settle(self) -> None:
+        for st in self.hit:  # an earlier op's version bumps are done: seen writes, not gaps
+            st.observe(journaled=True)
+        self.hit = []
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self.hit:  # one call making several writes (fill_diagonal_ with wrap, instance_norm)
+            self._settle()
         writes = _WRITES.get(func)
         if writes is None:
             writes = _writes(func)
@@ -245,8 +256,7 @@ class WriteMode(TorchDispatchMode):
 
     def __exit__(self, *exc):
         out = super().__exit__(*exc)
-        for st in self.hit:  # the call is complete: its version bumps were seen writes
-            st.observe(journaled=True)
+        self._settle()  # the call is complete: its version bumps were seen writes
         return out
 
 

@@ -186,6 +186,11 @@ class Transaction:
         self.journal_bytes = 0  # bytes journaled by this segment's own forward writes
         self._declared = declared
         self._released = False
+        #: ids of declared tensors a kernel writes without a version bump (running statistics of
+        #: normalization layers in training): kept by a whole snapshot even under ``region``,
+        #: since a journal relies on seeing every write (a tensor subclass whose own
+        #: ``__torch_function__`` runs the norm hides it) and the kernel rewrites all their bytes.
+        self.whole_ids: set[int] = set()
 
     # -- forward -------------------------------------------------------------------------
     def begin(self) -> None:
@@ -196,6 +201,13 @@ class Transaction:
         """
         by_key: dict[StorageKey, list[tuple[str, torch.Tensor]]] = {}
         for name, t, _group in self._declared:
+            if t.is_inference():
+                raise UnsupportedError(
+                    f"stateremat.torch.checkpoint: declared state {name!r} is an inference tensor (made under "
+                    "torch.inference_mode), which has no version counter, so its writes cannot be tracked and "
+                    "autograd refuses to save it (expected a normal tensor). Tip: make it outside inference mode, "
+                    "or replace it once with a normal copy (e.g. module.register_buffer(name, t.clone()) outside "
+                    "torch.inference_mode()).")
             if not has_storage(t):
                 raise UnsupportedError(
                     f"stateremat.torch.checkpoint: declared state {name!r} must be a dense strided "
@@ -211,7 +223,8 @@ class Transaction:
                 for name, t in members:  # every declared tensor on the storage watches its version (R8)
                     if st.add_witness(t, name) and not _mark.mark_tensor(t, st):
                         st.unmarkable = True  # writes to it reach on_write from now on, or via StrictMode
-                self._add(key, st, [n for n, _ in members], cls)
+                hidden = any(id(t) in self.whole_ids for _, t in members)
+                self._add(key, st, [n for n, _ in members], WholePreserver if hidden else cls)
 
     def _add(self, key: StorageKey, st: DeclaredStorage, names: list[str], cls: type[Preserver]) -> Preserver:
         p = cls(st, self.segment_id, self.granularity_bytes)
