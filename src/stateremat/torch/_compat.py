@@ -96,7 +96,10 @@ def make_saved_tensor(x: torch.Tensor) -> SavedTensor:
 
 
 def infer_device_type(*tensors: torch.Tensor) -> str:
-    """Device type of the given tensors, as ``torch.utils.checkpoint`` infers it."""
+    """Device type of the given tensors, as ``torch.utils.checkpoint`` infers it (``"cpu"`` unless
+    a tensor is elsewhere; all on the CPU is answered without torch's helper, a hot path)."""
+    if all(t.device.type == "cpu" for t in tensors if isinstance(t, torch.Tensor)):
+        return "cpu"
     return _infer_device_type(*tensors)
 
 

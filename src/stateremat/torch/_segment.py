@@ -465,6 +465,8 @@ class Segment:
 
     def _recompute_hooks(self, gid: Any) -> torch.autograd.graph.saved_tensors_hooks:
         seg = self
+        items = self.txn.items
+        declared_ptrs = {key[2] for key in items}  # storage addresses: a cheap first test per saved tensor
 
         def pack(x: torch.Tensor) -> torch.Tensor:
             x = x.detach() if x.requires_grad else x
@@ -486,9 +488,10 @@ class Segment:
                     seg._compare(gid, idx, x)
                 handle = holder.handles[gid] = _Handle()
                 p = None
-                if seg.txn.items and has_storage(x):
+                if declared_ptrs and has_storage(x):
                     with DisableTorchFunctionSubclass():
-                        p = seg.txn.items.get(storage_key(x))
+                        if x.untyped_storage().data_ptr() in declared_ptrs:
+                            p = items.get(storage_key(x))
                 log = seg.rt_exec_replay()
                 if p is not None and not p.captures_replay_writes:
                     with library_ops():
