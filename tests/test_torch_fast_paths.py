@@ -552,3 +552,31 @@ def test_a_subclass_whose_init_subclass_needs_a_keyword_can_be_declared():
         results.append((x.grad, q.as_subclass(torch.Tensor).clone(), type(q)))
     for r in results[1:]:
         assert torch.equal(r[0], results[0][0]) and torch.equal(r[1], results[0][1]) and r[2] is NeedsKind
+
+
+class _RebindsItsBuffer(torch.nn.Module):
+    """Rebinds its buffer's storage in the forward (``self.q.data = ...``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+        self.register_buffer("q", torch.linspace(0, 1, 4))
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x)) * self.q.clone()
+        self.q.data = self.q.data * 0.5 + 1
+        return h
+
+
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_a_block_rebinding_its_buffer_storage_runs_two_micro_batches_before_backward(preserve):
+    """The second forward declares the buffer on its new storage: the same thread, not two."""
+    results = []
+    for mode in ("eager", preserve):
+        torch.manual_seed(0)
+        a = _RebindsItsBuffer().to(D)
+        net = a if mode == "eager" else StatefulCheckpoint(a, preserve=mode)
+        x1, x2 = torch.randn(3, 4, dtype=D), torch.randn(3, 4, dtype=D)
+        (net(x1).square().sum() + net(x2).square().sum()).backward()
+        results.append((a.lin.weight.grad, a.q.clone()))
+    assert all(torch.equal(u, v) for u, v in zip(*results))

@@ -229,7 +229,10 @@ def mark_tensor(t: torch.Tensor, st: Any) -> bool:
         if owner is st or owner is None:
             _OWNER[id(t)] = st
             return True
-        if owner.key == st.key and owner.rt is st.rt:
+        if owner.rt is st.rt:
+            if owner.key != st.key:  # the same thread: the tensor moved to another storage (.data =, set_)
+                _OWNER[id(t)] = st
+                st.marks.append((id(t), weakref.ref(t)))
             return True
         raise UnsupportedError(
             f"stateremat.torch: declared state {st.name()!r} is journaled by checkpointed segments on two "
