@@ -56,7 +56,7 @@ except (ImportError, AttributeError) as _exc:  # pragma: no cover - depends on t
 
 __all__ = [
     "CheckpointError", "DisableTorchFunction", "DisableTorchFunctionSubclass", "GraphExecGroup", "SavedTensor", "TorchDispatchMode",
-    "as_eager_class", "autocast_kwargs", "eager_only", "current_graph_id", "early_stop_override", "debug_override", "has_storage",
+    "as_eager_class", "torch_function_kind", "autocast_kwargs", "eager_only", "current_graph_id", "early_stop_override", "debug_override", "has_storage",
     "in_foreign_recompute", "infer_device_type", "library_ops", "make_saved_tensor", "queue_backward_callback", "reset_versions",
     "tree_flatten", "tree_unflatten", "is_traceable_wrapper_subclass",
 ]
@@ -74,18 +74,28 @@ def eager_only(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 _DEFAULT_TORCH_FUNCTION = torch.Tensor.__torch_function__.__func__
-_WRAPS: dict[type, bool] = {}
+_KINDS: dict[type, str] = {}
+
+
+def torch_function_kind(cls: type) -> str:
+    """How tensor class ``cls`` takes part in the ``__torch_function__`` protocol: ``"default"``
+    (torch's own handler: results converted to ``cls``), ``"disabled"`` (``Parameter``: never
+    consulted) or ``"own"`` (a user handler)."""
+    kind = _KINDS.get(cls)
+    if kind is None:
+        tf = getattr(cls, "__torch_function__", None)
+        f = getattr(tf, "__func__", tf)
+        kind = _KINDS[cls] = ("default" if f is _DEFAULT_TORCH_FUNCTION else
+                              "disabled" if f is torch._C._disabled_torch_function_impl else "own")
+    return kind
 
 
 def as_eager_class(out: Any, func: Any, cls: type) -> Any:
     """``out`` of ``func`` run with torch functions of subclasses disabled, with the class torch's
     default ``__torch_function__`` of ``cls`` would give it (a user ``Tensor`` subclass's views and
     results stay of that subclass; ``Parameter`` and ``Tensor`` results are left as they are)."""
-    wraps = _WRAPS.get(cls)
-    if wraps is None:
-        tf = getattr(cls, "__torch_function__", None)
-        wraps = _WRAPS[cls] = cls is not torch.Tensor and getattr(tf, "__func__", tf) is _DEFAULT_TORCH_FUNCTION
-    if not wraps or func in torch.overrides.get_default_nowrap_functions():
+    if cls is torch.Tensor or torch_function_kind(cls) != "default" \
+            or func in torch.overrides.get_default_nowrap_functions():
         return out
     return torch._tensor._convert(out, cls)
 

@@ -24,12 +24,12 @@ import torch
 from torch import nn
 
 from ._compat import (
-    _DEFAULT_TORCH_FUNCTION,
     PLAIN_TENSOR_TYPES,
     DisableTorchFunctionSubclass,
     as_eager_class,
     eager_only,
     has_storage,
+    torch_function_kind,
 )
 from ._errors import UnsupportedError
 from ._mode import WriteMode, direct_writes, run_direct
@@ -69,8 +69,7 @@ def _eager_order(types: tuple) -> list[type]:
     order: list[type] = []
     for t in types:
         t = _BASE_OF.get(t, t)
-        tf = getattr(t, "__torch_function__", None)
-        if t is torch.Tensor or t in order or getattr(tf, "__func__", tf) is torch._C._disabled_torch_function_impl:
+        if t is torch.Tensor or t in order or torch_function_kind(t) == "disabled":
             continue
         at = next((i for i, u in enumerate(order) if issubclass(t, u)), len(order))
         order.insert(at, t)
@@ -92,8 +91,7 @@ def _as_eager_dispatch(func: Any, types: tuple, args: tuple, kwargs: dict) -> An
     if not order:
         return _handle(func, args, kwargs, torch.Tensor)
     for c in order:
-        tf = c.__torch_function__
-        if getattr(tf, "__func__", tf) is _DEFAULT_TORCH_FUNCTION:
+        if torch_function_kind(c) == "default":
             if all(issubclass(c, t) for t in order):
                 return _handle(func, args, kwargs, c)
             continue
@@ -197,10 +195,8 @@ PLAIN_TENSOR_TYPES.update(_BASE_OF)
 
 def _marked_subclass(cls: type) -> type | None:
     """A marked class for a user subclass of Tensor/Parameter that keeps torch's ``__torch_function__``."""
-    tf = getattr(cls, "__torch_function__", None)
-    plain = getattr(tf, "__func__", tf) in (torch.Tensor.__torch_function__.__func__,
-                                            torch._C._disabled_torch_function_impl)
-    if not (isinstance(cls, type) and issubclass(cls, torch.Tensor) and plain) or "__slots__" in vars(cls):
+    plain = isinstance(cls, type) and issubclass(cls, torch.Tensor) and torch_function_kind(cls) != "own"
+    if not plain or "__slots__" in vars(cls):
         return None  # a subclass with its own __torch_function__: every op is watched instead (StrictMode)
     try:
         marked = type(f"_Marked{cls.__name__}", (cls,), {"__torch_function__": classmethod(_handler),
