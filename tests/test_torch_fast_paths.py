@@ -580,3 +580,71 @@ def test_a_block_rebinding_its_buffer_storage_runs_two_micro_batches_before_back
         (net(x1).square().sum() + net(x2).square().sum()).backward()
         results.append((a.lin.weight.grad, a.q.clone()))
     assert all(torch.equal(u, v) for u, v in zip(*results))
+
+
+# --- third review: statistics inside a flat buffer; re-entering handlers; device inference ----
+
+class _Log(torch.Tensor):
+    """Its own ``__torch_function__`` runs every call itself, without looking at ``types``."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **(kwargs or {}))
+        return out.as_subclass(cls) if type(out) is torch.Tensor else out
+
+
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_batch_norm_statistics_that_are_views_of_a_declared_flat_buffer(preserve):
+    results = []
+    for mode in ("eager", preserve):
+        torch.manual_seed(0)
+        bn = torch.nn.BatchNorm1d(4).to(D)
+        flat = torch.zeros(8, dtype=D)
+        flat[4:] = 1.0
+        bn.running_mean, bn.running_var = flat[:4], flat[4:]
+        x = torch.randn(6, 4, dtype=D).as_subclass(_Log).requires_grad_()
+        out = bn(x) if mode == "eager" else checkpoint(bn, x, state=[flat, bn.num_batches_tracked], preserve=mode)
+        out.as_subclass(torch.Tensor).square().sum().backward()
+        results.append((flat.clone(), x.grad.as_subclass(torch.Tensor)))
+    assert all(torch.equal(u, v) for u, v in zip(*results))
+
+
+class _Reenter(torch.Tensor):
+    """Unwraps its own instances and calls the function again, torch functions still on."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        args = tuple(a.as_subclass(torch.Tensor) if type(a) is cls else a for a in args)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("zcls", [torch.Tensor, _Reenter])
+def test_a_handler_that_calls_again_is_journaled_once(zcls):
+    buf = torch.zeros(1000, dtype=D)
+    x = torch.ones(3, dtype=D, requires_grad=True)
+    z = torch.ones(100, dtype=D).as_subclass(zcls)
+
+    def f(x):
+        buf[:100].add_(z)
+        return (x * x).sum()
+
+    before = preservation_stats().journal_bytes
+    y = checkpoint(f, x, state=[buf], preserve="region")
+    assert preservation_stats().journal_bytes - before == 800  # 100 float64 written, once
+    y.backward()
+    assert torch.equal(buf[:100], torch.ones(100, dtype=D)) and not buf[100:].any()
+
+
+def test_device_type_of_cpu_tensors_is_torchs_default_as_in_torch_checkpoint():
+    import torch.utils.checkpoint as tuc
+
+    x = torch.ones(2)
+    before = tuc.DefaultDeviceType.get_device_type()
+    try:
+        for default in ("cuda", "cpu"):
+            tuc.DefaultDeviceType.set_device_type(default)
+            assert _compat.infer_device_type(x, 3) == tuc._infer_device_type(x, 3) == default
+            assert _compat.infer_device_type() == tuc._infer_device_type()
+    finally:
+        tuc.DefaultDeviceType.set_device_type(before)

@@ -35,6 +35,7 @@ try:
     from torch._C import DisableTorchFunction, DisableTorchFunctionSubclass, _current_graph_task_id
     from torch.utils.checkpoint import (
         CheckpointError,
+        DefaultDeviceType,
         GraphExecGroup,
         _get_autocast_kwargs,
         _infer_device_type,
@@ -106,10 +107,11 @@ def make_saved_tensor(x: torch.Tensor) -> SavedTensor:
 
 
 def infer_device_type(*tensors: torch.Tensor) -> str:
-    """Device type of the given tensors, as ``torch.utils.checkpoint`` infers it (``"cpu"`` unless
-    a tensor is elsewhere; all on the CPU is answered without torch's helper, a hot path)."""
+    """Device type of the given tensors, as ``torch.utils.checkpoint`` infers it (the first non-CPU
+    device type, CUDA first; with none, torch's default device type — the current accelerator's,
+    e.g. ``"cuda"`` — which all-CPU tensors get here without torch's helper, a hot path)."""
     if all(t.device.type == "cpu" for t in tensors if isinstance(t, torch.Tensor)):
-        return "cpu"
+        return DefaultDeviceType.get_device_type()
     return _infer_device_type(*tensors)
 
 

@@ -17,6 +17,7 @@ Danger:
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from typing import Any
 
@@ -37,6 +38,13 @@ from ._storage import storage_key
 
 #: id(marked tensor) -> its DeclaredStorage.
 _OWNER: dict[int, Any] = {}
+
+
+class _Delegating(threading.local):
+    depth = 0  # a user __torch_function__ runs under _delegate's write mode on this thread
+
+
+_DELEGATING = _Delegating()
 
 _QUIET = {
     *(getattr(torch.Tensor, n).__get__ for n in (
@@ -110,8 +118,12 @@ def _delegate(c: type, func: Any, types: tuple, args: tuple, kwargs: dict) -> An
         _collect(args, known)
         if kwargs:
             _collect(kwargs.values(), known)
-    with WriteMode(known):
-        out = c.__torch_function__(func, types, args, kwargs)
+    _DELEGATING.depth += 1
+    try:
+        with WriteMode(known):
+            out = c.__torch_function__(func, types, args, kwargs)
+    finally:
+        _DELEGATING.depth -= 1
     if out is not NotImplemented:
         with DisableTorchFunctionSubclass():
             _mark_aliases(out, known)
@@ -130,8 +142,10 @@ def _handle(func: Any, args: tuple, kwargs: dict, base: type = torch.Tensor) -> 
         _collect(args, known)
         if kwargs:
             _collect(kwargs.values(), known)
-        if not known:
-            return as_eager_class(func(*args, **kwargs), func, base)
+        if not known or _DELEGATING.depth:  # (a delegate's write mode sees these writes already)
+            out = as_eager_class(func(*args, **kwargs), func, base)
+            _mark_aliases(out, known)
+            return out
         direct = direct_writes(func, args, kwargs)
         if direct is not None:  # writes known up front: no dispatch mode
             out = run_direct(known, *direct, func, args, kwargs)

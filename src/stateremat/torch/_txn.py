@@ -186,11 +186,11 @@ class Transaction:
         self.journal_bytes = 0  # bytes journaled by this segment's own forward writes
         self._declared = declared
         self._released = False
-        #: ids of declared tensors a kernel writes without a version bump (running statistics of
-        #: normalization layers in training): kept by a whole snapshot even under ``region``,
-        #: since a journal relies on seeing every write (a tensor subclass whose own
+        #: storages a kernel writes without a version bump (running statistics of normalization
+        #: layers in training, or a buffer they are views of): kept by a whole snapshot even under
+        #: ``region``, since a journal relies on seeing every write (a tensor subclass whose own
         #: ``__torch_function__`` runs the norm hides it) and the kernel rewrites all their bytes.
-        self.whole_ids: set[int] = set()
+        self.whole_keys: set[StorageKey] = set()
 
     # -- forward -------------------------------------------------------------------------
     def begin(self) -> None:
@@ -223,8 +223,7 @@ class Transaction:
                 for name, t in members:  # every declared tensor on the storage watches its version (R8)
                     if st.add_witness(t, name) and not _mark.mark_tensor(t, st):
                         st.unmarkable = True  # writes to it reach on_write from now on, or via StrictMode
-                hidden = any(id(t) in self.whole_ids for _, t in members)
-                self._add(key, st, [n for n, _ in members], WholePreserver if hidden else cls)
+                self._add(key, st, [n for n, _ in members], WholePreserver if key in self.whole_keys else cls)
 
     def _add(self, key: StorageKey, st: DeclaredStorage, names: list[str], cls: type[Preserver]) -> Preserver:
         p = cls(st, self.segment_id, self.granularity_bytes)
