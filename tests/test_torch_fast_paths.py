@@ -648,3 +648,39 @@ def test_device_type_of_cpu_tensors_is_torchs_default_as_in_torch_checkpoint():
             assert _compat.infer_device_type() == tuc._infer_device_type()
     finally:
         tuc.DefaultDeviceType.set_device_type(before)
+
+
+class _MyNorm(torch.nn.Module):
+    """A custom norm module (not a ``_NormBase``) calling ``F.batch_norm`` on its own buffers."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("rm", torch.zeros(3, dtype=D))
+        self.register_buffer("rv", torch.ones(3, dtype=D))
+
+    def forward(self, x):
+        return F.batch_norm(x, self.rm, self.rv, training=True, momentum=0.3)
+
+
+@pytest.mark.parametrize("how", ["functional", "custom_module"])
+def test_statistics_updated_past_the_handler_are_refused_under_region_and_right_under_whole(how):
+    """A handler-first subclass runs batch norm past the marks on statistics the scan does not
+    know as a norm layer's: region refuses at the forward's end (bytes changed, nothing
+    journaled, no version bump); whole is right."""
+    def run(mode):
+        torch.manual_seed(0)
+        norm = _MyNorm()
+        x = torch.randn(4, 3, dtype=D).as_subclass(_Log).requires_grad_()
+
+        def f(x):
+            y = norm(x) if how == "custom_module" else F.batch_norm(x, norm.rm, norm.rv, training=True, momentum=0.3)
+            return y.as_subclass(torch.Tensor).square().sum()
+
+        out = f(x) if mode == "eager" else checkpoint(f, x, state=[norm.rm, norm.rv], preserve=mode)
+        out.backward()
+        return norm.rm.clone(), norm.rv.clone(), x.grad.as_subclass(torch.Tensor)
+
+    want = run("eager")
+    assert all(torch.equal(u, v) for u, v in zip(run("whole"), want))
+    with pytest.raises(UnsupportedError, match="no write the region journal saw.*preserve='whole'"):
+        run("region")

@@ -371,6 +371,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
                 raise UnsupportedError(cache_message("stateremat.torch.checkpoint", seg.name, where, cache, "updated"))
         # a hook's own tensors: refused only if the replay writes them again (an unguarded hook)
         seg.report_undeclared(seg.undeclared_writes(skip=r.hook_only), "after the forward")
+        txn.check_hidden_writes(seg.name)
         seg.note_parameters()
     except BaseException:
         txn.release()

@@ -26,6 +26,12 @@ from ._scan import tensor_slots
 from ._storage import StorageKey, gather, runs_within, scatter, storage_key, write_runs
 
 
+#: Floating-point region storages up to this size (statistics, the kind a kernel updates without
+#: a version bump) are compared byte for byte around the forward
+#: (:meth:`Transaction.check_hidden_writes`); the others rely on version counters alone.
+HIDDEN_WRITE_PROBE_BYTES = 1 << 18
+
+
 class ReplayLog:
     """Pre-write bytes of writes made during a replay (undone to reinstate, R5).
 
@@ -191,6 +197,8 @@ class Transaction:
         #: ``region``, since a journal relies on seeing every write (a tensor subclass whose own
         #: ``__torch_function__`` runs the norm hides it) and the kernel rewrites all their bytes.
         self.whole_keys: set[StorageKey] = set()
+        #: small region storages' bytes at the forward's start (``check_hidden_writes``)
+        self._probes: list[tuple[Preserver, torch.Tensor]] = []
 
     # -- forward -------------------------------------------------------------------------
     def begin(self) -> None:
@@ -223,7 +231,10 @@ class Transaction:
                 for name, t in members:  # every declared tensor on the storage watches its version (R8)
                     if st.add_witness(t, name) and not _mark.mark_tensor(t, st):
                         st.unmarkable = True  # writes to it reach on_write from now on, or via StrictMode
-                self._add(key, st, [n for n, _ in members], WholePreserver if key in self.whole_keys else cls)
+                p = self._add(key, st, [n for n, _ in members], WholePreserver if key in self.whole_keys else cls)
+                if (p.captures_replay_writes and st.nbytes <= HIDDEN_WRITE_PROBE_BYTES
+                        and any(t.is_floating_point() for _, t in members)):
+                    self._probes.append((p, st.snapshot()))
 
     def _add(self, key: StorageKey, st: DeclaredStorage, names: list[str], cls: type[Preserver]) -> Preserver:
         p = cls(st, self.segment_id, self.granularity_bytes)
@@ -254,6 +265,33 @@ class Transaction:
         p = self.items.get(key)
         if p is not None and hasattr(p, "own_bytes"):
             p.own_bytes += n
+
+    def check_hidden_writes(self, segment_name: str) -> None:
+        """After the forward: refuse a small region storage whose bytes changed with no write
+        its journal saw (R8) — a kernel that bumps no version (batch norm's running statistics)
+        run past the write handler, e.g. by a tensor subclass whose own ``__torch_function__``
+        takes the call first; its replay would write them a second time.
+
+        Raises:
+            UnsupportedError: naming the declared tensor, with the ``preserve="whole"`` tip.
+        """
+        probes, self._probes = self._probes, []
+        for p, before in probes:
+            st = p.storage
+            j = st.journal
+            journaled = j is not None and any(e.seq >= p.start_seq for e in j.entries)
+            if journaled or st.gap_seq >= p.start_seq:
+                continue  # seen writes (the journal has them) or a gap (refused at the replay)
+            with library_ops():
+                changed = not torch.equal(st.flat, before)
+            if changed:
+                raise UnsupportedError(
+                    f"stateremat.torch.checkpoint: segment {segment_name!r}: declared state {st.name()!r} "
+                    "changed during the forward with no write the region journal saw and no version bump "
+                    "(a kernel such as batch norm's running-statistics update, run past the write handler: "
+                    "e.g. by a tensor subclass whose own __torch_function__ takes the call first), so its "
+                    f"replay would write it a second time (expected every write seen; {rule('R8')}). Tip: "
+                    "pass preserve='whole' for this segment (a whole snapshot needs no write to be seen).")
 
     def has_unmarkable(self) -> bool:
         """True if a journaled storage's tensors cannot be marked (every op must be watched)."""
