@@ -684,3 +684,45 @@ def test_statistics_updated_past_the_handler_are_refused_under_region_and_right_
     assert all(torch.equal(u, v) for u, v in zip(run("whole"), want))
     with pytest.raises(UnsupportedError, match="no write the region journal saw.*preserve='whole'"):
         run("region")
+
+
+def test_a_hidden_update_beside_journaled_bytes_of_the_same_storage_is_refused():
+    """A journaled write to part of the statistics does not excuse a hidden update of the rest."""
+    def run(mode):
+        rm, rv = torch.zeros(3, dtype=D), torch.ones(3, dtype=D)
+        x = torch.randn(4, 3, dtype=D, generator=torch.Generator().manual_seed(0)).as_subclass(_Log).requires_grad_()
+
+        def f(x):
+            rm[0:1].zero_()  # journaled: part of the storage
+            rv[0:1].fill_(1.0)
+            y = F.batch_norm(x, rm, rv, training=True, momentum=0.3)  # past the handler: all of it
+            return y.as_subclass(torch.Tensor).square().sum()
+
+        out = f(x) if mode == "eager" else checkpoint(f, x, state=[rm, rv], preserve=mode)
+        out.backward()
+        return rm, rv
+
+    want = run("eager")
+    assert all(torch.equal(u, v) for u, v in zip(run("whole"), want))
+    with pytest.raises(UnsupportedError, match="no write the region journal saw"):
+        run("region")
+
+
+@pytest.mark.parametrize("replayed", [True, False])
+def test_a_version_bumping_write_past_the_handler_is_a_gap_refused_at_the_replay_only(replayed):
+    b = torch.zeros(3, dtype=D)
+    w = torch.randn(3, dtype=D, requires_grad=True)
+    x = torch.randn(4, 3, dtype=D).as_subclass(_Log)
+
+    def f(x, w):
+        with torch.no_grad():
+            torch.add(x.mean(0), b, out=b)  # handler-first subclass: unseen, but the version bumps
+        return (x * w).as_subclass(torch.Tensor).sum()
+
+    out = checkpoint(f, x, w, state=[b], preserve="region")  # not refused at the forward
+    if replayed:
+        with pytest.raises(ReplayError, match="version gap"):
+            out.backward()
+    else:
+        (w * 2).sum().backward()  # the segment is never replayed: nothing to refuse
+        assert b._version == 1

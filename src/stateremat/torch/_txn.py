@@ -267,8 +267,8 @@ class Transaction:
             p.own_bytes += n
 
     def check_hidden_writes(self, segment_name: str) -> None:
-        """After the forward: refuse a small region storage whose bytes changed with no write
-        its journal saw (R8) — a kernel that bumps no version (batch norm's running statistics)
+        """After the forward: refuse a small region storage whose bytes changed where its journal
+        saw no write, with no version bump (R8) — a kernel that bumps none (batch norm's running statistics)
         run past the write handler, e.g. by a tensor subclass whose own ``__torch_function__``
         takes the call first; its replay would write them a second time.
 
@@ -278,12 +278,21 @@ class Transaction:
         probes, self._probes = self._probes, []
         for p, before in probes:
             st = p.storage
-            j = st.journal
-            journaled = j is not None and any(e.seq >= p.start_seq for e in j.entries)
-            if journaled or st.gap_seq >= p.start_seq:
-                continue  # seen writes (the journal has them) or a gap (refused at the replay)
+            st.observe(journaled=False)  # a version bump nobody journaled is a gap, refused at the replay
+            if st.gap_seq >= p.start_seq:
+                continue
+            # bytes the journal holds are restored and reinstated: only the others can be written twice
+            runs = [e.runs for e in (st.journal.entries if st.journal is not None else ()) if e.seq >= p.start_seq]
             with library_ops():
-                changed = not torch.equal(st.flat, before)
+                if runs:
+                    seen = np.zeros(st.nbytes + 1, dtype=np.int64)
+                    cat = np.concatenate(runs)
+                    np.add.at(seen, cat[:, 0], 1)
+                    np.add.at(seen, cat[:, 1], -1)
+                    unseen = torch.from_numpy(np.cumsum(seen[:-1]) == 0).to(st.flat.device)
+                    changed = not torch.equal(st.flat[unseen], before[unseen])
+                else:
+                    changed = not torch.equal(st.flat, before)
             if changed:
                 raise UnsupportedError(
                     f"stateremat.torch.checkpoint: segment {segment_name!r}: declared state {st.name()!r} "
