@@ -27,9 +27,10 @@ from ._storage import StorageKey, gather, runs_within, scatter, storage_key, wri
 
 
 #: Floating-point region storages up to this size (statistics, the kind a kernel updates without
-#: a version bump) are compared byte for byte around the forward
-#: (:meth:`Transaction.check_hidden_writes`); the others rely on version counters alone.
-HIDDEN_WRITE_PROBE_BYTES = 1 << 18
+#: a version bump: 4,096 float32 channels) are compared byte for byte around the forward
+#: (:meth:`Transaction.check_hidden_writes`); the copy is held during the forward, so larger ones,
+#: where region exists to save memory, rely on version counters alone.
+HIDDEN_WRITE_PROBE_BYTES = 1 << 14
 
 
 class ReplayLog:
