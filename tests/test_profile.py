@@ -12,7 +12,7 @@ from stateremat.contract import load_card  # noqa: E402
 from stateremat.paper.profile import profile_workload  # noqa: E402
 from stateremat.paper.workloads import WorkloadConfig  # noqa: E402
 
-CFG = WorkloadConfig(state_bytes=16 * 1024, width=16, batch=64, live_versions=3, segments=4,
+CFG = WorkloadConfig(state_bytes=32 * 1024, width=16, batch=64, live_versions=3, segments=4,
                      write_fraction=0.01)
 
 

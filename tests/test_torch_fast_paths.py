@@ -21,8 +21,11 @@ from stateremat.torch import ReplayError, StatefulCheckpoint, UnsupportedError, 
 from stateremat.torch import _compat, _mode
 from stateremat.torch._scan import reach
 from stateremat.torch._storage import runs_within
+from stateremat.torch._txn import SMALL_STORAGE_BYTES
 
 D = torch.float64
+#: rows of 6 float64 making a storage above SMALL_STORAGE_BYTES (journaled under region)
+LARGE_ROWS = SMALL_STORAGE_BYTES // 48 + 1
 _SELF_OPS = {
     "add_": lambda b, v: b.add_(v),
     "sub_": lambda b, v: b.sub_(v * 0.5),
@@ -336,10 +339,10 @@ def test_a_declared_inference_tensor_is_refused_with_a_clear_error(preserve):
 
 # --- review finding: a later segment's replay must not hide an unseen write from a region journal ---
 
-def _two_segments(mode: str, first: str, second: str):
+def _two_segments(mode: str, first: str, second: str, rows: int = 5):
     torch.manual_seed(0)
     lin1, lin2 = torch.nn.Linear(6, 6).to(D), torch.nn.Linear(6, 6).to(D)
-    q = torch.linspace(-1, 1, 30, dtype=D).reshape(5, 6)
+    q = torch.linspace(-1, 1, rows * 6, dtype=D).reshape(rows, 6)
     early_alias = q[4]  # taken before any segment: never marked, its writes bypass the journal
 
     def seg(lin, row):
@@ -363,11 +366,19 @@ def _two_segments(mode: str, first: str, second: str):
 @pytest.mark.parametrize("second", ["whole", "region"])
 def test_an_unseen_write_is_refused_for_a_region_segment_whatever_replays_first(second):
     with pytest.raises(ReplayError, match="version gap"):
-        _two_segments("checkpoint", "region", second)
+        _two_segments("checkpoint", "region", second, rows=LARGE_ROWS)
 
 
-def test_an_unseen_write_is_fine_when_every_segment_keeps_a_whole_snapshot():
-    got, want = _two_segments("checkpoint", "whole", "whole"), _two_segments("eager", "", "")
+@pytest.mark.parametrize("rows", [5, LARGE_ROWS])
+def test_an_unseen_write_is_fine_when_every_segment_keeps_a_whole_snapshot(rows):
+    got, want = _two_segments("checkpoint", "whole", "whole", rows), _two_segments("eager", "", "", rows)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("first,second", [("region", "whole"), ("region", "region"), ("whole", "region")])
+def test_an_unseen_write_to_a_small_region_storage_is_replayed_right(first, second):
+    """A storage of at most SMALL_STORAGE_BYTES is kept whole under region: no journal to miss it."""
+    got, want = _two_segments("checkpoint", first, second), _two_segments("eager", "", "")
     assert all(torch.equal(a, b) for a, b in zip(got, want))
 
 
@@ -618,7 +629,7 @@ class _Reenter(torch.Tensor):
 
 @pytest.mark.parametrize("zcls", [torch.Tensor, _Reenter])
 def test_a_handler_that_calls_again_is_journaled_once(zcls):
-    buf = torch.zeros(1000, dtype=D)
+    buf = torch.zeros(SMALL_STORAGE_BYTES // 8 + 1000, dtype=D)
     x = torch.ones(3, dtype=D, requires_grad=True)
     z = torch.ones(100, dtype=D).as_subclass(zcls)
 
@@ -659,11 +670,12 @@ class _MyNorm(torch.nn.Module):
         return F.batch_norm(x, self.rm, self.rv, training=True, momentum=0.3)
 
 
+@pytest.mark.parametrize("preserve", ["whole", "region"])
 @pytest.mark.parametrize("how", ["functional", "custom_module"])
-def test_statistics_updated_past_the_handler_are_refused_under_region_and_right_under_whole(how):
+def test_statistics_updated_past_the_handler_are_replayed_right(how, preserve):
     """A handler-first subclass runs batch norm past the marks on statistics the scan does not
-    know as a norm layer's: region refuses at the forward's end (bytes changed, nothing
-    journaled, no version bump); whole is right."""
+    know as a norm layer's (no version bump, nothing journaled): small storages are kept whole
+    under region too, so both preservers match eager."""
     def run(mode):
         torch.manual_seed(0)
         norm = _MyNorm()
@@ -677,37 +689,32 @@ def test_statistics_updated_past_the_handler_are_refused_under_region_and_right_
         out.backward()
         return norm.rm.clone(), norm.rv.clone(), x.grad.as_subclass(torch.Tensor)
 
-    want = run("eager")
-    assert all(torch.equal(u, v) for u, v in zip(run("whole"), want))
-    with pytest.raises(UnsupportedError, match="no write the region journal saw.*preserve='whole'"):
-        run("region")
+    assert all(torch.equal(u, v) for u, v in zip(run(preserve), run("eager")))
 
 
-def test_a_hidden_update_beside_journaled_bytes_of_the_same_storage_is_refused():
-    """A journaled write to part of the statistics does not excuse a hidden update of the rest."""
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_a_hidden_update_beside_journaled_bytes_of_the_same_storage_is_replayed_right(preserve):
+    """A seen write to part of the statistics and a hidden update of all of them."""
     def run(mode):
         rm, rv = torch.zeros(3, dtype=D), torch.ones(3, dtype=D)
         x = torch.randn(4, 3, dtype=D, generator=torch.Generator().manual_seed(0)).as_subclass(_Log).requires_grad_()
 
         def f(x):
-            rm[0:1].zero_()  # journaled: part of the storage
+            rm[0:1].zero_()
             rv[0:1].fill_(1.0)
             y = F.batch_norm(x, rm, rv, training=True, momentum=0.3)  # past the handler: all of it
             return y.as_subclass(torch.Tensor).square().sum()
 
         out = f(x) if mode == "eager" else checkpoint(f, x, state=[rm, rv], preserve=mode)
         out.backward()
-        return rm, rv
+        return rm, rv, x.grad.as_subclass(torch.Tensor)
 
-    want = run("eager")
-    assert all(torch.equal(u, v) for u, v in zip(run("whole"), want))
-    with pytest.raises(UnsupportedError, match="no write the region journal saw"):
-        run("region")
+    assert all(torch.equal(u, v) for u, v in zip(run(preserve), run("eager")))
 
 
 @pytest.mark.parametrize("replayed", [True, False])
 def test_a_version_bumping_write_past_the_handler_is_a_gap_refused_at_the_replay_only(replayed):
-    b = torch.zeros(3, dtype=D)
+    b = torch.zeros(SMALL_STORAGE_BYTES // 8 + 3, dtype=D)[:3]  # a journaled storage
     w = torch.randn(3, dtype=D, requires_grad=True)
     x = torch.randn(4, 3, dtype=D).as_subclass(_Log)
 
@@ -723,3 +730,23 @@ def test_a_version_bumping_write_past_the_handler_is_a_gap_refused_at_the_replay
     else:
         (w * 2).sum().backward()  # the segment is never replayed: nothing to refuse
         assert b._version == 1
+
+
+def test_a_version_bumping_write_past_the_handler_to_a_small_storage_is_replayed_right():
+    def run(mode):
+        b = torch.zeros(3, dtype=D)  # kept whole under region: no journal to miss the write
+        w = torch.ones(3, dtype=D, requires_grad=True)
+        x = torch.randn(4, 3, dtype=D, generator=torch.Generator().manual_seed(0)).as_subclass(_Log)
+
+        def f(x, w):
+            with torch.no_grad():
+                torch.add(x.mean(0), b, out=b)
+            return (x * w * b).as_subclass(torch.Tensor).sum()
+
+        out = f(x, w) if mode == "eager" else checkpoint(f, x, w, state=[b], preserve=mode)
+        out.backward()
+        return b, w.grad
+
+    want = run("eager")
+    for mode in ("region", "whole"):
+        assert all(torch.equal(u, v) for u, v in zip(run(mode), want))

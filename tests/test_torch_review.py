@@ -15,6 +15,7 @@ import torch.utils.checkpoint as tuc
 from torch import nn
 
 from stateremat.torch import ReplayError, StatefulCheckpoint, UndeclaredStateError, checkpoint
+from stateremat.torch._txn import SMALL_STORAGE_BYTES
 
 DTYPES = [torch.float32, torch.float64]
 
@@ -58,11 +59,20 @@ def test_input_alias_of_declared_storage_changed_before_backward(dtype):
     assert torch.equal(base, torch.full((8,), 2, dtype=dtype))  # visible bytes reinstated
 
     # An unjournaled outside write under a region journal is refused (R8).
-    base = torch.ones(8, dtype=dtype)
-    y = checkpoint(lambda w, x: (w * x).exp(), w, base[4:], state=[base[:4]], preserve="region")
+    n = SMALL_STORAGE_BYTES // base.element_size() + 8  # journaled, not kept whole
+    base = torch.ones(n, dtype=dtype)
+    y = checkpoint(lambda w, x: (w * x).exp(), w, base[4:8], state=[base[:4]], preserve="region")
     base.add_(1)
     with pytest.raises(ReplayError, match="written outside any checkpointed segment"):
         y.sum().backward()
+
+    # A small storage is kept whole under region too: exact, as whole.
+    w.grad = None
+    base = torch.ones(8, dtype=dtype)
+    y = checkpoint(lambda w, x: (w * x).exp(), w, base[4:], state=[base[:4]], preserve="region")
+    base.add_(1)
+    y.sum().backward()
+    assert torch.allclose(w.grad, torch.full((4,), math.e, dtype=dtype))
 
     # Not declared at all: torch's saved-tensor version check still applies.
     base = torch.ones(8, dtype=dtype)

@@ -150,7 +150,8 @@ def test_write_through_an_unmarked_alias_is_refused_by_a_region_journal():
     # A view taken before the journal existed is not marked: the write bypasses the journal but
     # bumps the shared version counter, so the replay is refused instead of wrong (R8).
     x = torch.ones(2, dtype=torch.float64, requires_grad=True)
-    queue = torch.arange(6.0, dtype=torch.float64).reshape(3, 2)
+    queue = torch.arange(2048.0, dtype=torch.float64).reshape(1024, 2)  # 16 KiB + 1 row: journaled
+    queue = torch.cat([queue, queue[:1]])
     row = queue[1]  # aliased before the segment declared the queue
     y = checkpoint(lambda t: (queue.clone() @ t).exp().sum(), x, state=[queue], preserve="region")
     row.add_(5.0)
@@ -344,9 +345,9 @@ def test_stats_track_peak_and_reset(fresh_runtime):
 
 
 def test_saved_aliases_of_read_only_region_state_are_not_copied():
-    queue = torch.randn(256, 16)  # 16 KiB, read but never written
+    queue = torch.randn(512, 16)  # 32 KiB (journaled under region), read but never written
     x = torch.randn(4, 16, requires_grad=True)
-    for preserve, temporary in [("region", 0), ("whole", 2 * 16384)]:
+    for preserve, temporary in [("region", 0), ("whole", 2 * 32768)]:
         x.grad = None
         reset_preservation_stats()
         checkpoint(lambda t: (t @ queue.T).sum(), x, state=[queue], preserve=preserve).backward()

@@ -224,6 +224,9 @@ class Reach:
     tensors: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
     generators: dict[int, tuple[str, torch.Generator]] = field(default_factory=dict)
     norm_stats: dict[int, tuple[Any, torch.Tensor]] = field(default_factory=dict)
+    #: ``num_batches_tracked`` of those layers: kept whole with their statistics under ``region``
+    #: (a snapshot of 8 bytes costs less than a journal entry per step)
+    norm_counters: list[torch.Tensor] = field(default_factory=list)
     modules: list[tuple[str, nn.Module]] = field(default_factory=list)
     seen: set[int] = field(default_factory=set)
     #: lists, dicts, sets and plain objects followed (what a profiling run must put back)
@@ -260,6 +263,9 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
                 v = sub._buffers.get(k)
                 if v is not None:
                     r.norm_stats[id(v)] = (("buffer", path, k), v)
+            v = sub._buffers.get("num_batches_tracked")
+            if v is not None:
+                r.norm_counters.append(v)
         for k, v in module_attrs(sub):
             # Unregistered attributes (s.count = torch.zeros(1), s._gen, s.memory = Memory(), an
             # unregistered module) that replay would otherwise write twice or draw from again.

@@ -26,11 +26,14 @@ from ._scan import tensor_slots
 from ._storage import StorageKey, gather, runs_within, scatter, storage_key, write_runs
 
 
-#: Floating-point region storages up to this size (statistics, the kind a kernel updates without
-#: a version bump: 4,096 float32 channels) are compared byte for byte around the forward
-#: (:meth:`Transaction.check_hidden_writes`); the copy is held during the forward, so larger ones,
-#: where region exists to save memory, rely on version counters alone.
-HIDDEN_WRITE_PROBE_BYTES = 1 << 14
+#: Storages up to this size are kept by a whole snapshot even under ``region``: copying 16 KiB
+#: costs less than journaling one write (a few microseconds against tens, measured in
+#: ``benchmarks/bench_journal.py``), and a whole snapshot needs no write to be seen, so the
+#: statistics a kernel updates without a version bump (batch norm's, run past the write handler
+#: by a tensor subclass whose own ``__torch_function__`` takes the call first) and writes through
+#: aliases the journal does not see are replayed right instead of refused. Larger storages, where
+#: region exists to save memory, are journaled.
+SMALL_STORAGE_BYTES = 1 << 14
 
 
 class ReplayLog:
@@ -198,8 +201,6 @@ class Transaction:
         #: ``region``, since a journal relies on seeing every write (a tensor subclass whose own
         #: ``__torch_function__`` runs the norm hides it) and the kernel rewrites all their bytes.
         self.whole_keys: set[StorageKey] = set()
-        #: small region storages' bytes at the forward's start (``check_hidden_writes``)
-        self._probes: list[tuple[Preserver, torch.Tensor]] = []
 
     # -- forward -------------------------------------------------------------------------
     def begin(self) -> None:
@@ -232,10 +233,8 @@ class Transaction:
                 for name, t in members:  # every declared tensor on the storage watches its version (R8)
                     if st.add_witness(t, name) and not _mark.mark_tensor(t, st):
                         st.unmarkable = True  # writes to it reach on_write from now on, or via StrictMode
-                p = self._add(key, st, [n for n, _ in members], WholePreserver if key in self.whole_keys else cls)
-                if (p.captures_replay_writes and st.nbytes <= HIDDEN_WRITE_PROBE_BYTES
-                        and any(t.is_floating_point() for _, t in members)):
-                    self._probes.append((p, st.snapshot()))
+                whole = key in self.whole_keys or st.nbytes <= SMALL_STORAGE_BYTES
+                self._add(key, st, [n for n, _ in members], WholePreserver if whole else cls)
 
     def _add(self, key: StorageKey, st: DeclaredStorage, names: list[str], cls: type[Preserver]) -> Preserver:
         p = cls(st, self.segment_id, self.granularity_bytes)
@@ -266,45 +265,6 @@ class Transaction:
         p = self.items.get(key)
         if p is not None and hasattr(p, "own_bytes"):
             p.own_bytes += n
-
-    def check_hidden_writes(self, segment_name: str) -> None:
-        """After the forward: refuse a small region storage whose bytes changed where its journal
-        saw no write, with no version bump (R8) — a kernel that bumps none (batch norm's running statistics)
-        run past the write handler, e.g. by a tensor subclass whose own ``__torch_function__``
-        takes the call first; its replay would write them a second time.
-
-        Raises:
-            UnsupportedError: naming the declared tensor, with the ``preserve="whole"`` tip.
-        """
-        probes, self._probes = self._probes, []
-        for p, before in probes:
-            st = p.storage
-            with library_ops():
-                if torch.equal(st.flat, before):
-                    continue  # unchanged: the common case
-            st.observe(journaled=False)  # a version bump nobody journaled is a gap, refused at the replay
-            if st.gap_seq >= p.start_seq:
-                continue
-            # bytes the journal holds are restored and reinstated: only the others can be written twice
-            runs = [e.runs for e in (st.journal.entries if st.journal is not None else ()) if e.seq >= p.start_seq]
-            with library_ops():
-                if runs:
-                    seen = np.zeros(st.nbytes + 1, dtype=np.int64)
-                    cat = np.concatenate(runs)
-                    np.add.at(seen, cat[:, 0], 1)
-                    np.add.at(seen, cat[:, 1], -1)
-                    unseen = torch.from_numpy(np.cumsum(seen[:-1]) == 0).to(st.flat.device)
-                    changed = not torch.equal(st.flat[unseen], before[unseen])
-                else:
-                    changed = not torch.equal(st.flat, before)
-            if changed:
-                raise UnsupportedError(
-                    f"stateremat.torch.checkpoint: segment {segment_name!r}: declared state {st.name()!r} "
-                    "changed during the forward with no write the region journal saw and no version bump "
-                    "(a kernel such as batch norm's running-statistics update, run past the write handler: "
-                    "e.g. by a tensor subclass whose own __torch_function__ takes the call first), so its "
-                    f"replay would write it a second time (expected every write seen; {rule('R8')}). Tip: "
-                    "pass preserve='whole' for this segment (a whole snapshot needs no write to be seen).")
 
     def has_unmarkable(self) -> bool:
         """True if a journaled storage's tensors cannot be marked (every op must be watched)."""
