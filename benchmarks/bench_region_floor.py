@@ -12,7 +12,16 @@ update, median over ``--steps`` steps):
   ``RegionPreserver.restore`` restores nothing (its results are wrong; timing only, a separate
   model, patched only during its own steps);
 * ``floor``: ``free_ms / whole_ms``, the regions/whole ratio a journal costing nothing would
-  measure.
+  measure;
+* ``torch_ms``: every segment under ``torch.utils.checkpoint`` (``recompute_only``: keeps and
+  restores nothing, so its replays write the state twice — timing only), the cost of a
+  checkpoint with no transaction at all; ``copy_ms``: two copies of every segment's 1 MiB
+  state (the least a whole snapshot copies per step: keep ``B0`` at the forward, put it back at
+  the replay), timed in the same loop;
+* ``floor_any``: ``torch_ms / (torch_ms + copy_ms)``, a bound on regions/whole for *any*
+  implementation whose per-segment bookkeeping costs no more than torch's checkpoint and whose
+  whole snapshots cost only their copies (regions cannot cost less than torch's checkpoint of
+  the same segments; whole cannot cost less than that plus its copies).
 
 (An earlier version estimated the floor as ``1 - copies / whole`` from cProfile's time inside
 ``clone``/``copy_``; that misses allocation costs, and on the 64 MiB queue of
@@ -53,25 +62,36 @@ def measure(workload: str, steps: int) -> dict:
                          live_versions=64, segments=64, width=8, batch=8)
     runs = {"whole": build_method("whole", cfg, ["whole"] * 64),
             "regions": build_method("regions", cfg, ["region"] * 64),
-            "free": build_method("regions", cfg, ["region"] * 64)}
+            "free": build_method("regions", cfg, ["region"] * 64),
+            "torch": build_method("torch", cfg, ["recompute_only"] * 64)}
+    state = [torch.zeros(cfg.state_bytes, dtype=torch.uint8) for _ in range(2)]
+
+    def copies() -> None:
+        for _ in range(2 * 64):
+            state[1].copy_(state[0])
 
     def step(m: str, s: int) -> None:
+        if m == "copy":
+            copies()
+            return
         with free_journal() if m == "free" else contextlib.nullcontext():
             runs[m].train_step(s)
 
+    methods = [*runs, "copy"]
     for s in range(3):
-        for m in runs:
+        for m in methods:
             step(m, s)
-    times: dict[str, list[float]] = {m: [] for m in runs}
+    times: dict[str, list[float]] = {m: [] for m in methods}
     for i in range(steps):
-        for m in (list(runs) if i % 2 == 0 else list(reversed(runs))):
+        for m in (methods if i % 2 == 0 else list(reversed(methods))):
             t0 = time.perf_counter()
             step(m, 10 + i)
             times[m].append(time.perf_counter() - t0)
     med = {m: statistics.median(v) for m, v in times.items()}
     return {"workload": workload, "whole_ms": med["whole"] * 1e3, "regions_ms": med["regions"] * 1e3,
             "free_ms": med["free"] * 1e3, "ratio": med["regions"] / med["whole"],
-            "floor": med["free"] / med["whole"]}
+            "floor": med["free"] / med["whole"], "torch_ms": med["torch"] * 1e3, "copy_ms": med["copy"] * 1e3,
+            "floor_any": med["torch"] / (med["torch"] + med["copy"])}
 
 
 def main() -> None:
@@ -84,7 +104,8 @@ def main() -> None:
         r = measure(wl, args.steps)
         print(f"{r['workload']}: whole {r['whole_ms']:.1f} ms, regions {r['regions_ms']:.1f} ms, "
               f"regions/whole {r['ratio']:.3f}; regions with a free journal {r['free_ms']:.1f} ms -> "
-              f"floor {r['floor']:.3f}")
+              f"floor {r['floor']:.3f}; torch's checkpoint {r['torch_ms']:.1f} ms, whole's least copies "
+              f"{r['copy_ms']:.1f} ms -> floor for any implementation {r['floor_any']:.3f}")
     print(f"load average after: {loadavg()}")
 
 

@@ -70,10 +70,21 @@ def _handler(cls: type, func: Any, types: tuple, args: tuple = (), kwargs: dict 
     return _as_eager_dispatch(func, types, args, kwargs)
 
 
-def _eager_order(types: tuple) -> list[type]:
+#: types tuple -> _eager_order of it (a BatchNorm call meets the same Parameter/marked pair every step)
+_ORDERS: dict[tuple, tuple[type, ...]] = {}
+
+
+def _eager_order(types: tuple) -> tuple[type, ...]:
     """The classes whose ``__torch_function__`` eager would try, in its order: marked classes
     replaced by their own, ``Tensor`` and classes with torch functions disabled (``Parameter``)
     dropped, a subclass before its superclasses, otherwise in argument order."""
+    order = _ORDERS.get(types)
+    if order is None:
+        order = _ORDERS[types] = tuple(_order(types))
+    return order
+
+
+def _order(types: tuple) -> list[type]:
     order: list[type] = []
     for t in types:
         t = _BASE_OF.get(t, t)
@@ -103,7 +114,7 @@ def _as_eager_dispatch(func: Any, types: tuple, args: tuple, kwargs: dict) -> An
             if all(issubclass(c, t) for t in order):
                 return _handle(func, args, kwargs, c)
             continue
-        out = _delegate(c, func, tuple(order), args, kwargs)
+        out = _delegate(c, func, order, args, kwargs)
         if out is not NotImplemented:
             return out
     raise TypeError(f"no implementation found for '{getattr(func, '__qualname__', func)}' on types that "
