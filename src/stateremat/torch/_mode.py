@@ -70,6 +70,37 @@ def _fresh(func: Any) -> tuple[int, ...]:
     return f
 
 
+_OUT_ARGS: dict[Any, tuple[tuple[int, str], ...]] = {}
+
+
+def _out_args(func: Any) -> tuple[tuple[int, str], ...]:
+    """Positions and names of ``func``'s ``out=`` arguments (the kernel may resize them)."""
+    spec = _OUT_ARGS.get(func)
+    if spec is None:
+        spec = _OUT_ARGS[func] = tuple((i, a.name) for i, a in enumerate(func._schema.arguments) if a.is_out)
+    return spec
+
+
+def watch_resized_outs(func: Any, args: tuple, kwargs: dict, hits: list[tuple[DeclaredStorage, torch.Tensor]]) -> list:
+    """The written ``out=`` arguments among ``hits`` with their geometry before the call (see
+    :func:`note_resized_outs`); empty for ops without ``out=`` arguments (the common case)."""
+    spec = _out_args(func)
+    if not spec or not hits:
+        return []
+    outs = [args[i] if i < len(args) else kwargs.get(name) for i, name in spec]
+    return [(st, w, w.shape, w.stride(), w.storage_offset()) for st, w in hits if any(w is o for o in outs)]
+
+
+def note_resized_outs(func: Any, watched: list) -> None:
+    """An ``out=`` argument the kernel resized within its storage had bytes written past the
+    view the journal recorded (``torch.add(a, b, out=q[0:2])`` with 8 results writes ``q[0:8]``):
+    those writes were not journaled, so a region replay of an earlier segment is refused (R8)."""
+    for st, w, shape, stride, offset in watched:
+        if w.shape != shape or w.stride() != stride or w.storage_offset() != offset:
+            st.note_gap(f"{st.name()!r} was written past the bytes journaled for it by {func} (an out= argument "
+                        f"of shape {tuple(shape)} resized to {tuple(w.shape)} by the kernel)")
+
+
 def _write_args(func: Any) -> tuple[tuple[int, str, bool], ...]:
     """Positions, names and list-ness of the arguments ``func``'s schema says it writes."""
     spec = _WRITE_ARGS.get(func)
@@ -247,12 +278,17 @@ class WriteMode(TorchDispatchMode):
             writes = _writes(func)
         if not writes:
             return func(*args, **kwargs)
+        hits = []
         for w in written_tensors(func, args, kwargs):
             st = self.known.get(storage_key(w))
             if st is not None:
                 on_write(st, func, args, kwargs, w)
                 self.hit.append(st)
-        return func(*args, **kwargs)
+                hits.append((st, w))
+        watched = watch_resized_outs(func, args, kwargs, hits)
+        out = func(*args, **kwargs)
+        note_resized_outs(func, watched)
+        return out
 
     def __exit__(self, *exc):
         out = super().__exit__(*exc)
@@ -295,6 +331,7 @@ class StrictMode(TorchDispatchMode):
         if writes is None:
             writes = _writes(func)
         hit = self.pending
+        hits = []
         if writes:
             for w in written_tensors(func, args, kwargs):
                 key = storage_key(w)
@@ -304,12 +341,15 @@ class StrictMode(TorchDispatchMode):
                 if st is not None:
                     on_write(st, func, args, kwargs, w)
                     hit.append(st)
+                    hits.append((st, w))
                 elif self.role == "forward":
                     for seg in reversed(self.rt.forward):
                         seg.check_write(key, func)
                 elif w.untyped_storage().data_ptr() not in self.created and self.segment is not None:
                     self.segment.undeclared_at_replay(w, func, "a storage that is not declared")
+        watched = watch_resized_outs(func, args, kwargs, hits)
         out = func(*args, **kwargs)
+        note_resized_outs(func, watched)
         if self.role == "replay":
             fresh = _FRESH.get(func)
             if fresh is None:

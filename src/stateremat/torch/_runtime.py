@@ -102,9 +102,16 @@ class DeclaredStorage:
         if not journaled:
             self.gap_seq = self.rt.next_seq()
             i = changed[0]
-            self.gap_note = f"{self.names[i]!r} (version {self.synced[i]} -> {self.witnesses[i]._version})"
+            self.gap_note = (f"{self.names[i]!r} (version {self.synced[i]} -> {self.witnesses[i]._version}: a "
+                             "version gap) was written outside any checkpointed segment, or through an alias the region journal "
+                             "does not see, after the segment's forward")
         for i in changed:
             self.synced[i] = self.witnesses[i]._version
+
+    def note_gap(self, note: str) -> None:
+        """A write no journal saw all of (R8): segments that started before now cannot replay by region."""
+        self.gap_seq = self.rt.next_seq()
+        self.gap_note = note
 
     def name(self) -> str:
         """A declared name of this storage for messages."""

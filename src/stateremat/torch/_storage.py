@@ -242,6 +242,8 @@ def view_runs(t: torch.Tensor) -> np.ndarray:
 
 def _index_runs(self_t: torch.Tensor, dim: int, index: torch.Tensor) -> np.ndarray | None:
     """Byte runs written by an index-along-``dim`` write (``index_copy_``, ``index_put_`` on one dim)."""
+    if self_t.dim() == 0:  # a 0-dim view: its one element (the full view)
+        return None
     if index.numel() * (self_t.numel() // max(self_t.shape[dim], 1)) > _MAX_ENUMERATED_ELEMENTS:
         return None
     item = self_t.element_size()
@@ -305,6 +307,8 @@ def _index_put_runs(t: torch.Tensor, indices: list) -> np.ndarray | None:
         return _index_runs(t, 0, indices[0])
     expanded: list[torch.Tensor] = []
     for i in indices:
+        if i.dtype == torch.bool and i.dim() == 0:  # selects everything (or nothing): the full view
+            return None
         if i.dtype == torch.bool:  # a mask over as many dims as it has
             expanded.extend(torch.nonzero(i.detach().to("cpu"), as_tuple=True))
         elif i.dtype in (torch.int64, torch.int32):

@@ -116,10 +116,11 @@ class Bindings:
         self.mods = list({id(m): m for _, mod in modules for m in mod.modules()}.values())
         self.slots = [(m, d, k, v) for m in self.mods for (d, k), v in tensor_slots(m).items()] + list(slots)
         with DisableTorchFunctionSubclass():  # where each declared tensor's bytes live now
-            self.data = [(t, t.untyped_storage(), t.storage_offset(), t.size(), t.stride(), t.data_ptr())
-                         for t in tensors if has_storage(t)]
+            self.data = [(t, st, t.storage_offset(), t.size(), t.stride(), t.data_ptr(), st.data_ptr())
+                         for t in tensors if has_storage(t) for st in (t.untyped_storage(),)]
         self.rebound: list[tuple[nn.Module, str, str, Any]] = []
         self.swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.geometry: list[tuple[torch.Tensor, int, torch.Size, tuple]] = []
 
     def settle(self, now: dict[int, dict] | None = None) -> None:
         """After the forward: note what changed (nothing kept when nothing did).
@@ -135,10 +136,11 @@ class Bindings:
                          if (id(m), d, k) not in start]  # created by the forward (a lazy buffer)
         with DisableTorchFunctionSubclass():
             moved = [e for e in self.data if e[0].data_ptr() != e[5] or e[0].untyped_storage().data_ptr()
-                     != e[1].data_ptr()]
+                     != e[1].data_ptr() or e[0].size() != e[3] or e[0].stride() != e[4]]
             # the same storage object, reallocated: resize_ grew it inside the forward; its bytes
             # before the forward are gone with the old allocation, so no replay can start from them
-            grown = [e for e in moved if e[0].untyped_storage().data_ptr() == e[1].data_ptr()]
+            # (a view moved within the same allocation — as_strided_, set_ — is swapped back below)
+            grown = [e for e in moved if e[0].untyped_storage().data_ptr() == e[1].data_ptr() != e[6]]
         if grown:
             t = grown[0][0]
             raise UnsupportedError(
@@ -149,21 +151,39 @@ class Bindings:
                 "checkpointing first (the buffer then has its final size), or allocate it at full size.")
         with library_ops():
             self.swapped = [(t, torch.empty(0, dtype=t.dtype, device=t.device).set_(st, off, size, stride))
-                            for t, st, off, size, stride, _ in moved]
+                            for t, st, off, size, stride, _, _ in moved]
+        # the others' geometry: an in-place metadata change after the forward (t_(), transpose_(),
+        # as_strided_() on the same bytes) must not reach the replay either
+        ids = {id(e[0]) for e in moved}
+        self.geometry = [(t, off, size, stride) for t, _, off, size, stride, _, _ in self.data if id(t) not in ids]
         self.slots, self.data = [], []
+
+    def _regeometried(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Declared tensors whose view of their storage changed since the forward, each with a view
+        of the forward's geometry (the storage itself is checked by the replay: R8)."""
+        out = []
+        with DisableTorchFunctionSubclass():
+            for t, off, size, stride in self.geometry:
+                if t.storage_offset() != off or t.size() != size or t.stride() != stride:
+                    with library_ops():
+                        out.append((t, torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                            t.untyped_storage(), off, size, stride)))
+        return out
 
     @contextlib.contextmanager
     def as_of_forward_start(self) -> Iterator[None]:
-        if not (self.rebound or self.swapped):
+        regeometried = self._regeometried() if self.geometry else []
+        if not (self.rebound or self.swapped or regeometried):
             yield
             return
+        swapped = self.swapped + regeometried
         now_slots = [(m, d, k, _slot_get(m, d, k)) for m, d, k, _ in self.rebound]
         with library_ops():
-            now_data = [(t, t.detach()) for t, _ in self.swapped]
+            now_data = [(t, t.detach()) for t, _ in swapped]
         for m, d, k, v in self.rebound:
             _slot_set(m, d, k, v)
         with torch.no_grad():
-            for t, orig in self.swapped:
+            for t, orig in swapped:
                 t.data = orig
         try:
             yield

@@ -167,9 +167,8 @@ class RegionPreserver(Preserver):
         if st.gap_seq >= self.start_seq:
             raise ReplayError(
                 f"stateremat.torch.checkpoint: cannot replay segment {segment_name!r}: declared state "
-                f"{st.gap_note} was written outside any checkpointed segment, or through an alias the region "
-                "journal does not see, after the segment's forward, so the journal does not hold the bytes the "
-                f"replay needs (expected an unbroken journal, got a version gap; {rule('R8')}). Tip: pass "
+                f"{st.gap_note}, so the journal does not hold the bytes the "
+                f"replay needs (expected an unbroken journal; {rule('R8')}). Tip: pass "
                 "preserve='whole' for this segment, write the tensor through the declared tensor or views "
                 "taken after it was declared, or (a tensor subclass with its own __torch_function__, whose "
                 "writes cannot be intercepted per tensor) run that code inside stateremat.torch.journal_writes()."
