@@ -157,3 +157,30 @@ def test_a_declared_view_changed_in_place_is_replayed_through_the_forwards_view(
 
     want, got = run(None), run(mode)
     assert torch.equal(got[0], want[0]) and got[1:4] == want[1:4] and torch.equal(got[4], want[4])
+
+
+@pytest.mark.parametrize("wrapper", ["checkpoint", "StatefulCheckpoint"])
+@pytest.mark.parametrize("mode", ["whole", "region"])
+@pytest.mark.parametrize("toggle", ["eval", "train"])
+def test_training_flags_changed_before_the_backward_do_not_reach_the_replay(toggle, mode, wrapper):
+    """``model.eval()`` between forward and backward: eager's backward used the training forward's
+    batch statistics and dropout mask; the replay must run in the forward's mode too."""
+    from stateremat.torch import StatefulCheckpoint
+
+    def run(ckpt):
+        torch.manual_seed(0)
+        m = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6), torch.nn.Dropout(0.3)).to(D)
+        m.train(toggle == "eval")
+        x = torch.randn(5, 4, dtype=D, requires_grad=True)
+        if ckpt is None:
+            y = m(x)
+        elif wrapper == "checkpoint":
+            y = checkpoint(m, x, state=[m], preserve=ckpt)
+        else:
+            y = StatefulCheckpoint(m, state="buffers", preserve=ckpt)(x)
+        m.train(toggle != "eval")
+        grads = torch.autograd.grad(y.square().sum(), [x, *m.parameters()])
+        return [*grads, *m.state_dict().values(), torch.tensor([mod.training for mod in m.modules()])]
+
+    want, got = run(None), run(mode)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))

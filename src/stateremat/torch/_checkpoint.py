@@ -329,6 +329,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     held = [(m, d, k, v) for _, m in r.modules if id(m) not in declared_mods
             for (d, k), v in tensor_slots(m).items() if id(v) in declared_ids]
     seg.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held)
+    seg.modes = [(m, m.training) for _, m in r.modules]
     seg.save_inputs(args, kwargs)
     with DisableTorchFunctionSubclass():
         seg.scan = [(n, t, t._version) for n, t in r.tensors.values() if id(t) not in declared_ids]

@@ -256,10 +256,12 @@ def mark_tensor(t: torch.Tensor, st: Any) -> bool:
                 st.marks.append((id(t), weakref.ref(t)))
             return True
         raise UnsupportedError(
-            f"stateremat.torch: declared state {st.name()!r} is journaled by checkpointed segments on two "
+            f"stateremat.torch: declared state {st.name()!r} is declared by checkpointed segments running on two "
             "threads at once (expected each thread to declare its own tensors, got one tensor in two "
-            "runtimes). Tip: concurrent mutation from other threads is out of scope; give each thread its "
-            "own model, or use preserve='whole'."
+            "runtimes; the write handler of a declared tensor belongs to one thread, whichever preserver "
+            "keeps it). Tip: give each thread its own copy of the model (copy.deepcopy(model)), or leave a "
+            "tensor the segments only read out of state=...; concurrent mutation from other threads is out "
+            "of scope."
         )
     marked = _MARKED_OF.get(cls) or _marked_subclass(cls)
     if marked is None:

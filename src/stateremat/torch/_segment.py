@@ -14,9 +14,10 @@ import re
 import uuid
 import weakref
 from collections import defaultdict
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
+from torch import nn
 
 from stateremat.contract import internal_assert, rule
 
@@ -202,6 +203,7 @@ class Segment:
         self._spec: Any = None
         self._autocast: tuple = ()
         self.forward_completed = False  # backward inside the forward (torch's Rule 6) recomputes early
+        self.modes: list[tuple[nn.Module, bool]] = []  # reached modules' training flags at the forward's start
         self.ignore_saved_mismatch = False
 
     def attach(self, txn: Transaction) -> None:
@@ -534,7 +536,8 @@ class Segment:
         with DisableTorchFunctionSubclass():
             versions = [(n, t, t._version) for n, t, _ in self.scan]
         bindings = self.bindings.as_of_forward_start() if self.bindings is not None else contextlib.nullcontext()
-        with self.forward_end_bindings(), bindings, self.txn.replay(self), _rng.replayed(self.rng):
+        with self.forward_end_bindings(), bindings, self.modes_as_of_forward(), self.txn.replay(self), \
+                _rng.replayed(self.rng):
             # the forward's end bindings, then (declared modules) its start bindings
             with self._recompute_hooks(gid), torch.autograd.enable_grad(), device_ac, cpu_ac, \
                     entered_hiding(self.recompute_context), strict, oplog:
@@ -551,6 +554,19 @@ class Segment:
         self.report_undeclared(again, "at recomputation by its version counter (the forward already wrote it "
                                       "once; the replay wrote it again)")
         self._check(gid)
+
+    @contextlib.contextmanager
+    def modes_as_of_forward(self) -> Iterator[None]:
+        """Replay with the training flags the forward started with (``model.eval()`` between forward
+        and backward must not turn a replayed BatchNorm or dropout into its evaluation form)."""
+        changed = [(m, m.training) for m, was in self.modes if m.training is not was]
+        for m, now in changed:
+            m.training = not now
+        try:
+            yield
+        finally:
+            for m, now in changed:
+                m.training = now
 
     def _compare(self, gid: Any, idx: int, x: torch.Tensor) -> None:
         ref = self.originals[idx]
