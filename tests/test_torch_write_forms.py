@@ -184,3 +184,118 @@ def test_training_flags_changed_before_the_backward_do_not_reach_the_replay(togg
 
     want, got = run(None), run(mode)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def _aminmax_into_one_storage(size: str, mode: str):
+    q = torch.randn(SIZES[size], dtype=D, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(2, dtype=D, generator=torch.Generator().manual_seed(5), requires_grad=True)
+
+    def f(x):
+        y = x * q[40:42].clone()
+        torch.aminmax(x.detach().view(1, 2), dim=0, out=(q[0:2], q[40:40]))  # the empty view is resized
+        return y.sum()
+
+    out = f(x) if mode == "eager" else checkpoint(f, x, state=[q], preserve=mode)
+    out.backward()
+    return x.grad, q
+
+
+def test_an_empty_out_argument_beside_another_on_one_storage_is_seen():
+    """Two out= tensors on one journaled storage, one empty (skipped as a write) and resized by the
+    kernel: the other's journaled write must not hide it."""
+    for size, mode in [("journaled", "whole"), ("small", "region"), ("small", "whole")]:
+        want = _aminmax_into_one_storage(size, "eager")
+        assert all(torch.equal(a, b) for a, b in zip(_aminmax_into_one_storage(size, mode), want))
+    with pytest.raises(ReplayError, match=r"aminmax.*out= argument of shape \(0,\) resized to \(2,\)"):
+        _aminmax_into_one_storage("journaled", "region")
+
+
+class _EMA(torch.nn.Module):
+    def __init__(self, n: int, change: str):
+        super().__init__()
+        self.register_buffer("m", torch.randn(n, dtype=D, generator=torch.Generator().manual_seed(6))[:16].view(4, 4))
+        self.change = change
+
+    def forward(self, x):
+        out = x @ self.m.clone()
+        if self.change == "rebind":
+            self.m = self.m * 0.5 + 1.0
+        elif self.change == "t_":
+            self.m.t_()
+        return out
+
+
+@pytest.mark.parametrize("outer_declares", [False, True])
+@pytest.mark.parametrize("mode", ["whole", "region"])
+@pytest.mark.parametrize("size", sorted(SIZES))
+@pytest.mark.parametrize("change", ["rebind", "t_", "t_between", "dtype_view_between"])
+def test_an_inner_segments_bindings_and_views_are_replayed_by_the_outer_one(change, size, mode, outer_declares):
+    """A nested segment's forward rebinds or re-views its declared buffer (or the view changes
+    before the backward): the outer segment's replay runs the inner forward again and must start
+    from the inner segment's bindings and views, and leave the current ones afterwards."""
+    from stateremat.torch import StatefulCheckpoint
+
+    def run(ckpt):
+        e = _EMA(SIZES[size], change if change in ("rebind", "t_") else "")
+        inner = StatefulCheckpoint(e, state="buffers", preserve=ckpt) if ckpt else e
+        x = torch.randn(2, 4, dtype=D, generator=torch.Generator().manual_seed(7), requires_grad=True)
+        z = torch.randn(2, 4, dtype=D, generator=torch.Generator().manual_seed(8), requires_grad=True)
+
+        def f(x, z):
+            return (inner(x) * z).sum()
+
+        out = f(x, z) if ckpt is None else checkpoint(f, x, z, state=[e] if outer_declares else [], preserve=ckpt)
+        if change == "t_between":
+            e.m.t_()
+        elif change == "dtype_view_between":
+            e.m.data = e.m.data.view(torch.int64)
+        out.backward()
+        m = e.m if e.m.dtype == D else e.m.view(D)
+        return x.grad, z.grad, m.clone(), m.stride()
+
+    want, got = run(None), run(mode)
+    assert all(torch.equal(a, b) for a, b in zip(got[:3], want[:3])) and got[3] == want[3]
+
+
+@pytest.mark.parametrize("mode", ["whole", "region"])
+def test_a_training_flag_the_forward_flips_is_left_as_eager_leaves_it(mode):
+    """A forward that flips a dropout's flag: the replay flips it again; afterwards every flag is
+    as eager leaves it, so the next step matches too."""
+    class Alt(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.drop = torch.nn.Dropout(0.5)
+
+        def forward(self, x):
+            y = self.drop(x)
+            self.drop.train(not self.drop.training)
+            return torch.tanh(y) * 2
+
+    def run(ckpt):
+        torch.manual_seed(0)
+        m = Alt()
+        x = torch.randn(8, dtype=D, requires_grad=True)
+        seg = (lambda h: checkpoint(m, h, state=[], preserve=ckpt)) if ckpt else m
+        seg(seg(x)).sum().backward()
+        return x.grad, torch.tensor(m.drop.training), m(x.detach())
+
+    assert all(torch.equal(a, b) for a, b in zip(run(mode), run(None)))
+
+
+@pytest.mark.parametrize("mode", ["whole", "region"])
+def test_an_undeclared_view_changed_before_the_backward_is_replayed_through_the_forwards_view(mode):
+    def run(ckpt):
+        g = torch.Generator().manual_seed(9)
+        holder = {"v": torch.randn(4, 4, dtype=D, generator=g)}  # reached by the scan, not declared
+        x = torch.randn(2, 4, dtype=D, generator=g, requires_grad=True)
+
+        def f(x):
+            return (x @ holder["v"].clone()).sin().sum()
+
+        out = f(x) if ckpt is None else checkpoint(f, x, preserve=ckpt)
+        holder["v"].t_()
+        out.backward()
+        return x.grad, holder["v"].stride()
+
+    want, got = run(None), run(mode)
+    assert torch.equal(got[0], want[0]) and got[1] == want[1]

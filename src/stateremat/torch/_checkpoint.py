@@ -33,7 +33,7 @@ from ._scan import Declared, check_state, describe, reach, resolve_state, root_m
 from ._storage import fingerprint
 from ._segment import RecomputeSink, Segment
 from ._storage import storage_key
-from ._txn import Bindings, Transaction
+from ._txn import Bindings, Transaction, view_records
 
 UNDECLARED_OPTIONS = ("raise", "warn", "declare")
 
@@ -339,6 +339,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
         # writes no version counter of these tensors sees: through .data (its own counter) or by
         # rebinding their storage (.data = ..., set_) — fingerprints and data pointers
         seg.ptrs = [(n, t, t.data_ptr()) for n, t, _ in seg.scan]
+        seg.views = view_records(t for _, t, _ in seg.scan)  # a view changed later is not what the replay reads
         seg.fingerprints = [(n, t, fingerprint(t)) for n, t, _ in seg.scan
                             if not t.requires_grad and id(t) not in probes and t.numel()]
         held_keys = {(id(m), d, k) for m, d, k, _ in held}

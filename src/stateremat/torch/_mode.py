@@ -81,14 +81,22 @@ def _out_args(func: Any) -> tuple[tuple[int, str], ...]:
     return spec
 
 
-def watch_resized_outs(func: Any, args: tuple, kwargs: dict, hits: list[tuple[DeclaredStorage, torch.Tensor]]) -> list:
-    """The written ``out=`` arguments among ``hits`` with their geometry before the call (see
+def watch_resized_outs(func: Any, args: tuple, kwargs: dict, storages: dict) -> list:
+    """The ``out=`` arguments of ``func`` on declared storages (``storages``: key ->
+    DeclaredStorage), empty ones included, with their geometry before the call (see
     :func:`note_resized_outs`); empty for ops without ``out=`` arguments (the common case)."""
     spec = _out_args(func)
-    if not spec or not hits:
+    if not spec:
         return []
-    outs = [args[i] if i < len(args) else kwargs.get(name) for i, name in spec]
-    return [(st, w, w.shape, w.stride(), w.storage_offset()) for st, w in hits if any(w is o for o in outs)]
+    watched = []
+    for i, name in spec:
+        v = args[i] if i < len(args) else kwargs.get(name)
+        for w in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(w, torch.Tensor) and has_storage(w):
+                st = storages.get(storage_key(w))
+                if st is not None:
+                    watched.append((st, w, w.shape, w.stride(), w.storage_offset()))
+    return watched
 
 
 def note_resized_outs(func: Any, watched: list) -> None:
@@ -278,14 +286,12 @@ class WriteMode(TorchDispatchMode):
             writes = _writes(func)
         if not writes:
             return func(*args, **kwargs)
-        hits = []
         for w in written_tensors(func, args, kwargs):
             st = self.known.get(storage_key(w))
             if st is not None:
                 on_write(st, func, args, kwargs, w)
                 self.hit.append(st)
-                hits.append((st, w))
-        watched = watch_resized_outs(func, args, kwargs, hits)
+        watched = watch_resized_outs(func, args, kwargs, self.known)
         out = func(*args, **kwargs)
         note_resized_outs(func, watched)
         return out
@@ -331,7 +337,6 @@ class StrictMode(TorchDispatchMode):
         if writes is None:
             writes = _writes(func)
         hit = self.pending
-        hits = []
         if writes:
             for w in written_tensors(func, args, kwargs):
                 key = storage_key(w)
@@ -341,13 +346,12 @@ class StrictMode(TorchDispatchMode):
                 if st is not None:
                     on_write(st, func, args, kwargs, w)
                     hit.append(st)
-                    hits.append((st, w))
                 elif self.role == "forward":
                     for seg in reversed(self.rt.forward):
                         seg.check_write(key, func)
                 elif w.untyped_storage().data_ptr() not in self.created and self.segment is not None:
                     self.segment.undeclared_at_replay(w, func, "a storage that is not declared")
-        watched = watch_resized_outs(func, args, kwargs, hits)
+        watched = watch_resized_outs(func, args, kwargs, self.rt.storages) if writes else []
         out = func(*args, **kwargs)
         note_resized_outs(func, watched)
         if self.role == "replay":

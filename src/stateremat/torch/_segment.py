@@ -41,7 +41,7 @@ from ._mode import StrictMode, warn_undeclared
 from ._runtime import Runtime, runtime
 from ._scan import describe, reachable, rebound, tensor_slots
 from ._storage import fingerprint, storage_key
-from ._txn import Bindings, Transaction, put_binding
+from ._txn import Bindings, Transaction, moved_views, put_binding, views_as_of
 
 
 class _Holder:
@@ -78,6 +78,20 @@ def _autocast_on(device_type: str) -> bool:
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bitwise equality (NaN == NaN, -0.0 != 0.0)."""
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+@contextlib.contextmanager
+def _modes_as_of(modes: list[tuple[nn.Module, bool]]) -> Iterator[None]:
+    """Set each module's training flag to the recorded one; afterwards put back every flag as it
+    was before (also those the replayed forward itself changes)."""
+    before = [(m, m.training) for m, _ in modes]
+    for m, was in modes:
+        m.training = was
+    try:
+        yield
+    finally:
+        for m, now in before:
+            m.training = now
 
 
 class _StopRecomputation(Exception):
@@ -204,6 +218,8 @@ class Segment:
         self._autocast: tuple = ()
         self.forward_completed = False  # backward inside the forward (torch's Rule 6) recomputes early
         self.modes: list[tuple[nn.Module, bool]] = []  # reached modules' training flags at the forward's start
+        self.views: list[tuple] = []  # view_records of reached undeclared tensors after the forward
+        self.adopted: list[tuple[Bindings | None, list, list]] = []  # (bindings, modes, views) of nested segments
         self.ignore_saved_mismatch = False
 
     def attach(self, txn: Transaction) -> None:
@@ -364,8 +380,9 @@ class Segment:
         raise UndeclaredStateError(undeclared_message(self, listed, f"seen {when}", written=written))
 
     def adopt(self, inner: "Segment") -> None:
-        """An inner segment ended: its declared storages are replayed by us too."""
+        """An inner segment ended: its declared storages, bindings, views and modes are replayed by us too."""
         self.txn.adopt(inner.txn)
+        self.adopted.append((inner.bindings, inner.modes, inner.views))
         keys = set(inner.txn.items)
         with DisableTorchFunctionSubclass():
             for _, t, _ in self.scan:
@@ -535,9 +552,7 @@ class Segment:
             self.debug_ops[1].clear()
         with DisableTorchFunctionSubclass():
             versions = [(n, t, t._version) for n, t, _ in self.scan]
-        bindings = self.bindings.as_of_forward_start() if self.bindings is not None else contextlib.nullcontext()
-        with self.forward_end_bindings(), bindings, self.modes_as_of_forward(), self.txn.replay(self), \
-                _rng.replayed(self.rng):
+        with self.forward_end_bindings(), self.as_of_forward(), self.txn.replay(self), _rng.replayed(self.rng):
             # the forward's end bindings, then (declared modules) its start bindings
             with self._recompute_hooks(gid), torch.autograd.enable_grad(), device_ac, cpu_ac, \
                     entered_hiding(self.recompute_context), strict, oplog:
@@ -556,17 +571,17 @@ class Segment:
         self._check(gid)
 
     @contextlib.contextmanager
-    def modes_as_of_forward(self) -> Iterator[None]:
-        """Replay with the training flags the forward started with (``model.eval()`` between forward
-        and backward must not turn a replayed BatchNorm or dropout into its evaluation form)."""
-        changed = [(m, m.training) for m, was in self.modes if m.training is not was]
-        for m, now in changed:
-            m.training = not now
-        try:
+    def as_of_forward(self) -> Iterator[None]:
+        """Replay with what the forward started with: training flags, declared modules' bindings
+        and declared tensors' views — ours and those of the segments nested in ours, which the
+        replay runs again without replaying them itself (their state is ours too)."""
+        with contextlib.ExitStack() as stack:
+            for bindings, modes, views in [*self.adopted, (self.bindings, self.modes, self.views)]:
+                stack.enter_context(_modes_as_of(modes))  # entered last, the earliest start wins
+                stack.enter_context(views_as_of(moved_views(views)))
+                if bindings is not None:
+                    stack.enter_context(bindings.as_of_forward_start())
             yield
-        finally:
-            for m, now in changed:
-                m.training = now
 
     def _compare(self, gid: Any, idx: int, x: torch.Tensor) -> None:
         ref = self.originals[idx]

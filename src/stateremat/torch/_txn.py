@@ -103,6 +103,60 @@ def _slot_set(m: nn.Module, d: str, k: str, v: Any) -> None:
     put_binding(getattr(m, d), k, v is not None, v)
 
 
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr() if has_storage(t) else None
+    except RuntimeError:  # a wrapper subclass's storage has no data
+        return None
+
+
+def view_records(tensors: Any) -> list[tuple]:
+    """Each tensor's view of its storage: ``(tensor, offset, size, stride, dtype, storage address)``;
+    tensors with an autograd history are left out (a segment's inputs, saved separately; holding
+    them would tie the graph to the segment)."""
+    out = []
+    with DisableTorchFunctionSubclass():
+        for t in tensors:
+            ptr = _storage_ptr(t) if t.grad_fn is None else None
+            if ptr is not None:
+                out.append((t, t.storage_offset(), t.size(), t.stride(), t.dtype, ptr))
+    return out
+
+
+def moved_views(records: list[tuple]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The recorded tensors whose view of the *same* storage changed since (``t_()``,
+    ``as_strided_()``, ``.data = t.view(dtype)``), each with a tensor of the recorded view (a
+    storage rebinding is not a view change: the replay refuses it for declared state)."""
+    out = []
+    with DisableTorchFunctionSubclass():
+        for t, off, size, stride, dtype, ptr in records:
+            if (t.storage_offset() != off or t.size() != size or t.stride() != stride or t.dtype != dtype) \
+                    and _storage_ptr(t) == ptr:
+                with library_ops():
+                    out.append((t, torch.empty(0, dtype=dtype, device=t.device).set_(
+                        t.untyped_storage(), off, size, stride)))
+    return out
+
+
+@contextlib.contextmanager
+def views_as_of(swaps: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
+    """Give each tensor of ``swaps`` the paired view (``.data``) for the block, its own after."""
+    if not swaps:
+        yield
+        return
+    with library_ops():
+        now = [(t, t.detach()) for t, _ in swaps]
+    with torch.no_grad():
+        for t, orig in swaps:
+            t.data = orig
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, v in now:
+                t.data = v
+
+
 class Bindings:
     """Which tensor each declared module attribute names, and which storage each declared tensor uses.
 
@@ -116,11 +170,11 @@ class Bindings:
         self.mods = list({id(m): m for _, mod in modules for m in mod.modules()}.values())
         self.slots = [(m, d, k, v) for m in self.mods for (d, k), v in tensor_slots(m).items()] + list(slots)
         with DisableTorchFunctionSubclass():  # where each declared tensor's bytes live now
-            self.data = [(t, st, t.storage_offset(), t.size(), t.stride(), t.data_ptr(), st.data_ptr())
+            self.data = [(t, st, t.storage_offset(), t.size(), t.stride(), t.data_ptr(), st.data_ptr(), t.dtype)
                          for t in tensors if has_storage(t) for st in (t.untyped_storage(),)]
         self.rebound: list[tuple[nn.Module, str, str, Any]] = []
         self.swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.geometry: list[tuple[torch.Tensor, int, torch.Size, tuple]] = []
+        self.geometry: list[tuple] = []  # view_records of the declared tensors after the forward
 
     def settle(self, now: dict[int, dict] | None = None) -> None:
         """After the forward: note what changed (nothing kept when nothing did).
@@ -136,7 +190,7 @@ class Bindings:
                          if (id(m), d, k) not in start]  # created by the forward (a lazy buffer)
         with DisableTorchFunctionSubclass():
             moved = [e for e in self.data if e[0].data_ptr() != e[5] or e[0].untyped_storage().data_ptr()
-                     != e[1].data_ptr() or e[0].size() != e[3] or e[0].stride() != e[4]]
+                     != e[1].data_ptr() or e[0].size() != e[3] or e[0].stride() != e[4] or e[0].dtype != e[7]]
             # the same storage object, reallocated: resize_ grew it inside the forward; its bytes
             # before the forward are gone with the old allocation, so no replay can start from them
             # (a view moved within the same allocation — as_strided_, set_ — is swapped back below)
@@ -150,49 +204,30 @@ class Bindings:
                 "torch.ao observers grow their buffers on their first call). Tip: run one step without "
                 "checkpointing first (the buffer then has its final size), or allocate it at full size.")
         with library_ops():
-            self.swapped = [(t, torch.empty(0, dtype=t.dtype, device=t.device).set_(st, off, size, stride))
-                            for t, st, off, size, stride, _, _ in moved]
+            self.swapped = [(t, torch.empty(0, dtype=dtype, device=t.device).set_(st, off, size, stride))
+                            for t, st, off, size, stride, _, _, dtype in moved]
         # the others' geometry: an in-place metadata change after the forward (t_(), transpose_(),
         # as_strided_() on the same bytes) must not reach the replay either
         ids = {id(e[0]) for e in moved}
-        self.geometry = [(t, off, size, stride) for t, _, off, size, stride, _, _ in self.data if id(t) not in ids]
+        self.geometry = [(t, off, size, stride, dtype, sptr) for t, _, off, size, stride, _, sptr, dtype in self.data
+                         if id(t) not in ids]
         self.slots, self.data = [], []
-
-    def _regeometried(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Declared tensors whose view of their storage changed since the forward, each with a view
-        of the forward's geometry (the storage itself is checked by the replay: R8)."""
-        out = []
-        with DisableTorchFunctionSubclass():
-            for t, off, size, stride in self.geometry:
-                if t.storage_offset() != off or t.size() != size or t.stride() != stride:
-                    with library_ops():
-                        out.append((t, torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                            t.untyped_storage(), off, size, stride)))
-        return out
 
     @contextlib.contextmanager
     def as_of_forward_start(self) -> Iterator[None]:
-        regeometried = self._regeometried() if self.geometry else []
+        regeometried = moved_views(self.geometry) if self.geometry else []
         if not (self.rebound or self.swapped or regeometried):
             yield
             return
-        swapped = self.swapped + regeometried
         now_slots = [(m, d, k, _slot_get(m, d, k)) for m, d, k, _ in self.rebound]
-        with library_ops():
-            now_data = [(t, t.detach()) for t, _ in swapped]
         for m, d, k, v in self.rebound:
             _slot_set(m, d, k, v)
-        with torch.no_grad():
-            for t, orig in swapped:
-                t.data = orig
         try:
-            yield
+            with views_as_of(self.swapped + regeometried):
+                yield
         finally:
             for m, d, k, v in now_slots:
                 _slot_set(m, d, k, v)
-            with torch.no_grad():
-                for t, now in now_data:
-                    t.data = now
 
 
 class Transaction:
