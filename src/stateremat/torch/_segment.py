@@ -575,10 +575,18 @@ class Segment:
         """Replay with what the forward started with: training flags, declared modules' bindings
         and declared tensors' views — ours and those of the segments nested in ours, which the
         replay runs again without replaying them itself (their state is ours too)."""
+        levels = [*self.adopted, (self.bindings, self.modes, self.views)] if self.adopted else \
+            [(self.bindings, self.modes, self.views)]
+        if not any(modes or views or bindings is not None for bindings, modes, views in levels):
+            yield  # a plain function reaching no tensors or modules
+            return
         with contextlib.ExitStack() as stack:
-            for bindings, modes, views in [*self.adopted, (self.bindings, self.modes, self.views)]:
-                stack.enter_context(_modes_as_of(modes))  # entered last, the earliest start wins
-                stack.enter_context(views_as_of(moved_views(views)))
+            for bindings, modes, views in levels:  # entered last, the earliest start wins
+                if modes:
+                    stack.enter_context(_modes_as_of(modes))
+                moved = moved_views(views) if views else None
+                if moved:
+                    stack.enter_context(views_as_of(moved))
                 if bindings is not None:
                     stack.enter_context(bindings.as_of_forward_start())
             yield
