@@ -218,7 +218,7 @@ class Segment:
         self._autocast: tuple = ()
         self.forward_completed = False  # backward inside the forward (torch's Rule 6) recomputes early
         self.modes: list[tuple[nn.Module, bool]] = []  # reached modules' training flags at the forward's start
-        self.views: list[tuple] = []  # view_records of reached undeclared tensors after the forward
+        self.views: list[tuple] = []  # view_records of reached undeclared tensors at the forward's start
         self.adopted: list[tuple[Bindings | None, list, list]] = []  # (bindings, modes, views) of nested segments
         self.ignore_saved_mismatch = False
 
@@ -572,16 +572,12 @@ class Segment:
 
     @contextlib.contextmanager
     def as_of_forward(self) -> Iterator[None]:
-        """Replay with what the forward started with: training flags, declared modules' bindings
-        and declared tensors' views — ours and those of the segments nested in ours, which the
-        replay runs again without replaying them itself (their state is ours too)."""
-        levels = [*self.adopted, (self.bindings, self.modes, self.views)] if self.adopted else \
-            [(self.bindings, self.modes, self.views)]
-        if not any(modes or views or bindings is not None for bindings, modes, views in levels):
-            yield  # a plain function reaching no tensors or modules
-            return
+        """Replay with what the forward started with: training flags, declared modules' bindings,
+        and the views of declared and reached tensors — ours and those of the segments nested in
+        ours, which the replay runs again without replaying them itself (their state is ours too)."""
         with contextlib.ExitStack() as stack:
-            for bindings, modes, views in levels:  # entered last, the earliest start wins
+            for bindings, modes, views in [*self.adopted, (self.bindings, self.modes, self.views)]:
+                # entered last, our own (the earliest start) win
                 if modes:
                     stack.enter_context(_modes_as_of(modes))
                 moved = moved_views(views) if views else None
