@@ -320,8 +320,8 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     gens.update({id(g): g for _, g in r.generators.values()})
     seg.rng = _rng.capture(gens.values()) if preserve_rng_state else None
     with DisableTorchFunctionSubclass():
-        txn.whole_keys = {storage_key(t) for t in [*(t for _, t in r.norm_stats.values()), *r.norm_counters]
-                          if has_storage(t)}
+        norm_buffers = [t for _, t in r.norm_stats.values()] + r.norm_counters
+        txn.whole_keys = {storage_key(t) for t in norm_buffers if has_storage(t)}
     txn.begin()
     declared_mods = {id(m) for _, mod in declared.modules for m in mod.modules()}
     declared_ids = {id(t) for _, t, _ in declared.tensors}
