@@ -44,3 +44,16 @@ def test_readme_your_own_model_blocks_run_and_print_what_they_say(capsys):
                 continue
             value = expected.split(" (")[0]
             assert value in printed.splitlines(), (line, value, printed[-500:])
+
+
+def test_readme_distributed_and_compiled_training_blocks_run_and_print_what_they_say(capsys):
+    from _clients import import_transformers
+
+    import_transformers()
+    blocks = re.findall(r"```python\n(.*?)```", _section("Distributed and compiled training"), re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        exec(compile(block, str(README), "exec"), {})
+        printed = capsys.readouterr().out.splitlines()
+        for _, expected in re.findall(r"^(print\(.*\))\s+# (.*)$", block, re.M):
+            assert expected in printed, (expected, printed)

@@ -6,10 +6,14 @@ blocks). torch's replay runs each block's BatchNorm a second time, so running st
 updated twice per step. Rather than patching torch, :func:`enable` turns timm's own switch off
 and checkpoints the same blocks in place with :func:`stateremat.torch.apply_plan` (each block's
 buffers declared; BatchNorm updated once per step; dropout and drop-path masks replayed).
-:func:`checkpoint_seq` is timm's helper with the same signature, for forwards written by hand.
+While :func:`enable` is in force, timm's own ``model.set_grad_checkpointing(True)`` is refused at
+that call (it would wrap stateremat's blocks in torch's checkpoint, whose replay writes their
+state a second time); ``set_grad_checkpointing(False)`` is accepted, and :func:`disable` hands the
+switch back to timm. :func:`checkpoint_seq` is timm's helper with the same signature, for forwards written by hand.
 """
 from __future__ import annotations
 
+import types
 from typing import Any, Callable
 
 import torch
@@ -54,15 +58,31 @@ def enable(model: nn.Module, segments: Any = None, *, preserve: str = "region", 
     Checkpointer(state=None if state == "buffers" else state, preserve=preserve,
                  granularity_bytes=granularity_bytes, on_undeclared=on_undeclared, verify=verify)
     if hasattr(model, "set_grad_checkpointing"):
+        model.__dict__.pop("set_grad_checkpointing", None)
         model.set_grad_checkpointing(False)
+        model.set_grad_checkpointing = types.MethodType(_refuse_timm_switch, model)
     apply_plan(model, {"options": [preserve] * len(names), "segment_names": names}, state=state,
                granularity_bytes=granularity_bytes, on_undeclared=on_undeclared, verify=verify)
     return model
 
 
+def _refuse_timm_switch(self: nn.Module, enable: bool = True, *args: Any, **kwargs: Any) -> None:
+    """``set_grad_checkpointing`` of a model :func:`enable` checkpoints (see the module doc)."""
+    if enable:
+        raise ValueError(
+            f"{_API}: {type(self).__name__}'s blocks are checkpointed by stateremat ({_API}.enable); timm's "
+            "set_grad_checkpointing(True) would checkpoint them a second time with torch.utils.checkpoint, whose "
+            "replay updates their BatchNorm statistics again (expected timm's switch to stay off, got "
+            "set_grad_checkpointing(True)). Tip: leave timm's switch off (stateremat already checkpoints the "
+            f"blocks), or call {_API}.disable(model) first to use timm's own checkpointing.")
+    type(self).set_grad_checkpointing(self, False, *args, **kwargs)
+
+
 def disable(model: nn.Module, segments: Any = None) -> nn.Module:
-    """Undo :func:`enable` for the same ``segments``; returns ``model``."""
+    """Undo :func:`enable` for the same ``segments`` and hand timm's ``set_grad_checkpointing``
+    back; returns ``model``."""
     names = resolve_segments(model, segments)
+    model.__dict__.pop("set_grad_checkpointing", None)
     return apply_plan(model, {"options": ["eager"] * len(names), "segment_names": names})
 
 

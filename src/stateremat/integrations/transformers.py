@@ -8,6 +8,15 @@ calls with ``torch.utils.checkpoint.checkpoint``. :func:`enable` passes a stater
 there instead: each layer is replayed with its buffers declared and the forward's RNG (dropout
 masks replayed), as many layers as transformers would checkpoint.
 
+The framework's own switches: after :func:`enable`, the model's ``_set_gradient_checkpointing``
+(where ``gradient_checkpointing_enable``, ``activation_checkpointing_enable`` and
+``Trainer(args=TrainingArguments(gradient_checkpointing=True))`` all end) keeps stateremat's
+checkpoint: a later enable that passes torch's checkpoint gets stateremat's, with the torch
+keywords it was given (``gradient_checkpointing_kwargs``); one that passes any other function, or
+``use_reentrant=True``, is refused at that call. transformers' own disable turns checkpointing off
+and a later enable turns stateremat's back on; :func:`disable` turns it off and hands the switch
+back to transformers.
+
 KV caches: transformers itself passes ``past_key_values=None`` to a layer it checkpoints (and
 logs that caching is incompatible), unless the layer class says it only reads the cache
 (``_can_checkpoint_with_cache``); such a layer is checked to leave the cache unchanged. A cache
@@ -18,8 +27,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from typing import Any, Callable
 
+import torch.utils.checkpoint as _tuc
 from torch import nn
 
 from stateremat.torch import Checkpointer, refuse_python_state
@@ -137,11 +148,49 @@ def enable(model: Any, *, every_n_layers: int = 1, state: Any = "buffers", prese
     if every_n_layers != 1 and not kwargs:
         raise ValueError(f"{_API}: this transformers version has no every_n_layers; got {every_n_layers}. "
                          "Tip: use every_n_layers=1.")
+    model.__dict__.pop("_set_gradient_checkpointing", None)  # enable twice: the newest options win
+    hook = _hook(model)
     hook(enable=True, gradient_checkpointing_func=func, **kwargs)
+    model._stateremat_checkpoint = func
+    # every later switch of transformers' (or Trainer's) ends here: keep stateremat's checkpoint
+    model._set_gradient_checkpointing = types.MethodType(_keep_stateremat, model)
     return model
 
 
+def _torch_keywords(func: Any) -> dict | None:
+    """The keywords of ``functools.partial(torch.utils.checkpoint.checkpoint, **kw)`` (what
+    transformers builds from ``gradient_checkpointing_kwargs``), or None for any other function."""
+    if func is _tuc.checkpoint:
+        return {}
+    if isinstance(func, functools.partial) and func.func is _tuc.checkpoint and not func.args:
+        return dict(func.keywords)
+    return None
+
+
+def _keep_stateremat(self: Any, enable: bool = True, gradient_checkpointing_func: Callable = _tuc.checkpoint,
+                     every_n_layers: int = 1) -> None:
+    """The model's ``_set_gradient_checkpointing`` while :func:`enable` is in force (see the module doc)."""
+    ours = self._stateremat_checkpoint
+    if enable and not isinstance(gradient_checkpointing_func, StateAwareCheckpoint):
+        kw = _torch_keywords(gradient_checkpointing_func)
+        if kw is None or kw.get("use_reentrant"):
+            got = f"use_reentrant={kw['use_reentrant']!r}" if kw else f"gradient_checkpointing_func={gradient_checkpointing_func!r}"
+            raise ValueError(
+                f"{_API}: {type(self).__name__}'s layers are checkpointed by stateremat (enabled by {_API}); "
+                f"transformers was asked to checkpoint them with another function (expected torch's "
+                f"non-reentrant checkpoint, which stateremat's replaces, got {got}). Tip: drop the option "
+                "(e.g. gradient_checkpointing_kwargs / offload), or call "
+                "stateremat.integrations.transformers.disable(model) first to use transformers' own.")
+        kw.pop("use_reentrant", None)
+        gradient_checkpointing_func = functools.partial(ours, **kw) if kw else ours
+    type(self)._set_gradient_checkpointing(self, enable=enable, gradient_checkpointing_func=gradient_checkpointing_func,
+                                           every_n_layers=every_n_layers)
+
+
 def disable(model: Any) -> Any:
-    """Turn checkpointing of ``model``'s layers off again (transformers' own switch); returns ``model``."""
+    """Turn checkpointing of ``model``'s layers off again and hand transformers' switch back
+    (its later ``gradient_checkpointing_enable`` uses torch's checkpoint); returns ``model``."""
+    model.__dict__.pop("_set_gradient_checkpointing", None)
+    model.__dict__.pop("_stateremat_checkpoint", None)
     _hook(model)(enable=False)
     return model
