@@ -95,3 +95,32 @@ def test_gather_and_scatter_take_runs_in_any_order(n, k):
     for a, b in runs:
         mask[a:b] = True
     assert torch.equal(out[mask], flat[mask]) and not out[~mask].any()
+
+
+@pytest.mark.parametrize("run_bytes", [4, 100, 512, 4096, 40000])
+@pytest.mark.parametrize("k", [5, 33])
+def test_gather_and_scatter_agree_on_both_copy_paths(run_bytes, k, monkeypatch):
+    # long runs copy slice by slice through NumPy views, short ones by one indexed copy: same bytes
+    from stateremat.torch import _storage
+
+    rng = np.random.default_rng(run_bytes + k)
+    n = 2 * k * run_bytes + 7
+    starts = np.sort(rng.choice(2 * k, size=k, replace=False)) * run_bytes + rng.integers(0, 3)
+    runs = np.stack([starts, starts + run_bytes - rng.integers(0, 2, k)], axis=1)
+    runs = runs[rng.permutation(k)]
+    flat = torch.from_numpy(rng.integers(0, 256, n, dtype=np.uint8))
+    results = {}
+    for path in (True, False):
+        monkeypatch.setattr(_storage, "_by_slices", lambda f, r, path=path: path)
+        got = _storage.gather(flat, runs)
+        assert torch.equal(got, torch.cat([flat[a:b] for a, b in runs])), path
+        out = torch.zeros(n, dtype=torch.uint8)
+        _storage.scatter(out, runs, got)
+        results[path] = out
+    assert torch.equal(results[True], results[False])
+    mask = torch.zeros(n, dtype=torch.bool)
+    for a, b in runs:
+        mask[a:b] = True
+    assert torch.equal(results[True][mask], flat[mask]) and not results[True][~mask].any()
+    monkeypatch.undo()
+    assert _storage._by_slices(flat, runs) == bool((runs[:, 1] - runs[:, 0]).mean() >= _storage.SLICE_RUN_BYTES)
