@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ._compat import library_ops
 from ._storage import StorageKey, flat_bytes
+
+
+#: Called with a :class:`DeclaredStorage` nobody uses any more. ``_mark`` registers its
+#: ``unmark_storage`` here when imported (it sits above this module: its write handler reaches
+#: the preservers, which import this module), so the runtime never imports it.
+ON_FORGET: list[Callable[["DeclaredStorage"], None]] = []
 
 
 class Counters:
@@ -151,9 +157,8 @@ class Runtime:
         st.users -= 1
         if st.users <= 0 and self.storages.get(st.key) is st:
             del self.storages[st.key]
-            from ._mark import unmark_storage  # _mark's handler imports this module's users
-
-            unmark_storage(st)
+            for forget in ON_FORGET:
+                forget(st)
 
 
 class _Local(threading.local):
