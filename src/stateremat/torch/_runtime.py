@@ -133,7 +133,7 @@ class Runtime:
     """All mutable state of one thread's checkpointing (segments, storages, sequence, counters)."""
 
     def __init__(self) -> None:
-        self.forward: list[Any] = []  # Segment frames whose original forward runs, innermost last
+        self.forward: list[Any] = []  # Watches of the segments whose original forward runs, innermost last
         self.replay: list[Any] = []  # ReplayLog of replays running on this thread, innermost last
         self.storages: dict[StorageKey, DeclaredStorage] = {}
         self.strict_depth = 0  # a global write-interception mode is pushed on this thread
