@@ -1,4 +1,13 @@
-"""``checkpoint``: non-reentrant activation checkpointing with a state transaction (§3.1, §5)."""
+"""``checkpoint``: non-reentrant activation checkpointing with a state transaction (§3.1, §5).
+
+The public forms (:func:`checkpoint`, :class:`Checkpointer`) validate their options and call
+:func:`run_segment`, which wires one segment's three rooms in data-flow order: the
+:class:`~._txn.Transaction` begins (forward: ``B0``, ``R0``, bindings), the :class:`~._frame.Frame`
+saves the inputs and runs the forward (pack), the :class:`~._watch.Watch` observes it; in
+backward the frame's unpack hook recomputes inside the transaction (restore → recompute →
+reinstate). A segment met inside a replay, or under ``torch.utils.checkpoint``'s recomputation,
+runs eagerly (:func:`_run_eagerly`).
+"""
 from __future__ import annotations
 
 import contextlib
