@@ -107,7 +107,8 @@ def test_the_replay_rooms_are_where_the_design_puts_them():
 
     assert _frame.Frame and _watch.Watch and _txn.Transaction and _bindings.Bindings
     # the transaction's docstring is its order; every room says how data flows through it
-    order = ["parameter versions", "bindings and views", "training flags", "declared bytes", "RNG"]
+    order = ["parameter versions", "module bindings", "training flags", "declared bytes", "RNG",
+             "Nested adoption"]
     doc = _txn.__doc__[_txn.__doc__.index("1. "):]
     assert [doc.index(o) for o in order] == sorted(doc.index(o) for o in order)
     for mod in (_frame, _watch, _txn, _bindings):

@@ -8,9 +8,11 @@ t.view(dtype)``) and a module may change its training flag. In data-flow order:
 - forward: :class:`ModuleState` records the reached modules' training flags, the declared
   modules' bindings (:class:`Bindings`) and the views of the reached tensors (:func:`view_records`);
   at the forward's end, every reached module's bindings (:func:`note_end_bindings`);
-- restore (the replay): the forward's end bindings (:func:`end_bindings_as_of`), then its start
-  bindings, views (:func:`moved_views`, :func:`views_as_of`) and flags (:func:`_modes_as_of`),
-  also those of the segments nested in it (:meth:`ModuleState.adopt`);
+- restore (the replay, :meth:`ModuleState.as_of_forward`): the forward's end bindings
+  (:func:`end_bindings_as_of`), then as of its start the flags (:func:`_modes_as_of`), the views
+  (:func:`moved_views`, :func:`views_as_of`) and the declared bindings
+  (:meth:`Bindings.as_of_forward_start`), also those of the segments nested in it
+  (:meth:`ModuleState.adopt`);
 - reinstate: every binding, view and flag as it was before the replay.
 """
 from __future__ import annotations

@@ -8,19 +8,24 @@ views and training flags; :meth:`Transaction.end_forward` notes the bindings and
 versions at the forward's end. At recomputation :meth:`Transaction.replay` is the one room the
 frame re-runs the segment in. It refuses, then puts back, in this order:
 
-1. parameter versions: a parameter written in place since the forward is refused (R8);
-2. module bindings and views: the forward's end bindings, then its start bindings, the views of
-   declared and reached tensors (before the bytes: a declared tensor whose storage the forward
-   rebound must be on its forward-start storage when the bytes are restored);
-3. training flags (with the bindings, per segment: ours and those of the segments nested in
-   ours, adopted by :meth:`Transaction.adopt` — both halves of nested adoption: their declared
-   storages and their bindings, views and flags);
+1. parameter versions: a parameter written in place since the forward is refused (R8), before
+   anything is put back;
+2. module bindings as of the forward's end: every reached module's parameters,
+   buffers, tensor attributes and submodules (a rebinding between forward and backward must not
+   change what the replay reads);
+3. training flags, then the views of reached tensors, then the declared modules' bindings and
+   the declared tensors' storages and views, as of the forward's start — of each segment nested
+   in this one and then of this one (entered last, the earliest start wins); before the bytes,
+   since a declared tensor the forward rebound to another storage must be back on its
+   forward-start storage when its bytes are restored;
 4. declared bytes ``B0`` through the preservers (R2), with the replay's own writes journaled;
-5. RNG (R3) and autocast as of the forward.
+5. RNG ``R0`` (R3) and autocast as of the forward.
 
-On exit everything is reinstated in reverse: autocast and RNG, then the replay's writes are
-undone and the visible bytes and version counters put back exactly (R5), then flags, views and
-bindings.
+Nested adoption (:meth:`Transaction.adopt`, when a segment nested in this one ends) feeds both
+halves: the inner segment's declared storages join step 4, its flags, views and bindings step 3.
+On exit everything is reinstated in reverse: autocast and RNG; the replay's writes undone and
+the visible bytes and version counters put back exactly (R5); bindings, views and flags as they
+were before the replay. The module-side helpers live in ``_bindings``.
 """
 from __future__ import annotations
 
