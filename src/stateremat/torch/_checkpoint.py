@@ -1,4 +1,13 @@
-"""``checkpoint``: non-reentrant activation checkpointing with a state transaction (§3.1, §5)."""
+"""``checkpoint``: non-reentrant activation checkpointing with a state transaction (§3.1, §5).
+
+The public forms (:func:`checkpoint`, :class:`Checkpointer`) validate their options and call
+:func:`run_segment`, which wires one segment's three rooms in data-flow order: the
+:class:`~._txn.Transaction` begins (forward: ``B0``, ``R0``, bindings), the :class:`~._frame.Frame`
+saves the inputs and runs the forward (pack), the :class:`~._watch.Watch` observes it; in
+backward the frame's unpack hook recomputes inside the transaction (restore → recompute →
+reinstate). A segment met inside a replay, or under ``torch.utils.checkpoint``'s recomputation,
+runs eagerly (:func:`_run_eagerly`).
+"""
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +19,7 @@ import torch
 
 from stateremat.contract import rule
 
-from . import _mark, _rng
+from . import _rng
 from ._compat import (
     DisableTorchFunctionSubclass,
     debug_override,
@@ -20,20 +29,18 @@ from ._compat import (
     has_storage,
     in_foreign_recompute,
     in_functorch_transform,
-    library_ops,
     make_saved_tensor,
     tree_flatten,
 )
 from ._errors import ReplayError, UnsupportedError
-from ._pystate import cache_fingerprint, cache_message, python_state_arguments
+from ._frame import Frame, RecomputeSink
 from ._mode import StrictMode
 from ._preserve import PRESERVERS
 from ._runtime import runtime
-from ._scan import Declared, check_state, describe, reach, resolve_state, root_module, tensor_slots
-from ._storage import fingerprint
-from ._segment import RecomputeSink, Segment
+from ._scan import Declared, check_state, describe, reach, resolve_state, root_module
 from ._storage import storage_key
-from ._txn import Bindings, Transaction, view_records
+from ._txn import Transaction
+from ._watch import Watch
 
 UNDECLARED_OPTIONS = ("raise", "warn", "declare")
 
@@ -277,143 +284,91 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
                 declared: Declared | None = None, on_done: dict | None = None,
                 recompute_context: Any = None, check_metadata: bool = True, early_stop: bool = True,
                 debug: bool = False) -> Any:
-    """Run one checkpointed segment (shared by :func:`checkpoint` and ``StatefulCheckpoint``)."""
-    if in_functorch_transform():
-        raise UnsupportedError(
-            f"stateremat.torch.checkpoint: segment {name or _segment_name(fn)!r} runs inside a torch.func "
-            "transform (grad, vjp, vmap, jacrev, ...); expected plain autograd: the transforms do not support "
-            "saved-tensor hooks, which checkpointing replays through (torch's own checkpoint refuses them too). "
-            "Tip: call the function without checkpoint under torch.func, or use loss.backward() / "
-            "torch.autograd.grad.")
+    """Run one checkpointed segment (shared by :func:`checkpoint` and ``StatefulCheckpoint``).
+
+    The wiring of its three rooms, in data-flow order: the :class:`~._txn.Transaction` begins
+    (``B0``, ``R0``, bindings), the :class:`~._frame.Frame` saves the inputs, the
+    :class:`~._watch.Watch` records what the forward reaches; the frame runs the forward (packing
+    saved tensors) while the watch observes; then the transaction and the watch note the
+    forward's end. Backward, restore, recompute and reinstate follow in the frame's unpack hook.
+    """
+    name = name or _segment_name(fn)
+    _refuse_transforms(name)
     if declared is None:
         declared = resolve_state(state, root_module(fn), module_prefix)
     rt = runtime()
-    if rt.replay:
-        # Met during an enclosing segment's replay: that transaction restores our state.
+    if _runs_eagerly(rt, name, declared):
         return _run_eagerly(fn, args, kwargs, declared)
-    if in_foreign_recompute():
-        if declared.tensors:
-            raise ReplayError(
-                f"stateremat.torch.checkpoint: segment {name or _segment_name(fn)!r} declares state and is being "
-                "recomputed by torch.utils.checkpoint, which would write that state a second time outside any "
-                f"transaction (expected stateremat segments to be replayed only by stateremat; {rule('R5')}). "
-                "Tip: checkpoint the enclosing code with stateremat.torch.checkpoint instead; they nest."
-            )
-        return _run_eagerly(fn, args, kwargs, declared)
-    seg = Segment(rt, fn, name or _segment_name(fn), verify=verify, on_undeclared=on_undeclared, sink=sink,
-                  early_stop=early_stop, debug=debug, check_metadata=check_metadata,
-                  recompute_context=recompute_context)
-    txn = Transaction(rt, id(seg), declared.tensors, preserve, granularity_bytes)
-    seg.attach(txn)
     cuda_before = _rng.cuda_ready()
     r = reach(fn, args, kwargs, module_prefix)
-    if r.replay_to_end:  # see Reach.replay_to_end
-        seg.early_stop = False
-    lazy = [describe(n) for n, t in r.tensors.values() if torch.nn.parameter.is_lazy(t)]
-    if lazy:
-        txn.release()
-        raise ValueError(f"stateremat.torch.checkpoint: segment {seg.name!r} reaches uninitialized lazy "
-                         f"parameters/buffers ({', '.join(lazy[:3])}); their first forward creates them, which "
-                         "a replay cannot repeat. Tip: run one forward (e.g. under torch.no_grad()) before "
-                         "checkpointing lazy modules.")
-    gens = {id(g): g for _, g in declared.generators}
-    gens.update({id(g): g for _, g in r.generators.values()})
-    seg.rng = _rng.capture(gens.values()) if preserve_rng_state else None
-    with DisableTorchFunctionSubclass():
-        norm_buffers = [t for _, t in r.norm_stats.values()] + r.norm_counters
-        txn.whole_keys = {storage_key(t) for t in norm_buffers if has_storage(t)}
-    txn.begin()
-    declared_mods = {id(m) for _, mod in declared.modules for m in mod.modules()}
-    declared_ids = {id(t) for _, t, _ in declared.tensors}
-    # a declared tensor held by an undeclared module: its slot is replayed as of the forward's start
-    held = [(m, d, k, v) for _, m in r.modules if id(m) not in declared_mods
-            for (d, k), v in tensor_slots(m).items() if id(v) in declared_ids]
-    seg.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held)
-    seg.modes = [(m, m.training) for _, m in r.modules]
-    seg.save_inputs(args, kwargs)
-    with DisableTorchFunctionSubclass():
-        seg.scan = [(n, t, t._version) for n, t in r.tensors.values() if id(t) not in declared_ids]
-        seg.expected = {id(t): v for _, t, v in seg.scan}
-        probes = {i: v for i, v in r.norm_stats.items() if i not in declared_ids}
-        probes.update({i: (n, t) for i, (n, t) in r.tensors.items() if i not in declared_ids and _stat_like(t)})
-        # writes no version counter of these tensors sees: through .data (its own counter) or by
-        # rebinding their storage (.data = ..., set_) — fingerprints and data pointers
-        seg.ptrs = [(n, t, t.data_ptr()) for n, t, _ in seg.scan]
-        seg.views = view_records(t for _, t, _ in seg.scan)  # a view changed later is not what the replay reads
-        seg.fingerprints = [(n, t, fingerprint(t)) for n, t, _ in seg.scan
-                            if not t.requires_grad and id(t) not in probes and t.numel()]
-        held_keys = {(id(m), d, k) for m, d, k, _ in held}
-        seg.slots = [(path, m, tensor_slots(m), {(d, k) for (i, d, k) in held_keys if i == id(m)})
-                     for path, m in r.modules if id(m) not in declared_mods]
-        seg.plain_slots = r.slots  # tensors bound outside modules: a rebinding is refused
-        if probes:
-            with library_ops():
-                seg.norm_probes = [(n, t, t.clone()) for n, t in probes.values()]
-    _mark_reachable_aliases(seg)
-    for enclosing in rt.forward:
-        enclosing.check_inner_declaration(seg)
-    caches = python_state_arguments(args, kwargs)  # a KV cache the forward updates cannot be replayed
-    cache_state = [cache_fingerprint(c) for _, c in caches]
-    seg.strict = on_undeclared == "declare" or verify or txn.has_unmarkable()
-    strict = StrictMode(rt, "forward") if seg.strict and rt.strict_depth == 0 else None
-    rt.forward.append(seg)
+    _refuse_lazy(r, name)
+    txn = Transaction(rt, declared, preserve, granularity_bytes)
+    txn.begin(r, args, kwargs, preserve_rng_state)
+    frame = Frame(rt, fn, name, txn, args, kwargs, verify=verify, sink=sink, debug=debug,
+                  early_stop=early_stop and not r.replay_to_end,  # see Reach.replay_to_end
+                  check_metadata=check_metadata, recompute_context=recompute_context)
+    watch = Watch(rt, fn, name, txn, r, args, kwargs, on_undeclared=on_undeclared, verify=verify)
     try:
-        if strict is not None:
-            rt.strict_depth += 1
-        try:
-            with strict or contextlib.nullcontext(), seg.forward_hooks(), seg.oplog():
-                out = fn(*args, **kwargs)
-            seg.forward_completed = True
-        finally:
-            if strict is not None:
-                rt.strict_depth -= 1
-        seg.note_bindings(r.modules)  # once: also what settle and undeclared_writes compare slots with
-        seg.bindings.settle({id(m): slots for _, m, slots, _ in seg.end_bindings})
-        for (where, cache), before in zip(caches, cache_state):
-            if cache_fingerprint(cache) != before:
-                raise UnsupportedError(cache_message("stateremat.torch.checkpoint", seg.name, where, cache, "updated"))
-        # a hook's own tensors: refused only if the replay writes them again (an unguarded hook)
-        seg.report_undeclared(seg.undeclared_writes(skip=r.hook_only), "after the forward")
-        seg.note_parameters()
+        with watch.observing():
+            out = frame.run(watch, args, kwargs)
+            txn.end_forward(r.modules, watch.scan)
+            watch.end_forward()
     except BaseException:
         txn.release()
         raise
-    finally:
-        rt.forward.pop()
     if preserve_rng_state and not cuda_before and _rng.cuda_ready():
         txn.release()
         raise ReplayError(
-            f"stateremat.torch.checkpoint: CUDA was initialized inside segment {seg.name!r}, so its "
+            f"stateremat.torch.checkpoint: CUDA was initialized inside segment {name!r}, so its "
             f"generator state at the forward's start is unknown ({rule('R3')}). Tip: initialize CUDA "
             "before the first checkpoint (e.g. torch.cuda.init())."
         )
     for enclosing in rt.forward:  # enclosing segments replay us too: our B0 is theirs
-        enclosing.adopt(seg)
+        enclosing.adopt(watch)
     if on_done is not None:
         on_done["snapshot_bytes"] = txn.snapshot_bytes
         on_done["journal_bytes"] = txn.journal_bytes
     return out
 
 
-#: Largest reachable 1-D tensor compared byte for byte around the forward (running statistics).
-_PROBE_MAX_NUMEL = 1 << 16
+def _refuse_transforms(name: str) -> None:
+    """Raise UnsupportedError inside a torch.func transform."""
+    if in_functorch_transform():
+        raise UnsupportedError(
+            f"stateremat.torch.checkpoint: segment {name!r} runs inside a torch.func "
+            "transform (grad, vjp, vmap, jacrev, ...); expected plain autograd: the transforms do not support "
+            "saved-tensor hooks, which checkpointing replays through (torch's own checkpoint refuses them too). "
+            "Tip: call the function without checkpoint under torch.func, or use loss.backward() / "
+            "torch.autograd.grad.")
 
 
-def _stat_like(t: torch.Tensor) -> bool:
-    """Could ``t`` be running statistics a batch-norm kernel updates without a version bump?"""
-    return t.dim() == 1 and not t.requires_grad and t.is_floating_point() and t.numel() <= _PROBE_MAX_NUMEL
+def _runs_eagerly(rt: Any, name: str, declared: Declared) -> bool:
+    """Is the segment met where it must run eagerly (an enclosing replay restores its state)?
+
+    Raises:
+        ReplayError: torch.utils.checkpoint recomputes a segment that declares state.
+    """
+    if rt.replay:
+        return True  # met during an enclosing segment's replay: that transaction restores our state
+    if in_foreign_recompute():
+        if declared.tensors:
+            raise ReplayError(
+                f"stateremat.torch.checkpoint: segment {name!r} declares state and is being "
+                "recomputed by torch.utils.checkpoint, which would write that state a second time outside any "
+                f"transaction (expected stateremat segments to be replayed only by stateremat; {rule('R5')}). "
+                "Tip: checkpoint the enclosing code with stateremat.torch.checkpoint instead; they nest."
+            )
+        return True
+    return False
 
 
-def _mark_reachable_aliases(seg: Segment) -> None:
-    """Reachable tensors on a declared storage (the base of a declared view) are marked too."""
-    journaled = {k: p.storage for k, p in seg.txn.items.items()}
-    if not journaled:
-        return
-    with DisableTorchFunctionSubclass():
-        hits = [(journaled[k], t) for _, t, _ in seg.scan if (k := storage_key(t)) in journaled]
-    for st, t in hits:
-        if not _mark.mark_tensor(t, st):
-            st.unmarkable = True
+def _refuse_lazy(r: Any, name: str) -> None:
+    lazy = [describe(n) for n, t in r.tensors.values() if torch.nn.parameter.is_lazy(t)]
+    if lazy:
+        raise ValueError(f"stateremat.torch.checkpoint: segment {name!r} reaches uninitialized lazy "
+                         f"parameters/buffers ({', '.join(lazy[:3])}); their first forward creates them, which "
+                         "a replay cannot repeat. Tip: run one forward (e.g. under torch.no_grad()) before "
+                         "checkpointing lazy modules.")
 
 
 def _identity(x: Any) -> Any:

@@ -34,6 +34,7 @@ from ._compat import (
 )
 from ._errors import UnsupportedError
 from ._mode import WriteMode, direct_writes, run_direct
+from ._runtime import ON_FORGET
 from ._storage import storage_key
 
 #: id(marked tensor) -> its DeclaredStorage.
@@ -290,3 +291,6 @@ def unmark_storage(st: Any) -> None:
             if t is not None and type(t) in _BASE_OF:
                 t.__class__ = _BASE_OF[type(t)]
     st.marks.clear()
+
+
+ON_FORGET.append(unmark_storage)  # the runtime forgets a storage: its tensors get their class back

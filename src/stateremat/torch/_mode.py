@@ -30,6 +30,7 @@ from stateremat.contract import rule
 
 from ._compat import TorchDispatchMode, has_storage, in_foreign_recompute
 from ._errors import ReplayError
+from ._preserve import PRESERVERS, Preserver
 from ._runtime import DeclaredStorage, Runtime, runtime
 from ._storage import storage_key
 
@@ -219,11 +220,8 @@ _BEFORE_WRITES: list = []
 
 def _before_writes() -> list:
     """The ``before_write`` hooks of the preserver kinds that keep something per write (the
-    region journal); ``whole`` keeps nothing per write. Found once: the preservers import this
-    module's callers."""
+    region journal); ``whole`` keeps nothing per write. Found once, at the first write."""
     if not _BEFORE_WRITES:
-        from ._preserve import PRESERVERS, Preserver
-
         _BEFORE_WRITES.extend(cls.before_write for cls in PRESERVERS.values()
                               if cls.before_write.__func__ is not Preserver.before_write.__func__)
     return _BEFORE_WRITES

@@ -9,7 +9,7 @@ from torch import nn
 from ._checkpoint import _validate, run_segment
 from ._compat import eager_only
 from ._scan import Declared, check_state, resolve_state
-from ._segment import RecomputeSink
+from ._frame import RecomputeSink
 
 
 _PREFIX = "block."

@@ -258,24 +258,30 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         # an optimizer step_fn steps but that was not given is found at its first step: saved and
         # restored like the given ones, its state counted in P
         with snapshot.watching_optimizers(runner.optimizers.append):
-            runner.warm_up()  # gradients, optimizer state, lazily built buffers
-            # what a step creates and keeps (carried as roots); the card's segments (eq. 3's chain) are
-            # then in the order they first run, which need not be the modules' registration order
-            names = runner.learn_order()
-            mem = {o: runner.step(o, memory=True) for o in option_names}
-            stateful = [_has_state(model.get_submodule(n), state) for n in names]
-            chain = _chain_journal(runner, names, stateful) if "region" in option_names else {}
-            secs: dict[str, list[list[float]]] = {o: [] for o in option_names}
-            for rep in range(repeats + 1):
-                for o in option_names:
-                    costs = runner.step(o, memory=False)
-                    if rep:  # the first round is a warm-up
-                        secs[o].append([s.time_s for s in costs.segments])
+            names, mem, secs, stateful, chain = _measure(runner, model, state, option_names, repeats)
     finally:
-        for name in names:
+        for name in runner.names:
             unwrap_module(model.get_submodule(name))
         snapshot.restore()
     return _card(model, names, option_names, mem, secs, device, state, repeats, stateful, chain)
+
+
+def _measure(runner: "_Runner", model: nn.Module, state: Any, option_names: list[str], repeats: int) -> tuple:
+    """Warm up, learn the segments' order, then measure memory once and time ``repeats`` rounds per option."""
+    runner.warm_up()  # gradients, optimizer state, lazily built buffers
+    # what a step creates and keeps (carried as roots); the card's segments (eq. 3's chain) are
+    # then in the order they first run, which need not be the modules' registration order
+    names = runner.learn_order()
+    mem = {o: runner.step(o, memory=True) for o in option_names}
+    stateful = [_has_state(model.get_submodule(n), state) for n in names]
+    chain = _chain_journal(runner, names, stateful) if "region" in option_names else {}
+    secs: dict[str, list[list[float]]] = {o: [] for o in option_names}
+    for rep in range(repeats + 1):
+        for o in option_names:
+            costs = runner.step(o, memory=False)
+            if rep:  # the first round is a warm-up
+                secs[o].append([s.time_s for s in costs.segments])
+    return names, mem, secs, stateful, chain
 
 
 def _card(model: nn.Module, names: list[str], option_names: list[str], mem: dict[str, StepCosts],

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 import itertools
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from ._compat import library_ops
 from ._storage import StorageKey, flat_bytes
+
+
+#: Called with a :class:`DeclaredStorage` nobody uses any more. ``_mark`` registers its
+#: ``unmark_storage`` here when imported (it sits above this module: its write handler reaches
+#: the preservers, which import this module), so the runtime never imports it.
+ON_FORGET: list[Callable[["DeclaredStorage"], None]] = []
 
 
 class Counters:
@@ -127,7 +133,7 @@ class Runtime:
     """All mutable state of one thread's checkpointing (segments, storages, sequence, counters)."""
 
     def __init__(self) -> None:
-        self.forward: list[Any] = []  # Segment frames whose original forward runs, innermost last
+        self.forward: list[Any] = []  # Watches of the segments whose original forward runs, innermost last
         self.replay: list[Any] = []  # ReplayLog of replays running on this thread, innermost last
         self.storages: dict[StorageKey, DeclaredStorage] = {}
         self.strict_depth = 0  # a global write-interception mode is pushed on this thread
@@ -151,9 +157,8 @@ class Runtime:
         st.users -= 1
         if st.users <= 0 and self.storages.get(st.key) is st:
             del self.storages[st.key]
-            from ._mark import unmark_storage  # _mark's handler imports this module's users
-
-            unmark_storage(st)
+            for forget in ON_FORGET:
+                forget(st)
 
 
 class _Local(threading.local):

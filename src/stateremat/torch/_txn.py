@@ -1,11 +1,31 @@
-"""The replay transaction of one segment: preserve declared state, restore it, reinstate it.
+"""The replay transaction of one segment: everything a replay puts back, in one order.
 
-Per declared storage a segment holds one :class:`~._preserve.Preserver` of the segment's
-option (``whole`` or ``region``). At recomputation :meth:`Transaction.replay` restores ``B0``
-(R2), lets the segment re-run, undoes the replay's own writes, then reinstates the visible
-bytes and version counters exactly (R5). Module attributes rebound during the forward
-(``self.m = self.m + 1``, ``self.m.data = ...``) are rebound to their forward-start tensors
-for the replay and back afterwards.
+Data flows forward → pack → backward → restore → recompute → reinstate. In the forward,
+:meth:`Transaction.begin` preserves, per declared storage, ``B0`` through one
+:class:`~._preserve.Preserver` of the segment's option (``whole`` or ``region``), and records
+the RNG state ``R0``, autocast, and (:class:`~._bindings.ModuleState`) the modules' bindings,
+views and training flags; :meth:`Transaction.end_forward` notes the bindings and parameter
+versions at the forward's end. At recomputation :meth:`Transaction.replay` is the one room the
+frame re-runs the segment in. It refuses, then puts back, in this order:
+
+1. parameter versions: a parameter written in place since the forward is refused (R8), before
+   anything is put back;
+2. module bindings as of the forward's end: every reached module's parameters,
+   buffers, tensor attributes and submodules (a rebinding between forward and backward must not
+   change what the replay reads);
+3. training flags, then the views of reached tensors, then the declared modules' bindings and
+   the declared tensors' storages and views, as of the forward's start — of each segment nested
+   in this one and then of this one (entered last, the earliest start wins); before the bytes,
+   since a declared tensor the forward rebound to another storage must be back on its
+   forward-start storage when its bytes are restored;
+4. declared bytes ``B0`` through the preservers (R2), with the replay's own writes journaled;
+5. RNG ``R0`` (R3) and autocast as of the forward.
+
+Nested adoption (:meth:`Transaction.adopt`, when a segment nested in this one ends) feeds both
+halves: the inner segment's declared storages join step 4, its flags, views and bindings step 3.
+On exit everything is reinstated in reverse: autocast and RNG; the replay's writes undone and
+the visible bytes and version counters put back exactly (R5); bindings, views and flags as they
+were before the replay. The module-side helpers live in ``_bindings``.
 """
 from __future__ import annotations
 
@@ -14,15 +34,16 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
-from torch import nn
 
-from . import _mark
-from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops, reset_versions
+from . import _mark, _rng
+from ._bindings import ModuleState
+from ._compat import DisableTorchFunctionSubclass, autocast_kwargs, has_storage, infer_device_type, library_ops, \
+    reset_versions
 from ._errors import ReplayError, UnsupportedError
 from stateremat.contract import rule
 from ._preserve import PRESERVERS, Preserver, Restored, WholePreserver
 from ._runtime import DeclaredStorage, Runtime, runtime
-from ._scan import tensor_slots
+from ._scan import Declared, Reach, describe, input_tensors
 from ._storage import StorageKey, gather, runs_within, scatter, storage_key, write_runs
 
 
@@ -86,171 +107,86 @@ class ReplayLog:
         return copied
 
 
-def _slot_get(m: nn.Module, d: str, k: str) -> Any:
-    return getattr(m, d).get(k, None)
+def _autocast_on(device_type: str) -> bool:
+    """Is autocast enabled for ``device_type`` (where autocast exists) or the CPU?"""
+    return (torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)) \
+        or torch.is_autocast_enabled("cpu")
 
 
-def put_binding(table: dict, key: str, present: bool, value: Any) -> None:
-    """Bind ``key`` in a module's table (``_parameters``, ``_buffers``, ``__dict__``,
-    ``_modules``) to ``value``, or remove it when ``present`` is false."""
-    if present:
-        table[key] = value
-    else:
-        table.pop(key, None)
-
-
-def _slot_set(m: nn.Module, d: str, k: str, v: Any) -> None:
-    """Set (``v`` a tensor) or remove (``v`` None) a module's parameter/buffer/attribute slot."""
-    put_binding(getattr(m, d), k, v is not None, v)
-
-
-def _storage_ptr(t: torch.Tensor) -> int | None:
-    try:
-        return t.untyped_storage().data_ptr() if has_storage(t) else None
-    except RuntimeError:  # a wrapper subclass's storage has no data
-        return None
-
-
-def view_records(tensors: Any) -> list[tuple]:
-    """Each tensor's view of its storage: ``(tensor, offset, size, stride, dtype, storage address)``;
-    tensors with an autograd history are left out (a segment's inputs, saved separately; holding
-    them would tie the graph to the segment)."""
-    out = []
-    with DisableTorchFunctionSubclass():
-        for t in tensors:
-            ptr = _storage_ptr(t) if t.grad_fn is None else None
-            if ptr is not None:
-                out.append((t, t.storage_offset(), t.size(), t.stride(), t.dtype, ptr))
-    return out
-
-
-def moved_views(records: list[tuple]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The recorded tensors whose view of the *same* storage changed since (``t_()``,
-    ``as_strided_()``, ``.data = t.view(dtype)``), each with a tensor of the recorded view (a
-    storage rebinding is not a view change: the replay refuses it for declared state)."""
-    out = []
-    with DisableTorchFunctionSubclass():
-        for t, off, size, stride, dtype, ptr in records:
-            if (t.storage_offset() != off or t.size() != size or t.stride() != stride or t.dtype != dtype) \
-                    and _storage_ptr(t) == ptr:
-                with library_ops():
-                    out.append((t, torch.empty(0, dtype=dtype, device=t.device).set_(
-                        t.untyped_storage(), off, size, stride)))
-    return out
+def autocast_of(args: tuple, kwargs: dict) -> tuple:
+    """``(device type of the inputs, device autocast kwargs, CPU autocast kwargs)`` now; both
+    kwargs None when autocast is off (the replay then makes sure it is off too)."""
+    tensors = list(args) if not kwargs and all(type(a) is torch.Tensor for a in args) \
+        else input_tensors(args, kwargs)
+    device_type = infer_device_type(*tensors)
+    return (device_type, *autocast_kwargs(device_type)) if _autocast_on(device_type) else (device_type, None, None)
 
 
 @contextlib.contextmanager
-def views_as_of(swaps: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
-    """Give each tensor of ``swaps`` the paired view (``.data``) for the block, its own after."""
-    if not swaps:
-        yield
+def autocast_as_of(state: tuple) -> Iterator[None]:
+    """Run with autocast as :func:`autocast_of` recorded it."""
+    device_type, device_kw, cpu_kw = state
+    if device_kw is None and not _autocast_on(device_type):
+        yield  # autocast off then and now
         return
-    with library_ops():
-        now = [(t, t.detach()) for t, _ in swaps]
-    with torch.no_grad():
-        for t, orig in swaps:
-            t.data = orig
-    try:
+    if device_kw is None:
+        device_kw = cpu_kw = {"enabled": False}
+    device_ac = (torch.amp.autocast(device_type=device_type, **device_kw)
+                 if torch.amp.is_autocast_available(device_type) else contextlib.nullcontext())
+    with device_ac, torch.amp.autocast("cpu", **cpu_kw):
         yield
-    finally:
-        with torch.no_grad():
-            for t, v in now:
-                t.data = v
 
 
-class Bindings:
-    """Which tensor each declared module attribute names, and which storage each declared tensor uses.
+def _refuse_undeclarable(name: str, t: torch.Tensor) -> None:
+    """Raise UnsupportedError if declared tensor ``t`` cannot be preserved."""
+    if t.is_inference():
+        raise UnsupportedError(
+            f"stateremat.torch.checkpoint: declared state {name!r} is an inference tensor (made under "
+            "torch.inference_mode), which has no version counter, so its writes cannot be tracked and "
+            "autograd refuses to save it (expected a normal tensor). Tip: make it outside inference mode, "
+            "or replace it once with a normal copy (e.g. module.register_buffer(name, t.clone()) outside "
+            "torch.inference_mode()).")
+    if not has_storage(t):
+        raise UnsupportedError(
+            f"stateremat.torch.checkpoint: declared state {name!r} must be a dense strided "
+            f"tensor with storage, got {type(t).__name__} layout={t.layout}, device={t.device}. "
+            "Tip: declare the dense buffers that hold the state."
+        )
 
-    A forward that rebinds (``self.m = self.m + 1``, ``register_buffer("m", ...)``) or swaps
-    storage (``self.m.data = ...``) changes what the replay would read; the replay runs with the
-    forward-start bindings, which are reinstated afterwards.
-    """
 
-    def __init__(self, modules: list[tuple[str, nn.Module]], tensors: list[torch.Tensor],
-                 slots: list[tuple[nn.Module, str, str, Any]] = ()) -> None:
-        self.mods = list({id(m): m for _, mod in modules for m in mod.modules()}.values())
-        self.slots = [(m, d, k, v) for m in self.mods for (d, k), v in tensor_slots(m).items()] + list(slots)
-        with DisableTorchFunctionSubclass():  # where each declared tensor's bytes live now
-            self.data = [(t, st, t.storage_offset(), t.size(), t.stride(), t.data_ptr(), st.data_ptr(), t.dtype)
-                         for t in tensors if has_storage(t) for st in (t.untyped_storage(),)]
-        self.rebound: list[tuple[nn.Module, str, str, Any]] = []
-        self.swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.geometry: list[tuple] = []  # view_records of the declared tensors after the forward
-
-    def settle(self, now: dict[int, dict] | None = None) -> None:
-        """After the forward: note what changed (nothing kept when nothing did).
-
-        Args:
-            now: ``id(module) -> tensor_slots(module)`` already taken after the forward, if any.
-        """
-        now = now or {}
-        self.rebound = [(m, d, k, v) for m, d, k, v in self.slots if _slot_get(m, d, k) is not v]
-        start = {(id(m), d, k) for m, d, k, _ in self.slots}
-        self.rebound += [(m, d, k, None) for m in self.mods
-                         for (d, k) in (now[id(m)] if id(m) in now else tensor_slots(m))
-                         if (id(m), d, k) not in start]  # created by the forward (a lazy buffer)
-        with DisableTorchFunctionSubclass():
-            moved = [e for e in self.data if e[0].data_ptr() != e[5] or e[0].untyped_storage().data_ptr()
-                     != e[1].data_ptr() or e[0].size() != e[3] or e[0].stride() != e[4] or e[0].dtype != e[7]]
-            # the same storage object, reallocated: resize_ grew it inside the forward; its bytes
-            # before the forward are gone with the old allocation, so no replay can start from them
-            # (a view moved within the same allocation — as_strided_, set_ — is swapped back below)
-            grown = [e for e in moved if e[0].untyped_storage().data_ptr() == e[1].data_ptr() != e[6]]
-        if grown:
-            t = grown[0][0]
-            raise UnsupportedError(
-                f"stateremat.torch.checkpoint: a declared tensor (now shape {tuple(t.shape)}, {t.dtype}) was "
-                "resized inside the segment's forward (resize_ grew its storage), so the bytes the replay "
-                "must start from are gone (expected declared state to keep its storage within a segment; "
-                "torch.ao observers grow their buffers on their first call). Tip: run one step without "
-                "checkpointing first (the buffer then has its final size), or allocate it at full size.")
-        with library_ops():
-            self.swapped = [(t, torch.empty(0, dtype=dtype, device=t.device).set_(st, off, size, stride))
-                            for t, st, off, size, stride, _, _, dtype in moved]
-        # the others' geometry: an in-place metadata change after the forward (t_(), transpose_(),
-        # as_strided_() on the same bytes) must not reach the replay either
-        ids = {id(e[0]) for e in moved}
-        self.geometry = [(t, off, size, stride, dtype, sptr) for t, _, off, size, stride, _, sptr, dtype in self.data
-                         if id(t) not in ids]
-        self.slots, self.data = [], []
-
-    @contextlib.contextmanager
-    def as_of_forward_start(self) -> Iterator[None]:
-        regeometried = moved_views(self.geometry) if self.geometry else []
-        if not (self.rebound or self.swapped or regeometried):
-            yield
-            return
-        now_slots = [(m, d, k, _slot_get(m, d, k)) for m, d, k, _ in self.rebound]
-        for m, d, k, v in self.rebound:
-            _slot_set(m, d, k, v)
-        try:
-            with views_as_of(self.swapped + regeometried):
-                yield
-        finally:
-            for m, d, k, v in now_slots:
-                _slot_set(m, d, k, v)
+def _refuse_moved(items: dict[StorageKey, Preserver], segment_name: str) -> None:
+    """Raise ReplayError if a declared tensor now uses another storage than its preserver's (R8)."""
+    with DisableTorchFunctionSubclass():
+        moved = [(p.storage.names.get(i, "a declared tensor"), p) for p in items.values()
+                 for i, w in p.storage.witnesses.items() if has_storage(w) and storage_key(w) != p.storage.key]
+    if moved:
+        raise ReplayError(
+            f"stateremat.torch.checkpoint: cannot replay segment {segment_name!r}: declared state "
+            f"{moved[0][0]!r} now uses another storage (set_ or .data = after the segment's forward), so "
+            f"restoring its bytes would not restore what the replay reads (expected the storage the "
+            f"forward used; {rule('R8')}). Tip: write new values in place (t.copy_(new)) instead of "
+            "rebinding the tensor's storage between forward and backward.")
 
 
 class Transaction:
-    """Declared state of one segment and its preservation.
+    """Declared state of one segment and everything its replay puts back (the module docstring's order).
 
     Args:
         rt: the runtime the segment runs in.
-        segment_id: unique id of the segment.
-        declared: ``(name, tensor, group)`` triples (the group names the declaring module).
+        declared: the segment's declared state (``tensors``: ``(name, tensor, group)`` triples,
+            the group naming the declaring module; ``generators``; ``modules``).
         preserve: an option name with a preserver (``"whole"`` or ``"region"``).
         granularity_bytes: region journal chunk size in bytes.
     """
 
-    def __init__(self, rt: Runtime, segment_id: int, declared: list[tuple[str, torch.Tensor, int]],
-                 preserve: str, granularity_bytes: int | None) -> None:
+    def __init__(self, rt: Runtime, declared: Declared, preserve: str, granularity_bytes: int | None) -> None:
         self.runtime = rt
-        self.segment_id = segment_id
+        self.segment_id = id(self)  # the journal's consumer id: unique while the preservers live
         self.preserve = preserve
         self.granularity_bytes = granularity_bytes
         self.items: dict[StorageKey, Preserver] = {}
         self.journal_bytes = 0  # bytes journaled by this segment's own forward writes
-        self._declared = declared
+        self.declared = declared
         self._released = False
         #: storages a kernel writes without a version bump (running statistics of normalization
         #: layers in training, or a buffer they are views of), and those layers' batch counters:
@@ -259,29 +195,37 @@ class Transaction:
         #: kernel rewrites all their bytes. (Storages of at most SMALL_STORAGE_BYTES are kept whole
         #: in ``begin`` whatever their keys.)
         self.whole_keys: set[StorageKey] = set()
+        self.rng: _rng.RngState | None = None
+        self.modules: ModuleState | None = None
+        self.autocast: tuple = ()
+        self.param_versions: list[tuple[Any, torch.Tensor, int]] = []
 
     # -- forward -------------------------------------------------------------------------
-    def begin(self) -> None:
-        """Preserve ``B0`` of every declared storage (called as the forward begins).
+    def begin(self, r: Reach, args: tuple, kwargs: dict, preserve_rng_state: bool) -> None:
+        """As the forward begins: record ``R0``, preserve ``B0`` of every declared storage, record
+        the modules' bindings, views and flags (what ``r`` reaches) and autocast.
 
         Raises:
             UnsupportedError: a declared tensor has no dense strided storage.
         """
+        gens = {id(g): g for _, g in self.declared.generators}
+        gens.update({id(g): g for _, g in r.generators.values()})
+        self.rng = _rng.capture(gens.values()) if preserve_rng_state else None
+        with DisableTorchFunctionSubclass():
+            norm_buffers = [t for _, t in r.norm_stats.values()] + r.norm_counters
+            self.whole_keys = {storage_key(t) for t in norm_buffers if has_storage(t)}
+        try:
+            self._preserve_bytes()
+            self.modules = ModuleState(self.declared, r)
+            self.autocast = autocast_of(args, kwargs)
+        except BaseException:
+            self.release()  # no frame owns us yet
+            raise
+
+    def _preserve_bytes(self) -> None:
         by_key: dict[StorageKey, list[tuple[str, torch.Tensor]]] = {}
-        for name, t, _group in self._declared:
-            if t.is_inference():
-                raise UnsupportedError(
-                    f"stateremat.torch.checkpoint: declared state {name!r} is an inference tensor (made under "
-                    "torch.inference_mode), which has no version counter, so its writes cannot be tracked and "
-                    "autograd refuses to save it (expected a normal tensor). Tip: make it outside inference mode, "
-                    "or replace it once with a normal copy (e.g. module.register_buffer(name, t.clone()) outside "
-                    "torch.inference_mode()).")
-            if not has_storage(t):
-                raise UnsupportedError(
-                    f"stateremat.torch.checkpoint: declared state {name!r} must be a dense strided "
-                    f"tensor with storage, got {type(t).__name__} layout={t.layout}, device={t.device}. "
-                    "Tip: declare the dense buffers that hold the state."
-                )
+        for name, t, _group in self.declared.tensors:
+            _refuse_undeclarable(name, t)
             with DisableTorchFunctionSubclass():
                 by_key.setdefault(storage_key(t), []).append((name, t))
         cls = PRESERVERS[self.preserve]
@@ -309,20 +253,29 @@ class Transaction:
             st.unmarkable = True
         self._add(key, st, [name], WholePreserver)
 
-    def adopt(self, inner: "Transaction") -> None:
-        """Take over the items of a nested segment this segment encloses (its ``B0`` is ours too)."""
-        for key, p in inner.items.items():
-            if key in self.items:
-                continue
-            p.storage.users += 1
-            self.items[key] = p.adopt(self.segment_id)
-
     def credit(self, key: StorageKey, n: int) -> None:
         """``n`` journal bytes were kept for a write this segment's forward made to ``key``."""
         self.journal_bytes += n
         p = self.items.get(key)
         if p is not None and hasattr(p, "own_bytes"):
             p.own_bytes += n
+
+    def end_forward(self, modules: list[tuple[str, Any]], scan: list[tuple[Any, torch.Tensor, int]]) -> None:
+        """After the forward: note the reached ``modules``' bindings and the versions of the
+        reachable parameters among ``scan`` (checked at replay)."""
+        self.modules.end_forward(modules)
+        with DisableTorchFunctionSubclass():
+            self.param_versions = [(n, t, t._version) for n, t, _ in scan if t.requires_grad and t.is_leaf]
+
+    def adopt(self, inner: "Transaction") -> None:
+        """A nested segment this one encloses ended: take over both halves of what its replay puts
+        back (its ``B0`` is ours too): its declared storages, and its bindings, views and flags."""
+        for key, p in inner.items.items():
+            if key in self.items:
+                continue
+            p.storage.users += 1
+            self.items[key] = p.adopt(self.segment_id)
+        self.modules.adopt(inner.modules)
 
     def has_unmarkable(self) -> bool:
         """True if a journaled storage's tensors cannot be marked (every op must be watched)."""
@@ -344,13 +297,46 @@ class Transaction:
         self.items.clear()
 
     # -- recomputation -------------------------------------------------------------------
-    @contextlib.contextmanager
-    def replay(self, segment: Any) -> Iterator[ReplayLog]:
-        """Restore ``B0`` of every item, yield for the re-run, then reinstate (R2, R5).
+    def check_parameters(self, segment_name: str) -> None:
+        """Refuse a replay whose parameters changed in place since the forward (R8).
 
         Raises:
-            ReplayError: a region journal has a gap since the segment's forward (R8).
+            ReplayError: naming them; eager autograd refuses this too ("modified by an inplace
+                operation") when it saved the parameter.
         """
+        with DisableTorchFunctionSubclass():
+            changed = [describe(n) for n, t, v in self.param_versions if t._version != v]
+        if changed:
+            raise ReplayError(
+                f"stateremat.torch.checkpoint: cannot replay segment {segment_name!r}: {', '.join(changed)} "
+                "changed in place between its forward and this backward (an optimizer step before "
+                f"backward?), so the replay would differentiate other weights (expected them unchanged; "
+                f"{rule('R8')}). Tip: run backward before the optimizer step, or declare them as state.")
+
+    def replay(self, segment: Any) -> contextlib.AbstractContextManager[ReplayLog]:
+        """The room a replay runs in: refuse changed parameters now, then (entered) put back, in the
+        module docstring's order, bindings, views and flags, ``B0`` and ``R0`` and autocast; reinstate
+        on exit (R2, R3, R5).
+
+        Args:
+            segment: the replaying segment's frame (``name``; ``undeclared_at_replay``).
+
+        Raises:
+            ReplayError: a parameter changed in place since the forward, or a region journal has a
+                gap since the segment's forward (R8).
+        """
+        self.check_parameters(segment.name)
+        return self._replay(segment)
+
+    @contextlib.contextmanager
+    def _replay(self, segment: Any) -> Iterator[ReplayLog]:
+        with self.modules.as_of_forward(), self._bytes_as_of_forward(segment) as log, \
+                _rng.replayed(self.rng), autocast_as_of(self.autocast):
+            yield log
+
+    @contextlib.contextmanager
+    def _bytes_as_of_forward(self, segment: Any) -> Iterator[ReplayLog]:
+        """Restore ``B0`` of every item, yield for the re-run, then reinstate (R2, R5)."""
         rt_exec = runtime()
         log = ReplayLog(segment, dict(self.items))
         if not self.items:
@@ -361,16 +347,7 @@ class Transaction:
                 rt_exec.replay.pop()
             return
         witnesses = {id(w): w for p in self.items.values() for w in p.storage.witnesses.values()}
-        with DisableTorchFunctionSubclass():
-            moved = [(p.storage.names.get(i, "a declared tensor"), p) for p in self.items.values()
-                     for i, w in p.storage.witnesses.items() if has_storage(w) and storage_key(w) != p.storage.key]
-        if moved:
-            raise ReplayError(
-                f"stateremat.torch.checkpoint: cannot replay segment {segment.name!r}: declared state "
-                f"{moved[0][0]!r} now uses another storage (set_ or .data = after the segment's forward), so "
-                f"restoring its bytes would not restore what the replay reads (expected the storage the "
-                f"forward used; {rule('R8')}). Tip: write new values in place (t.copy_(new)) instead of "
-                "rebinding the tensor's storage between forward and backward.")
+        _refuse_moved(self.items, segment.name)
         for p in self.items.values():  # an unseen change before this replay is a gap for other
             p.storage.observe(journaled=False)  # consumers; the replay's own writes are synced after
         restored: list[tuple[Preserver, Restored]] = []

@@ -1,0 +1,273 @@
+"""Module bindings, views and training flags as of the forward: the Transaction's second room.
+
+A replay must read what the forward read. Between forward and backward, and inside the forward
+itself, a module attribute may be rebound (``self.m = self.m + 1``, ``register_buffer``), a
+tensor may change its view of the same bytes (``t_()``, ``as_strided_()``, ``.data =
+t.view(dtype)``) and a module may change its training flag. In data-flow order:
+
+- forward: :class:`ModuleState` records the reached modules' training flags, the declared
+  modules' bindings (:class:`Bindings`) and the views of the reached tensors (:func:`view_records`);
+  at the forward's end, every reached module's bindings (:func:`note_end_bindings`);
+- restore (the replay, :meth:`ModuleState.as_of_forward`): the forward's end bindings
+  (:func:`end_bindings_as_of`), then as of its start the flags (:func:`_modes_as_of`), the views
+  (:func:`moved_views`, :func:`views_as_of`) and the declared bindings
+  (:meth:`Bindings.as_of_forward_start`), also those of the segments nested in it
+  (:meth:`ModuleState.adopt`);
+- reinstate: every binding, view and flag as it was before the replay.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops
+from ._errors import UnsupportedError
+from ._scan import Declared, Reach, tensor_slots
+
+
+def _slot_get(m: nn.Module, d: str, k: str) -> Any:
+    return getattr(m, d).get(k, None)
+
+
+def put_binding(table: dict, key: str, present: bool, value: Any) -> None:
+    """Bind ``key`` in a module's table (``_parameters``, ``_buffers``, ``__dict__``,
+    ``_modules``) to ``value``, or remove it when ``present`` is false."""
+    if present:
+        table[key] = value
+    else:
+        table.pop(key, None)
+
+
+def _slot_set(m: nn.Module, d: str, k: str, v: Any) -> None:
+    """Set (``v`` a tensor) or remove (``v`` None) a module's parameter/buffer/attribute slot."""
+    put_binding(getattr(m, d), k, v is not None, v)
+
+
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr() if has_storage(t) else None
+    except RuntimeError:  # a wrapper subclass's storage has no data
+        return None
+
+
+def view_records(tensors: Any) -> list[tuple]:
+    """Each tensor's view of its storage: ``(tensor, offset, size, stride, dtype, storage address)``;
+    tensors with an autograd history are left out (a segment's inputs, saved separately; holding
+    them would tie the graph to the segment)."""
+    out = []
+    with DisableTorchFunctionSubclass():
+        for t in tensors:
+            ptr = _storage_ptr(t) if t.grad_fn is None else None
+            if ptr is not None:
+                out.append((t, t.storage_offset(), t.size(), t.stride(), t.dtype, ptr))
+    return out
+
+
+def moved_views(records: list[tuple]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The recorded tensors whose view of the *same* storage changed since (``t_()``,
+    ``as_strided_()``, ``.data = t.view(dtype)``), each with a tensor of the recorded view (a
+    storage rebinding is not a view change: the replay refuses it for declared state)."""
+    out = []
+    with DisableTorchFunctionSubclass():
+        for t, off, size, stride, dtype, ptr in records:
+            if (t.storage_offset() != off or t.size() != size or t.stride() != stride or t.dtype != dtype) \
+                    and _storage_ptr(t) == ptr:
+                with library_ops():
+                    out.append((t, torch.empty(0, dtype=dtype, device=t.device).set_(
+                        t.untyped_storage(), off, size, stride)))
+    return out
+
+
+@contextlib.contextmanager
+def views_as_of(swaps: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
+    """Give each tensor of ``swaps`` the paired view (``.data``) for the block, its own after."""
+    if not swaps:
+        yield
+        return
+    with library_ops():
+        now = [(t, t.detach()) for t, _ in swaps]
+    with torch.no_grad():
+        for t, orig in swaps:
+            t.data = orig
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for t, v in now:
+                t.data = v
+
+
+class Bindings:
+    """Which tensor each declared module attribute names, and which storage each declared tensor uses.
+
+    A forward that rebinds (``self.m = self.m + 1``, ``register_buffer("m", ...)``) or swaps
+    storage (``self.m.data = ...``) changes what the replay would read; the replay runs with the
+    forward-start bindings, which are reinstated afterwards.
+    """
+
+    def __init__(self, modules: list[tuple[str, nn.Module]], tensors: list[torch.Tensor],
+                 slots: list[tuple[nn.Module, str, str, Any]] = ()) -> None:
+        self.mods = list({id(m): m for _, mod in modules for m in mod.modules()}.values())
+        self.slots = [(m, d, k, v) for m in self.mods for (d, k), v in tensor_slots(m).items()] + list(slots)
+        with DisableTorchFunctionSubclass():  # where each declared tensor's bytes live now
+            self.data = [(t, st, t.storage_offset(), t.size(), t.stride(), t.data_ptr(), st.data_ptr(), t.dtype)
+                         for t in tensors if has_storage(t) for st in (t.untyped_storage(),)]
+        self.rebound: list[tuple[nn.Module, str, str, Any]] = []
+        self.swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.geometry: list[tuple] = []  # view_records of the declared tensors after the forward
+
+    def settle(self, now: dict[int, dict] | None = None) -> None:
+        """After the forward: note what changed (nothing kept when nothing did).
+
+        Args:
+            now: ``id(module) -> tensor_slots(module)`` already taken after the forward, if any.
+        """
+        now = now or {}
+        self.rebound = [(m, d, k, v) for m, d, k, v in self.slots if _slot_get(m, d, k) is not v]
+        start = {(id(m), d, k) for m, d, k, _ in self.slots}
+        self.rebound += [(m, d, k, None) for m in self.mods
+                         for (d, k) in (now[id(m)] if id(m) in now else tensor_slots(m))
+                         if (id(m), d, k) not in start]  # created by the forward (a lazy buffer)
+        with DisableTorchFunctionSubclass():
+            moved = [e for e in self.data if e[0].data_ptr() != e[5] or e[0].untyped_storage().data_ptr()
+                     != e[1].data_ptr() or e[0].size() != e[3] or e[0].stride() != e[4] or e[0].dtype != e[7]]
+            # the same storage object, reallocated: resize_ grew it inside the forward; its bytes
+            # before the forward are gone with the old allocation, so no replay can start from them
+            # (a view moved within the same allocation — as_strided_, set_ — is swapped back below)
+            grown = [e for e in moved if e[0].untyped_storage().data_ptr() == e[1].data_ptr() != e[6]]
+        if grown:
+            t = grown[0][0]
+            raise UnsupportedError(
+                f"stateremat.torch.checkpoint: a declared tensor (now shape {tuple(t.shape)}, {t.dtype}) was "
+                "resized inside the segment's forward (resize_ grew its storage), so the bytes the replay "
+                "must start from are gone (expected declared state to keep its storage within a segment; "
+                "torch.ao observers grow their buffers on their first call). Tip: run one step without "
+                "checkpointing first (the buffer then has its final size), or allocate it at full size.")
+        with library_ops():
+            self.swapped = [(t, torch.empty(0, dtype=dtype, device=t.device).set_(st, off, size, stride))
+                            for t, st, off, size, stride, _, _, dtype in moved]
+        # the others' geometry: an in-place metadata change after the forward (t_(), transpose_(),
+        # as_strided_() on the same bytes) must not reach the replay either
+        ids = {id(e[0]) for e in moved}
+        self.geometry = [(t, off, size, stride, dtype, sptr) for t, _, off, size, stride, _, sptr, dtype in self.data
+                         if id(t) not in ids]
+        self.slots, self.data = [], []
+
+    @contextlib.contextmanager
+    def as_of_forward_start(self) -> Iterator[None]:
+        regeometried = moved_views(self.geometry) if self.geometry else []
+        if not (self.rebound or self.swapped or regeometried):
+            yield
+            return
+        now_slots = [(m, d, k, _slot_get(m, d, k)) for m, d, k, _ in self.rebound]
+        for m, d, k, v in self.rebound:
+            _slot_set(m, d, k, v)
+        try:
+            with views_as_of(self.swapped + regeometried):
+                yield
+        finally:
+            for m, d, k, v in now_slots:
+                _slot_set(m, d, k, v)
+
+
+@contextlib.contextmanager
+def _modes_as_of(modes: list[tuple[nn.Module, bool]]) -> Iterator[None]:
+    """Set each module's training flag to the recorded one; afterwards put back every flag as it
+    was before (also those the replayed forward itself changes)."""
+    before = [(m, m.training) for m, _ in modes]
+    for m, was in modes:
+        m.training = was
+    try:
+        yield
+    finally:
+        for m, now in before:
+            m.training = now
+
+
+def note_end_bindings(modules: list[tuple[str, Any]]) -> list[tuple[str, nn.Module, dict, dict]]:
+    """After the forward: which tensor each attribute of the reached ``modules`` names and which
+    submodule each child name holds (bound again for the replay by :func:`end_bindings_as_of`;
+    the watch compares them with the forward's start)."""
+    return [(path, m, tensor_slots(m), dict(m._modules)) for path, m in modules]
+
+
+@contextlib.contextmanager
+def end_bindings_as_of(end_bindings: list[tuple[str, nn.Module, dict, dict]]) -> Iterator[None]:
+    """During the replay, bind every reached module's parameters, buffers, tensor attributes
+    and submodules as they were at the forward's end; put the current ones back afterwards.
+
+    Eager's backward uses the forward's objects, so a rebinding between forward and backward
+    (``m.q = m.q * 0.3``, ``m.l2 = nn.Linear(...)``, a cache rebuilt by a second micro-batch's
+    forward, a later layer rebinding its own buffer) must not change what the replay reads.
+    """
+    swaps = []
+    for _, m, slots, children in end_bindings:
+        now = tensor_slots(m)
+        for key in set(slots) | set(now):
+            if slots.get(key) is not now.get(key):
+                swaps.append((getattr(m, key[0]), key[1], key in slots, slots.get(key), key in now, now.get(key)))
+        for k in set(children) | set(m._modules):
+            if children.get(k) is not m._modules.get(k):
+                swaps.append((m._modules, k, k in children, children.get(k), k in m._modules, m._modules.get(k)))
+    for table, k, had, old, _, _ in swaps:
+        put_binding(table, k, had, old)
+    try:
+        yield
+    finally:
+        for table, k, _, _, has, new in reversed(swaps):
+            put_binding(table, k, has, new)
+
+
+class ModuleState:
+    """The module side of one segment's replay: bindings, views and training flags as of its forward.
+
+    Args:
+        declared: the segment's declared state.
+        r: what the segment's forward reaches.
+    """
+
+    def __init__(self, declared: Declared, r: Reach) -> None:
+        declared_mods = {id(m) for _, mod in declared.modules for m in mod.modules()}
+        declared_ids = {id(t) for _, t, _ in declared.tensors}
+        # a declared tensor held by an undeclared module: its slot is replayed as of the forward's start
+        held = [(m, d, k, v) for _, m in r.modules if id(m) not in declared_mods
+                for (d, k), v in tensor_slots(m).items() if id(v) in declared_ids]
+        #: ``(id(module), table, name)`` of those slots (the watch leaves them to the replay)
+        self.held_keys = {(id(m), d, k) for m, d, k, _ in held}
+        self.declared_modules = declared_mods
+        self.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held)
+        self.modes = [(m, m.training) for _, m in r.modules]  # reached modules' flags at the forward's start
+        # views of reached undeclared tensors at the forward's start: a view changed later is not
+        # what the replay reads
+        self.views = view_records(t for i, (_, t) in r.tensors.items() if i not in declared_ids)
+        self.end_bindings: list = []  # reached modules' bindings after the forward
+        self.adopted: list[tuple[Bindings | None, list, list]] = []  # (bindings, modes, views) of nested segments
+
+    def end_forward(self, modules: list[tuple[str, nn.Module]]) -> None:
+        """After the forward: note the reached ``modules``' bindings (once) and what the forward rebound."""
+        self.end_bindings = note_end_bindings(modules)
+        self.bindings.settle({id(m): slots for _, m, slots, _ in self.end_bindings})
+
+    def adopt(self, inner: "ModuleState") -> None:
+        """A nested segment ended: its start bindings, flags and views are replayed by us too."""
+        self.adopted.append((inner.bindings, inner.modes, inner.views))
+
+    @contextlib.contextmanager
+    def as_of_forward(self) -> Iterator[None]:
+        """Replay with the forward's end bindings, then (declared modules) its start bindings, the
+        training flags and the views of declared and reached tensors — ours and those of the
+        segments nested in ours, which the replay runs again without replaying them itself."""
+        with end_bindings_as_of(self.end_bindings), contextlib.ExitStack() as stack:
+            for bindings, modes, views in [*self.adopted, (self.bindings, self.modes, self.views)]:
+                # entered last, our own (the earliest start) win
+                if modes:
+                    stack.enter_context(_modes_as_of(modes))
+                moved = moved_views(views) if views else None
+                if moved:
+                    stack.enter_context(views_as_of(moved))
+                if bindings is not None:
+                    stack.enter_context(bindings.as_of_forward_start())
+            yield

@@ -1,0 +1,351 @@
+"""The frame of one checkpointed segment: torch's checkpoint frame, around the transaction.
+
+Follows ``torch.utils.checkpoint``'s non-reentrant design (its "Nestable Checkpoint" note,
+Rules 1–6; :class:`Frame` plays the role of torch's ``_CheckpointFrame``). In data-flow order:
+
+- forward: :meth:`Frame.save_inputs` keeps the inputs as saved tensors (Rule 2), and
+  :meth:`Frame.run` runs the segment under the forward hook;
+- pack: the forward hook replaces each saved tensor by a holder (metadata kept; with
+  ``verify`` a copy);
+- backward: the first unpack in a backward calls :meth:`Frame.recompute`;
+- restore → recompute → reinstate: the segment re-runs inside :meth:`Transaction.replay`
+  (which restores and afterwards reinstates its state) under the recomputation hook, which
+  fills the holders and stops early once all are filled (unless early stop is off); then the
+  number, metadata (and with ``verify`` the bytes) of the recomputed saved tensors are
+  compared with the forward's.
+
+A checkpoint met *during* a replay runs eagerly (its saved tensors are kept): the enclosing
+transaction already restores and reinstates its state.
+"""
+from __future__ import annotations
+
+import contextlib
+import uuid
+import weakref
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+
+from stateremat.contract import internal_assert, rule
+
+from ._compat import (
+    DisableTorchFunctionSubclass,
+    SavedTensor,
+    TorchDispatchMode,
+    current_graph_id,
+    entered_hiding,
+    has_storage,
+    library_ops,
+    make_saved_tensor,
+    tree_flatten,
+    tree_unflatten,
+)
+from ._errors import ReplayDivergenceError, ReplayError
+from ._runtime import Runtime, runtime
+from ._storage import storage_key
+from ._txn import Transaction
+from ._watch import Watch
+
+
+class _Holder:
+    __slots__ = ("handles", "__weakref__")
+
+    def __init__(self) -> None:
+        self.handles: dict[Any, _Handle | None] = {}
+
+
+class _Handle:
+    __slots__ = ("__weakref__",)
+
+
+def _copier(store: weakref.WeakKeyDictionary, handle: _Handle) -> Callable[[], int]:
+    ref = weakref.ref(handle)
+
+    def copy() -> int:
+        h = ref()
+        if h is None or h not in store:
+            return 0
+        with library_ops():
+            store[h] = store[h].clone()
+        return store[h].numel() * store[h].element_size()
+
+    return copy
+
+
+class _StopRecomputation(Exception):
+    pass
+
+
+class RecomputeSink:
+    """Counts replays for a wrapper (``StatefulCheckpoint.recompute_count``)."""
+
+    def __init__(self) -> None:
+        self.recompute_count = 0
+
+
+class _OpLog(TorchDispatchMode):
+    """``debug=True``: the ATen ops a forward or recomputation ran, for error messages."""
+
+    def __init__(self, ops: list[str]) -> None:
+        super().__init__()
+        self.ops = ops
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _release(txn: Transaction, rt: Runtime) -> None:
+    txn.release()
+    rt.counters.live_segments -= 1
+    rt.counters.touch()
+
+
+class Frame:
+    """Inputs, holders and the saved-tensor hooks of one checkpointed forward, and its recomputation.
+
+    Args:
+        rt: the runtime of the thread running the forward.
+        fn: the segment function.
+        name: segment name for messages.
+        txn: the segment's transaction, begun; released when this frame is garbage (no graph
+            needs it).
+        args, kwargs: the forward's arguments (saved as inputs).
+        verify: keep copies of saved tensors and compare bit for bit at recomputation (R4).
+        sink: replay counter of a wrapper, or None.
+        early_stop: stop the recomputation once every saved tensor is recomputed.
+        debug: record the ops of the forward and recomputation for error messages.
+        check_metadata: compare shape/dtype/device of recomputed saved tensors.
+        recompute_context: entered around the recomputation (``context_fn``'s second).
+    """
+
+    def __init__(self, rt: Runtime, fn: Callable, name: str, txn: Transaction, args: tuple, kwargs: dict, *,
+                 verify: bool, sink: RecomputeSink | None, early_stop: bool = True, debug: bool = False,
+                 check_metadata: bool = True, recompute_context: Any = None) -> None:
+        self.rt = rt
+        self.fn = fn
+        self.name = name
+        self.txn = txn
+        rt.counters.live_segments += 1
+        weakref.finalize(self, _release, txn, rt)
+        self.verify = verify
+        self.sink = sink
+        self.early_stop = early_stop
+        self.debug_ops: tuple[list[str], list[str]] | None = ([], []) if debug else None
+        self.check_metadata = check_metadata
+        self.recompute_context: Any = recompute_context if recompute_context is not None else contextlib.nullcontext()
+        self.watch: Watch | None = None  # set by run()
+        self.weak_holders: list[weakref.ref] = []
+        self.metas: list[tuple] = []
+        self.originals: list[torch.Tensor] = []
+        self.recomputed: defaultdict = defaultdict(weakref.WeakKeyDictionary)
+        self.recomp_counter: defaultdict = defaultdict(int)
+        self.is_recomputed: defaultdict = defaultdict(bool)
+        self.mismatch: dict[Any, list[str]] = defaultdict(list)
+        self.forward_completed = False  # backward inside the forward (torch's Rule 6) recomputes early
+        self.ignore_saved_mismatch = False
+        self.save_inputs(args, kwargs)
+
+    # -- inputs (Rule 2 of torch's note: inputs are saved tensors of the enclosing segment) --
+    def save_inputs(self, args: tuple, kwargs: dict) -> None:
+        if not kwargs and all(type(a) is torch.Tensor for a in args):
+            leaves, self._spec = list(args), None  # the common case, without pytree
+        else:
+            leaves, self._spec = tree_flatten((args, kwargs))
+        self._saved = [
+            x if isinstance(x, torch.Tensor) and self._restored_by_txn(x)
+            else make_saved_tensor(x) if isinstance(x, torch.Tensor) else x
+            for x in leaves
+        ]
+
+    def _restored_by_txn(self, x: torch.Tensor) -> bool:
+        """True if the transaction restores every byte of input ``x`` (then it is held as is).
+
+        Other inputs keep torch's saved-tensor version check: a later in-place write to them
+        raises at backward instead of replaying on changed values (R8).
+        """
+        items = self.txn.items
+        if not items or not has_storage(x):
+            return False
+        with DisableTorchFunctionSubclass():
+            p = items.get(storage_key(x))
+        if p is None:
+            return False
+        # Both preservers cover every byte of the storage; a write through this input outside
+        # the journal changes its version counter: a gap (R8).
+        p.storage.add_witness(x, f"input of segment {self.name!r}")
+        return True
+
+    def inputs(self) -> tuple[tuple, dict]:
+        leaves = [x.unpack() if isinstance(x, SavedTensor) else x for x in self._saved]
+        return (tuple(leaves), {}) if self._spec is None else tree_unflatten(leaves, self._spec)
+
+    # -- forward -------------------------------------------------------------------------
+    def run(self, watch: Watch, args: tuple, kwargs: dict) -> Any:
+        """Run the forward under the pack hook (and ``watch``'s mode); the output."""
+        self.watch = watch
+        with watch.forward_mode(), self.forward_hooks(), self.oplog():
+            out = self.fn(*args, **kwargs)
+        self.forward_completed = True
+        return out
+
+    def undeclared_at_replay(self, w: torch.Tensor, func: Any, what: str) -> None:
+        """The replay is about to write undeclared ``w``: the watch decides, naming it from our inputs."""
+        self.watch.undeclared_at_replay(w, func, what, self.inputs)
+
+    # -- hooks ---------------------------------------------------------------------------
+    def forward_hooks(self) -> torch.autograd.graph.saved_tensors_hooks:
+        seg = self
+
+        def pack(x: torch.Tensor) -> _Holder:
+            holder = _Holder()
+            seg.weak_holders.append(weakref.ref(holder))
+            seg.metas.append((tuple(x.shape), x.dtype, x.device))
+            if seg.verify:
+                with library_ops():
+                    seg.originals.append(x.detach().clone())
+            return holder
+
+        def unpack(holder: _Holder) -> torch.Tensor:
+            gid: Any = current_graph_id()
+            if gid is None:
+                gid = int(uuid.uuid4())
+            if not seg.is_recomputed[gid]:
+                seg.recompute(gid)
+            internal_assert(gid in holder.handles, "holder has no handle for this backward")
+            handle = holder.handles[gid]
+            if handle is None:
+                raise ReplayError(
+                    f"stateremat.torch.checkpoint: segment {seg.name!r}: a saved tensor was unpacked "
+                    "twice in one backward (expected once, got twice). Tip: read ctx.saved_tensors "
+                    "only once in custom autograd Functions."
+                )
+            out = seg.recomputed[gid][handle]
+            holder.handles[gid] = None
+            return out
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def _recompute_hooks(self, gid: Any) -> torch.autograd.graph.saved_tensors_hooks:
+        seg = self
+        items = self.txn.items
+        declared_ptrs = {key[2] for key in items}  # storage addresses: a cheap first test per saved tensor
+
+        def pack(x: torch.Tensor) -> torch.Tensor:
+            x = x.detach() if x.requires_grad else x
+            idx = seg.recomp_counter[gid]
+            seg.recomp_counter[gid] += 1
+            if idx >= len(seg.weak_holders) and not seg.forward_completed:
+                # a backward inside the forward (early stop off) recomputes the whole function
+                # while the forward is still saving tensors (torch's Rule 6)
+                seg.ignore_saved_mismatch = True
+                return x
+            if idx >= len(seg.weak_holders):
+                raise ReplayError(seg._debug_text(
+                    f"stateremat.torch.checkpoint: segment {seg.name!r} saved more tensors during "
+                    f"recomputation than during the forward (expected {len(seg.weak_holders)}). Tip: "
+                    "make the segment's control flow depend only on its inputs and declared state."))
+            holder = seg.weak_holders[idx]()
+            if holder is not None:
+                if seg.verify:
+                    seg._compare(gid, idx, x)
+                handle = holder.handles[gid] = _Handle()
+                p = None
+                if declared_ptrs and has_storage(x):
+                    with DisableTorchFunctionSubclass():
+                        if x.untyped_storage().data_ptr() in declared_ptrs:
+                            p = items.get(storage_key(x))
+                log = seg.rt_exec_replay()
+                if p is not None and not p.captures_replay_writes:
+                    with library_ops():
+                        x = x.clone()  # an alias of whole-preserved state: keep the replayed version (R1)
+                    if log is not None:
+                        log.alias_bytes += x.numel() * x.element_size()
+                elif p is not None and log is not None:
+                    # Region storage: copy only if its bytes change later (copy on write).
+                    log.aliases.append((p.storage.key, _copier(seg.recomputed[gid], handle)))
+                seg.recomputed[gid][handle] = x
+            if seg.early_stop and seg.recomp_counter[gid] == len(seg.weak_holders):
+                raise _StopRecomputation
+            return x
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x)
+
+    @staticmethod
+    def rt_exec_replay() -> Any:
+        rt = runtime()
+        return rt.replay[-1] if rt.replay else None
+
+    # -- recomputation -------------------------------------------------------------------
+    def recompute(self, gid: Any) -> None:
+        """Re-run the segment once for backward ``gid`` inside the replay transaction."""
+        replay = self.txn.replay(self)  # refuses parameters changed since the forward first (R8)
+        args, kwargs = self.inputs()
+        oplog = _OpLog(self.debug_ops[1]) if self.debug_ops is not None else contextlib.nullcontext()
+        if self.debug_ops is not None:
+            self.debug_ops[1].clear()
+        versions = self.watch.versions()
+        with replay:  # bindings, views, flags, B0, R0, autocast as of the forward
+            with self._recompute_hooks(gid), torch.autograd.enable_grad(), \
+                    entered_hiding(self.recompute_context), self.watch.replay_mode(self), oplog:
+                try:
+                    self.fn(*args, **kwargs)
+                except _StopRecomputation:
+                    pass
+        self.is_recomputed[gid] = True
+        self.rt.counters.recompute_count += 1
+        if self.sink is not None:
+            self.sink.recompute_count += 1
+        self.watch.report_replay_writes(versions)
+        self._check(gid)
+
+    def _compare(self, gid: Any, idx: int, x: torch.Tensor) -> None:
+        ref = self.originals[idx]
+        if ref.shape != x.shape or ref.dtype != x.dtype:
+            return  # reported by the metadata check
+        with library_ops():
+            a, b = ref.reshape(-1), x.detach().reshape(-1)
+            same = torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)) \
+                if a.dtype != torch.bool else torch.equal(a, b)
+            if not same:
+                diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+                self.mismatch[gid].append(f"saved tensor #{idx} shape {tuple(x.shape)} {x.dtype}: "
+                                          f"max |difference| {diff:.6g}")
+
+    def _debug_text(self, msg: str) -> str:
+        if self.debug_ops is None:
+            return msg + " (set debug=True for the operators of the forward and the recomputation)"
+        fwd, rec = self.debug_ops
+        return (f"{msg}\nOperators of the original forward ({len(fwd)}):\n  " + "\n  ".join(fwd)
+                + f"\nOperators of the recomputation ({len(rec)}):\n  " + "\n  ".join(rec))
+
+    def _check(self, gid: Any) -> None:
+        n, got = len(self.weak_holders), self.recomp_counter[gid]
+        if got != n and not self.ignore_saved_mismatch:
+            raise ReplayError(self._debug_text(
+                f"stateremat.torch.checkpoint: segment {self.name!r} saved a different number of "
+                f"tensors during recomputation (expected {n}, got {got}). Tip: make the segment's "
+                "control flow depend only on its inputs and declared state."))
+        for idx, ref in enumerate(self.weak_holders if self.check_metadata else ()):
+            holder = ref()
+            if holder is None or holder.handles.get(gid) is None:
+                continue
+            x = self.recomputed[gid][holder.handles[gid]]
+            meta = (tuple(x.shape), x.dtype, x.device)
+            if meta != self.metas[idx]:
+                raise ReplayError(self._debug_text(
+                    f"stateremat.torch.checkpoint: segment {self.name!r}: saved tensor #{idx} has "
+                    f"different metadata at recomputation (expected {self.metas[idx]}, got {meta}). "
+                    "Tip: declare the state the segment reads and mutates (state=...)."))
+        if self.mismatch.get(gid):
+            raise ReplayDivergenceError(
+                f"stateremat.torch.checkpoint(verify=True): segment {self.name!r} recomputed saved "
+                f"tensors that differ from the forward's bit for bit ({rule('R4')}): "
+                + "; ".join(self.mismatch[gid])
+                + ". Tip: declare the state the segment mutates and keep preserve_rng_state=True."
+            )
+
+    def oplog(self) -> Any:
+        """Context recording the forward's operators when ``debug=True``."""
+        return _OpLog(self.debug_ops[0]) if self.debug_ops is not None else contextlib.nullcontext()

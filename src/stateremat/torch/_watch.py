@@ -1,0 +1,337 @@
+"""The watch of one segment: what it reaches, and whether it wrote or rebound what it did not declare (R7).
+
+In data-flow order:
+
+- forward: :class:`Watch` records, before the forward runs, every pre-existing tensor the segment
+  reaches and does not declare (the *scan*: name, tensor, version), their data pointers,
+  fingerprints and (running statistics) bytes, and the reached modules' tensor bindings; it
+  marks reached aliases of declared storages and refuses state an inner segment declares too
+  late (:meth:`Watch.check_inner_declaration`). While the forward runs, :meth:`Watch.check_write`
+  sees each write to a reached storage at dispatch (raise, or promote it on
+  ``on_undeclared="declare"``); at the forward's end :meth:`Watch.end_forward` compares versions,
+  bytes, pointers and bindings and reports every undeclared write in one message
+  (:meth:`Watch.report_undeclared`, :func:`undeclared_message`);
+- recompute: a write the replay makes to undeclared state is refused before it happens
+  (:meth:`Watch.undeclared_at_replay`), or seen afterwards by the version counters
+  (:meth:`Watch.report_replay_writes`).
+
+The watch keeps no state it would put back: that is the transaction's (``_txn``).
+"""
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Any, Callable, Iterator
+
+import torch
+
+from stateremat.contract import rule
+
+from . import _mark
+from ._compat import DisableTorchFunctionSubclass, library_ops
+from ._errors import UndeclaredStateError, UnsupportedError
+from ._mode import StrictMode, warn_undeclared
+from ._pystate import cache_fingerprint, cache_message, python_state_arguments
+from ._runtime import Runtime
+from ._scan import Declared, Reach, describe, reachable, rebound, tensor_slots
+from ._storage import fingerprint, storage_key
+from ._txn import Transaction
+
+#: Largest reachable 1-D tensor compared byte for byte around the forward (running statistics).
+_PROBE_MAX_NUMEL = 1 << 16
+
+
+def _stat_like(t: torch.Tensor) -> bool:
+    """Could ``t`` be running statistics a batch-norm kernel updates without a version bump?"""
+    return t.dim() == 1 and not t.requires_grad and t.is_floating_point() and t.numel() <= _PROBE_MAX_NUMEL
+
+
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bitwise equality (NaN == NaN, -0.0 != 0.0)."""
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+#: A scan name of an input of the segment: an argument itself or an element of a container argument
+#: (not an attribute of an object passed in, which is state that object holds).
+_INPUT_NAME = re.compile(r"(partial |keyword )?argument (\d+|'[^']*')(\[[^\]]*\])*")
+
+
+def _written_inputs(written: Any) -> list[str]:
+    """Names of written tensors that are inputs of the segment: the replay needs them as they were
+    at the forward, and autograd refuses a saved input written in place ('modified by an inplace
+    operation'), so declaring them with on_undeclared='declare' cannot help."""
+    return [describe(n) for n, _ in written if isinstance(n, str) and _INPUT_NAME.fullmatch(n)]
+
+
+def undeclared_message(seg: Any, names: str, when: str, reachable: bool = True, written: Any = ()) -> str:
+    """The ``UndeclaredStateError`` text; ``written``: ``(scan name, tensor)`` of the written tensors
+    (a write to an input that autograd tracks gets the out-of-place tip instead of declaring)."""
+    inputs = _written_inputs(written)
+    parts = names.split(", ")
+    rebinds = [p.endswith("(rebound to another tensor)") for p in parts]
+    verb = "rebound" if all(rebinds) else "wrote in place to or rebound" if any(rebinds) else "wrote in place to"
+    head = (f"stateremat.torch.checkpoint: segment {seg.name!r} {verb} {names}, which existed "
+            f"before the segment and is not declared state (expected only declared tensors to be "
+            f"mutated, got a write {when}); replay would repeat this write ({rule('R7')}).")
+    if inputs:
+        rest = [n for n in names.split(", ") if n not in inputs]
+        return (f"{head} Tip: {', '.join(inputs)} {'is an input' if len(inputs) == 1 else 'are inputs'} of the "
+                "segment (e.g. the activation of the layer before it): make the op that writes it out-of-place, "
+                "e.g. nn.ReLU(inplace=False) as the segment's first layer, or x = x * 0.5 instead of "
+                "x.mul_(0.5); on_undeclared='declare' cannot help (autograd refuses the saved input written in "
+                "place: 'modified by an inplace operation', as under torch.utils.checkpoint)"
+                + (f"; declare the other tensors ({', '.join(rest)})." if rest else "."))
+    alt = ", or pass on_undeclared='declare'" if reachable else (
+        " (on_undeclared='declare' cannot help: the forward's scan does not reach this tensor; "
+        "pass it as an argument, register it as a buffer, or declare it)")
+    return (
+        f"{head} Tip: declare "
+        "it, e.g. checkpoint(fn, ..., state=[tensor_or_module]) or StatefulCheckpoint(block, "
+        f"state='buffers'){alt}."
+    )
+
+
+class Watch:
+    """What one segment reaches and whether it wrote or rebound what it did not declare (R7).
+
+    Args:
+        rt: the runtime of the thread running the forward.
+        fn: the segment function (the replay names tensors from it).
+        name: segment name for messages.
+        txn: the segment's transaction, begun (its declared storages are not watched).
+        r: what the forward reaches.
+        args, kwargs: the forward's arguments (Python-state caches among them are refused if updated).
+        on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"``.
+        verify: watch every op of the forward and the replay.
+    """
+
+    def __init__(self, rt: Runtime, fn: Callable, name: str, txn: Transaction, r: Reach, args: tuple,
+                 kwargs: dict, *, on_undeclared: str, verify: bool) -> None:
+        self.rt = rt
+        self.fn = fn
+        self.name = name
+        self.txn = txn
+        self.on_undeclared = on_undeclared
+        self._candidates: dict | None = None
+        self._hook_only = r.hook_only  # a hook's own tensors: refused only if the replay writes them again
+        self._scan_reached(r, txn.declared, txn.modules.held_keys, txn.modules.declared_modules)
+        self._mark_reachable_aliases()
+        for enclosing in rt.forward:
+            enclosing.check_inner_declaration(self)
+        caches = python_state_arguments(args, kwargs)  # a KV cache the forward updates cannot be replayed
+        self._caches = [(where, c, cache_fingerprint(c)) for where, c in caches]
+        #: the forward runs under StrictMode (every op watched); so does the replay
+        self.strict = on_undeclared == "declare" or verify or txn.has_unmarkable()
+
+    def _scan_reached(self, r: Reach, declared: Declared, held_keys: set, declared_mods: set[int]) -> None:
+        declared_ids = {id(t) for _, t, _ in declared.tensors}
+        with DisableTorchFunctionSubclass():
+            self.scan = [(n, t, t._version) for n, t in r.tensors.values() if id(t) not in declared_ids]
+            self.expected = {id(t): v for _, t, v in self.scan}  # version each should have now (adoptions move it)
+            probes = {i: v for i, v in r.norm_stats.items() if i not in declared_ids}
+            probes.update({i: (n, t) for i, (n, t) in r.tensors.items() if i not in declared_ids and _stat_like(t)})
+            # writes no version counter of these tensors sees: through .data (its own counter) or by
+            # rebinding their storage (.data = ..., set_) — fingerprints and data pointers
+            self.ptrs = [(n, t, t.data_ptr()) for n, t, _ in self.scan]
+            self.fingerprints = [(n, t, fingerprint(t)) for n, t, _ in self.scan
+                                 if not t.requires_grad and id(t) not in probes and t.numel()]
+            #: tensor bindings of reached undeclared modules (less those the replay binds itself)
+            self.slots = [(path, m, tensor_slots(m), {(d, k) for (i, d, k) in held_keys if i == id(m)})
+                          for path, m in r.modules if id(m) not in declared_mods]
+            self.plain_slots = r.slots  # tensors bound outside modules: a rebinding is refused
+            self.norm_probes: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
+            if probes:
+                with library_ops():
+                    self.norm_probes = [(n, t, t.clone()) for n, t in probes.values()]
+
+    def _mark_reachable_aliases(self) -> None:
+        """Reachable tensors on a declared storage (the base of a declared view) are marked too."""
+        journaled = {k: p.storage for k, p in self.txn.items.items()}
+        if not journaled:
+            return
+        with DisableTorchFunctionSubclass():
+            hits = [(journaled[k], t) for _, t, _ in self.scan if (k := storage_key(t)) in journaled]
+        for st, t in hits:
+            if not _mark.mark_tensor(t, st):
+                st.unmarkable = True
+
+    # -- forward -------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def observing(self) -> Iterator[None]:
+        """The forward and its end checks run with this watch on the thread's forward stack."""
+        self.rt.forward.append(self)
+        try:
+            yield
+        finally:
+            self.rt.forward.pop()
+
+    @contextlib.contextmanager
+    def forward_mode(self) -> Iterator[None]:
+        """Around the forward's function: every op watched when :attr:`strict` (once per thread)."""
+        rt = self.rt
+        if not self.strict or rt.strict_depth:
+            yield
+            return
+        rt.strict_depth += 1
+        try:
+            with StrictMode(rt, "forward"):
+                yield
+        finally:
+            rt.strict_depth -= 1
+
+    def replay_mode(self, segment: Any) -> contextlib.AbstractContextManager:
+        """Around the replay's function: every op watched when the forward's were (``segment``: the frame)."""
+        return StrictMode(self.rt, "replay", segment) if self.strict else contextlib.nullcontext()
+
+    def end_forward(self) -> None:
+        """After the forward (the transaction's end noted): refuse an updated Python-state cache,
+        then report every undeclared write of the forward in one message."""
+        caches, self._caches = self._caches, []
+        for where, cache, before in caches:
+            if cache_fingerprint(cache) != before:
+                raise UnsupportedError(cache_message("stateremat.torch.checkpoint", self.name, where, cache, "updated"))
+        self.report_undeclared(self.undeclared_writes(skip=self._hook_only), "after the forward")
+
+    @property
+    def candidates(self) -> dict:
+        """Storage key -> (name, tensor) of reachable undeclared tensors (computed on first use)."""
+        if self._candidates is None:
+            with DisableTorchFunctionSubclass():
+                self._candidates = {}
+                for n, t, _ in self.scan:
+                    self._candidates.setdefault(storage_key(t), (n, t))
+        return self._candidates
+
+    def check_write(self, key: Any, func: Any) -> None:
+        """Called before ``func`` writes storage ``key`` in this segment's forward (R7)."""
+        entry = self.candidates.get(key)
+        if entry is None:
+            return
+        name, t = describe(entry[0]), entry[1]
+        if self.on_undeclared == "raise":
+            raise UndeclaredStateError(undeclared_message(self, name, f"by {func} (not applied)",
+                                                          written=[(entry[0], t)]))
+        if self.on_undeclared == "declare":
+            self.txn.promote(name, t)
+            self.candidates.pop(key, None)
+            self.scan = [s for s in self.scan if s[1] is not t]
+
+    def undeclared_at_replay(self, w: torch.Tensor, func: Any, what: str,
+                             inputs: Callable[[], tuple[tuple, dict]]) -> None:
+        """Called before ``func`` writes pre-existing undeclared state during the replay (R7);
+        ``inputs``: the frame's saved inputs (the scan names ``w`` from them)."""
+        raw = self._raw_name_of(w, inputs)
+        name = describe(raw) if raw is not None else \
+            f"a tensor of shape {tuple(w.shape)} {w.dtype} the scan cannot name"
+        written = [(raw, w)] if raw is not None else []
+        if self.on_undeclared == "warn":
+            warn_undeclared(undeclared_message(self, name, f"at recomputation by {func} "
+                                               "(applied a second time)", written=written))
+            return
+        raise UndeclaredStateError(undeclared_message(
+            self, name, f"at recomputation by {func} to {what} (not applied; the forward already made "
+            "this write once, the replay would make it twice)", reachable=raw is not None, written=written))
+
+    def _raw_name_of(self, w: torch.Tensor, inputs: Callable[[], tuple[tuple, dict]]) -> Any:
+        """The scan's name of the reachable tensor sharing ``w``'s storage, or ``None``."""
+        try:
+            args, kwargs = inputs()
+        except RuntimeError:  # an input changed since the forward: name from fn alone
+            args, kwargs = (), {}
+        with DisableTorchFunctionSubclass():
+            key = storage_key(w)
+            names = [n for n, t in reachable(self.fn, args, kwargs) if storage_key(t) == key]
+        return names[0] if names else None
+
+    def undeclared_writes(self, skip: set[int] = frozenset()) -> list[str]:
+        """Reachable undeclared tensors written since the forward began (versions and norm bytes),
+        except those whose ids are in ``skip``."""
+        own = {k for k, p in self.txn.items.items() if p.owned}
+        found: dict[str, str] = {}
+        expected = self.expected
+        with DisableTorchFunctionSubclass():
+            for n, t, _ in self.scan:
+                if id(t) in skip:
+                    continue
+                if t._version != expected.get(id(t), t._version) and storage_key(t) not in own:
+                    found.setdefault(describe(n), "version counter")
+            if self.norm_probes:
+                with library_ops():
+                    for n, t, before in self.norm_probes:
+                        if id(t) not in skip and not _same_bytes(t, before) and storage_key(t) not in own:
+                            found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
+            for n, t, ptr in self.ptrs:
+                if t.data_ptr() != ptr and id(t) not in skip:
+                    found.setdefault(describe(n), "storage rebound (.data = / set_)")
+            for n, t, fp in self.fingerprints:
+                if (id(t) not in skip and describe(n) not in found and storage_key(t) not in own
+                        and fingerprint(t) != fp):
+                    found.setdefault(describe(n), "bytes (written through .data or another alias)")
+        ends = {id(m): slots for _, m, slots, _ in self.txn.modules.end_bindings}  # taken at this forward's end
+        for path, m, before, held in self.slots:
+            now = ends.get(id(m)) if id(m) in ends else tensor_slots(m)
+            for (d, k) in (set(before) | set(now)) - held:
+                if before.get((d, k)) is not now.get((d, k)):
+                    kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
+                    full = f"{path}.{k}" if path else k
+                    found.setdefault(f"{kind} {full!r} (rebound to another tensor)", "binding")
+        for name in rebound(self.plain_slots):
+            found.setdefault(name, "binding")
+        return list(found)
+
+    def report_undeclared(self, names: list[str], when: str) -> None:
+        """Raise (or warn) about undeclared writes seen after the fact, all of them in one message."""
+        if not names:
+            return
+        listed = ", ".join(names)
+        wanted = set(names)
+        written = [(n, t) for n, t, _ in self.scan if describe(n) in wanted]
+        if self.on_undeclared == "warn":
+            warn_undeclared(undeclared_message(self, listed, f"seen {when}", written=written))
+            return
+        raise UndeclaredStateError(undeclared_message(self, listed, f"seen {when}", written=written))
+
+    def adopt(self, inner: "Watch") -> None:
+        """An inner segment ended: our transaction replays its state too (both halves); what it
+        declared is no longer ours to watch from our start, only from now."""
+        self.txn.adopt(inner.txn)
+        keys = set(inner.txn.items)
+        with DisableTorchFunctionSubclass():
+            for _, t, _ in self.scan:
+                if storage_key(t) in keys:
+                    self.expected[id(t)] = t._version
+            with library_ops():
+                self.norm_probes = [(n, t, t.clone() if storage_key(t) in keys else before)
+                                    for n, t, before in self.norm_probes]
+            self.fingerprints = [(n, t, fingerprint(t) if storage_key(t) in keys else fp)
+                                 for n, t, fp in self.fingerprints]
+            self.ptrs = [(n, t, t.data_ptr() if storage_key(t) in keys else ptr) for n, t, ptr in self.ptrs]
+        inner_ids = {id(w) for p in inner.txn.items.values() for w in p.storage.witnesses.values()}
+        self.slots = [(path, m, tensor_slots(m) if any(id(v) in inner_ids for v in before.values()) else before, skip)
+                      for path, m, before, skip in self.slots]  # bindings the inner segment replays itself
+
+    def check_inner_declaration(self, inner: "Watch") -> None:
+        """An inner segment declares state we reach: we must not have written it already (R7)."""
+        keys = set(inner.txn.items)
+        if not keys:
+            return
+        with DisableTorchFunctionSubclass():
+            hit = [describe(n) for n, t, _ in self.scan
+                   if storage_key(t) in keys and t._version != self.expected.get(id(t), t._version)]
+        if hit and self.on_undeclared != "warn":
+            raise UndeclaredStateError(undeclared_message(
+                self, ", ".join(hit), f"before the inner segment {inner.name!r} declared it (an inner "
+                "declaration covers writes from its own start only)"))
+
+    # -- recompute -----------------------------------------------------------------------
+    def versions(self) -> list[tuple[Any, torch.Tensor, int]]:
+        """The scan's versions now (before a replay)."""
+        with DisableTorchFunctionSubclass():
+            return [(n, t, t._version) for n, t, _ in self.scan]
+
+    def report_replay_writes(self, versions: list[tuple[Any, torch.Tensor, int]]) -> None:
+        """After a replay: refuse (or warn about) the scan's tensors it wrote, by their versions."""
+        with DisableTorchFunctionSubclass():
+            again = [describe(n) for n, t, v in versions if t._version != v]
+        self.report_undeclared(again, "at recomputation by its version counter (the forward already wrote it "
+                                      "once; the replay wrote it again)")
