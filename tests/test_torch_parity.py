@@ -1642,3 +1642,62 @@ def test_declared_buffers_update_once(ckpt):
         assert torch.equal(bn.running_mean, ref.running_mean) and int(bn.num_batches_tracked) == 1
     else:  # torch's replay repeats the update
         assert int(bn.num_batches_tracked) == 2 and not torch.equal(bn.running_mean, ref.running_mean)
+
+
+# =============================================================================================
+# 7. Torch's own phrases: user code and tools match on them (issue 25, item 3)
+# =============================================================================================
+@impls()
+def test_a_different_number_of_saved_tensors_says_torchs_phrase(ckpt):
+    calls = [0]
+
+    def fn(x):
+        calls[0] += 1
+        return x.sin().sin() if calls[0] == 1 else x.sin()  # the replay saves fewer tensors
+
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    with pytest.raises(CheckpointError, match="A different number of tensors was saved"):
+        ckpt(fn, x).sum().backward()
+
+
+@impls()
+def test_more_saved_tensors_at_recomputation_says_torchs_phrase(ckpt):
+    calls = [0]
+
+    def fn(x):
+        calls[0] += 1
+        return x.sin() if calls[0] == 1 else x.sin().sin()  # the replay saves more tensors
+
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    with tuc.set_checkpoint_early_stop(False):
+        out = ckpt(fn, x)
+    with pytest.raises(CheckpointError, match="trying to save more tensors during recomputation than during "
+                                              "the original forward pass"):
+        out.sum().backward()
+
+
+class _ReadsSavedTwice(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        (x,) = ctx.saved_tensors
+        return g * 2
+
+
+@impls()
+def test_a_saved_tensor_unpacked_twice_says_torchs_phrase(ckpt):
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    with pytest.raises(CheckpointError, match="Unpack is being triggered for a tensor that was already unpacked once"):
+        ckpt(lambda t: _ReadsSavedTwice.apply(t.sin()), x).sum().backward()
+
+
+@impls()
+def test_reentrant_with_debug_says_torchs_phrase(ckpt):
+    x = torch.randn(3, dtype=F64, requires_grad=True)
+    with pytest.raises(ValueError, match="only supported when use_reentrant=False"):
+        ckpt(torch.sin, x, use_reentrant=True, debug=True)

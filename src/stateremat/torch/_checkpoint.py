@@ -243,8 +243,9 @@ def _run(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, 
          name: str | None = None) -> Any:
     _validate(fn, preserve, granularity_bytes, on_undeclared)
     if use_reentrant:
-        raise ValueError("stateremat.torch.checkpoint: use_reentrant must be False or None (expected the "
-                         "non-reentrant saved-tensor-hooks implementation, got True). Tip: drop the argument.")
+        raise ValueError("stateremat.torch.checkpoint: use_reentrant must be False or None: a state transaction "
+                         "is only supported when use_reentrant=False (expected the non-reentrant saved-tensor-hooks "
+                         "implementation, got True). Tip: drop the argument.")
     if determinism_check not in DETERMINISM_CHECKS:
         raise ValueError(f"stateremat.torch.checkpoint: determinism_check must be one of {DETERMINISM_CHECKS}, "
                          f"got {determinism_check!r}. Tip: verify=True compares recomputed values bit for bit.")

@@ -130,6 +130,11 @@ def current_graph_id() -> Any:
     return gid
 
 
+def in_graph_exec_group() -> bool:
+    """Is a ``torch.utils.checkpoint.GraphExecGroup`` active (backward calls share one recomputation)?"""
+    return GraphExecGroup._get_current_group() is not None
+
+
 def queue_backward_callback(fn: Callable[[], None]) -> bool:
     """Run ``fn`` when the running backward finishes; False when torch offers no such hook here."""
     engine = getattr(torch.autograd.Variable, "_execution_engine", None)

@@ -36,6 +36,7 @@ from ._compat import (
     current_graph_id,
     entered_hiding,
     has_storage,
+    in_graph_exec_group,
     library_ops,
     make_saved_tensor,
     tree_flatten,
@@ -217,9 +218,12 @@ class Frame:
             handle = holder.handles[gid]
             if handle is None:
                 raise ReplayError(
-                    f"stateremat.torch.checkpoint: segment {seg.name!r}: a saved tensor was unpacked "
-                    "twice in one backward (expected once, got twice). Tip: read ctx.saved_tensors "
-                    "only once in custom autograd Functions."
+                    f"stateremat.torch.checkpoint: segment {seg.name!r}: Unpack is being triggered for a "
+                    "tensor that was already unpacked once (expected each saved tensor unpacked once per "
+                    "backward, got twice" + (
+                        "; two backward calls of one torch.utils.checkpoint.GraphExecGroup that need the same "
+                        "saved activation" if in_graph_exec_group() else "")
+                    + "). Tip: read ctx.saved_tensors only once in custom autograd Functions."
                 )
             out = seg.recomputed[gid][handle]
             holder.handles[gid] = None
@@ -243,8 +247,8 @@ class Frame:
                 return x
             if idx >= len(seg.weak_holders):
                 raise ReplayError(seg._debug_text(
-                    f"stateremat.torch.checkpoint: segment {seg.name!r} saved more tensors during "
-                    f"recomputation than during the forward (expected {len(seg.weak_holders)}). Tip: "
+                    f"stateremat.torch.checkpoint: segment {seg.name!r}: trying to save more tensors during "
+                    f"recomputation than during the original forward pass (expected {len(seg.weak_holders)}). Tip: "
                     "make the segment's control flow depend only on its inputs and declared state."))
             holder = seg.weak_holders[idx]()
             if holder is not None:
@@ -324,8 +328,8 @@ class Frame:
         n, got = len(self.weak_holders), self.recomp_counter[gid]
         if got != n and not self.ignore_saved_mismatch:
             raise ReplayError(self._debug_text(
-                f"stateremat.torch.checkpoint: segment {self.name!r} saved a different number of "
-                f"tensors during recomputation (expected {n}, got {got}). Tip: make the segment's "
+                f"stateremat.torch.checkpoint: segment {self.name!r}: A different number of tensors was saved "
+                f"during the original forward and recomputation (expected {n}, got {got}). Tip: make the segment's "
                 "control flow depend only on its inputs and declared state."))
         for idx, ref in enumerate(self.weak_holders if self.check_metadata else ()):
             holder = ref()

@@ -50,8 +50,8 @@ def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentra
         Paper §3.1; ``torch.utils.checkpoint.checkpoint_sequential``.
     """
     if use_reentrant:
-        raise ValueError("stateremat.torch.checkpoint_sequential: use_reentrant must be False or None "
-                         "(got True). Tip: drop the argument.")
+        raise ValueError("stateremat.torch.checkpoint_sequential: use_reentrant must be False or None: it is "
+                         "only supported when use_reentrant=False (got True). Tip: drop the argument.")
     if isinstance(segments, bool) or not isinstance(segments, int) or segments < 1:
         raise ValueError(f"stateremat.torch.checkpoint_sequential: segments must be a positive int, got "
                          f"{segments!r}. Tip: segments=2 checkpoints the first half.")
