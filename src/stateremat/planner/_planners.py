@@ -9,6 +9,7 @@ among every registered option.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -105,6 +106,11 @@ def _record(spec: PlannerSpec, card: ProfileCard, budget: int, codes, *, solver:
                           fits_budget=False, solve_time_s=time.perf_counter() - t0, **common)
     model_peak, model_time = evaluate(model, codes)
     true_peak, true_time = evaluate(truth, codes)
+    # Times in seconds; a card's finite times whose sum is past float range give inf.
+    model_time, true_time = model.seconds(model_time), truth.seconds(true_time)
+    if not math.isfinite(true_time):
+        notes.append("predicted time is past float range (inf): the card's times sum above "
+                     "1.8e308 s; the policy is still the least-time one in exact scaled units")
     return PlanResult(feasible=True, options=model.option_list(codes),
                       predicted_peak_bytes=true_peak, predicted_time_s=true_time,
                       optimal=optimal and not truncated, fits_budget=true_peak <= budget,
