@@ -55,6 +55,8 @@ class CostTables:
         time_scale: ``c`` holds the card's seconds divided by this power of two (1.0 unless
             the card's times are so large that their sums could overflow float64, see
             :data:`MAX_TIME_SUM_S`); multiply a time of these tables by it to get seconds.
+        chain_base, chain_outside: live bytes at the first segment's entry and the peaks
+            outside the segments, for the chain peak model (:func:`chain_parts`).
     """
 
     names: list[str]
@@ -66,6 +68,8 @@ class CostTables:
     option_names: tuple[str, ...]
     fallback_segments: tuple[str, ...] = ()
     time_scale: float = 1.0
+    chain_base: int = 0
+    chain_outside: int = 0
 
     def seconds(self, time: float) -> float:
         """A time of these tables in seconds (``inf`` when past float range)."""
@@ -144,7 +148,31 @@ def cost_tables(card: ProfileCard, options: tuple[str, ...] | None = None,
     if scale != 1.0:
         c = c / scale  # exact (a power of two), barring subnormal underflow of tiny times
     return CostTables(card.segment_names, card.persistent_bytes, r, q, c, valid, names,
-                      tuple(fallback), scale)
+                      tuple(fallback), scale, *chain_parts(card))
+
+
+def chain_parts(card: ProfileCard) -> tuple[int, int]:
+    """``(base, outside)`` bytes of the chain model from ``card.meta["persistent"]``.
+
+    Raises:
+        ProfileCardError: a recorded part is not an integer number of bytes in ``[0, 2^53]``.
+    """
+    parts = card.meta.get("persistent", {})
+    if not isinstance(parts, dict):
+        parts = {}
+
+    def get(key: str, default: int) -> int:
+        v = parts.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 2**53:
+            raise ProfileCardError(
+                f"profile card: meta.persistent.{key}: expected an integer number of bytes in "
+                f"[0, 2^53], got {type(v).__name__} {v!r}. Tip: the profiler writes it; "
+                "re-profile, or remove meta.persistent to plan with base = persistent_bytes.")
+        return v
+
+    base = get("first_segment_entry_bytes", card.persistent_bytes)
+    outside = max(get("before_first_segment_peak_bytes", 0), get("after_backward_peak_bytes", 0))
+    return base, outside
 
 
 def max_peak_bytes(tables: CostTables) -> int:

@@ -38,21 +38,12 @@ def expected_peak_bytes(card: ProfileCard, options: list[str]) -> int:
     References:
         Paper §4, eq. (3) (the bound this refines for a chain of segments).
     """
-    if len(options) != len(card.segments):
-        raise ValueError(f"{_API}: {len(options)} options for {len(card.segments)} card segments. "
-                         "Tip: pass plan.options of a plan made on this card.")
-    parts = card.meta.get("persistent", {})
-    base = parts.get("first_segment_entry_bytes", card.persistent_bytes)
-    running, top = 0, 0
-    for seg, o in zip(card.segments, options):
-        if o not in seg.options:
-            raise ValueError(f"{_API}: segment {seg.name!r} has no measured {o!r} option (it has "
-                             f"{list(seg.options)}). Tip: plan on this card.")
-        cost = seg.options[o]
-        running += cost.retained_bytes
-        top = max(top, running + cost.temp_bytes)
-    outside = max(parts.get("before_first_segment_peak_bytes", 0), parts.get("after_backward_peak_bytes", 0))
-    return max(base + top, outside)
+    from stateremat.planner import chain_peak_bytes
+
+    try:
+        return chain_peak_bytes(card, options)
+    except ValueError as exc:  # the same checks, named by this API
+        raise ValueError(str(exc).replace("stateremat.planner.chain_peak_bytes", _API)) from None
 
 
 def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, segments: Any = None,
