@@ -17,7 +17,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..contract import OPTIONS, ProfileCard, parse_size
+from ..contract import OPTIONS, ProfileCard, ProfileCardError
+from ._budget import resolve_budget
 from ._dp import OnSegment, dp_solve
 from ._exhaustive import enumerate_policies
 from ._milp import milp_min_peak, milp_solve
@@ -62,11 +63,13 @@ SPECS: dict[str, PlannerSpec] = {
 }
 
 
-def _budget(budget_bytes, api: str) -> int:
-    try:
-        return parse_size(budget_bytes)
-    except (ValueError, TypeError) as exc:
-        raise ValueError(f"{api}: bad budget_bytes {budget_bytes!r}: {exc}") from None
+def _budget(budget_bytes, api: str, card: ProfileCard, peak: str) -> tuple[int, list[str]]:
+    """Budget bytes and notes: a size, or a fraction of the all-eager peak (0.6, "60%")."""
+    if not isinstance(card, ProfileCard):
+        raise ProfileCardError(f"{api}: expected a ProfileCard, got {type(card).__name__}. "
+                               "Tip: load one with stateremat.contract.load_card(path).")
+    value, note = resolve_budget(card, budget_bytes, peak, api)
+    return value, [] if note is None else [note]
 
 
 def _peak(peak, api: str) -> str:
@@ -158,8 +161,8 @@ def _dp_planner(spec: PlannerSpec, card: ProfileCard, budget_bytes, frontier_cap
                 bound_pruning: bool = True, progress: OnSegment | None = None,
                 peak: str = "eq3") -> PlanResult:
     t0 = time.perf_counter()
-    budget = _budget(budget_bytes, f"stateremat.planner.{spec.name}")
     peak = _peak(peak, f"stateremat.planner.{spec.name}")
+    budget, bnote = _budget(budget_bytes, f"stateremat.planner.{spec.name}", card, peak)
     if frontier_cap is not None and (isinstance(frontier_cap, bool) or int(frontier_cap) < 1):
         raise ValueError(f"stateremat.planner.{spec.name}: frontier_cap must be a positive int "
                          f"or None, got {frontier_cap!r}. Tip: omit it for an exact frontier.")
@@ -174,7 +177,7 @@ def _dp_planner(spec: PlannerSpec, card: ProfileCard, budget_bytes, frontier_cap
     return _record(spec, card, budget, out.codes, solver="dp", t0=t0,
                    frontier_size=out.frontier_size, truncated=out.truncated,
                    bound_pruning=bool(bound_pruning), model=model,
-                   candidates_max=out.candidates_max, peak=peak)
+                   candidates_max=out.candidates_max, peak=peak, extra_notes=bnote)
 
 
 def joint(card: ProfileCard, budget_bytes, frontier_cap: int | None = None,
@@ -296,15 +299,15 @@ def _fixed(option: str) -> Callable[..., PlanResult]:
               bound_pruning: bool = True, progress: OnSegment | None = None,
               peak: str = "eq3") -> PlanResult:
         t0 = time.perf_counter()
-        budget = _budget(budget_bytes, f"stateremat.planner.{option}")
         peak = _peak(peak, f"stateremat.planner.{option}")
+        budget, bnote = _budget(budget_bytes, f"stateremat.planner.{option}", card, peak)
         spec = PlannerSpec(option, None)
         tables = spec.model(card)
         k = tables.option_names.index(option)
         codes = np.where(tables.valid[:, k], k, tables.option_names.index("whole"))
         own = (evaluate if peak == "eq3" else chain_evaluate)(tables, codes)[0]
         return _record(spec, card, budget, codes, solver="fixed", t0=t0, optimal=False,
-                       min_peak_pair=(own, codes), model=tables, peak=peak)
+                       min_peak_pair=(own, codes), model=tables, peak=peak, extra_notes=bnote)
     fixed.__name__ = f"all_{option}"
     fixed.__doc__ = (f"Fixed method: every segment uses {option!r}"
                      + ("." if OPTIONS[option].required else f" (whole where no {option} is profiled)."))
@@ -418,15 +421,16 @@ def exhaustive(card: ProfileCard, budget_bytes, options="joint",
     """
     t0 = time.perf_counter()
     spec = _spec(options, "stateremat.planner.exhaustive")
-    budget = _budget(budget_bytes, "stateremat.planner.exhaustive")
     peak = _peak(peak, "stateremat.planner.exhaustive")
+    budget, bnote = _budget(budget_bytes, "stateremat.planner.exhaustive", card, peak)
     model = spec.model(card)
     if peak == "chain":
         out = chain_enumerate(model, _clamp_chain(budget), max_policies=max_policies)
     else:
         out = enumerate_policies(model, budget, max_policies=max_policies)
     return _record(spec, card, budget, out.codes, solver="exhaustive", t0=t0,
-                   min_peak_pair=(out.min_peak_bytes, out.min_peak_codes), model=model, peak=peak)
+                   min_peak_pair=(out.min_peak_bytes, out.min_peak_codes), model=model, peak=peak,
+                   extra_notes=bnote)
 
 
 def milp(card: ProfileCard, budget_bytes, options="joint",
@@ -457,8 +461,8 @@ def milp(card: ProfileCard, budget_bytes, options="joint",
     """
     t0 = time.perf_counter()
     spec = _spec(options, "stateremat.planner.milp")
-    budget = _budget(budget_bytes, "stateremat.planner.milp")
     peak = _peak(peak, "stateremat.planner.milp")
+    budget, bnote = _budget(budget_bytes, "stateremat.planner.milp", card, peak)
     model = spec.model(card)
     if peak == "chain":
         out = chain_milp_solve(model, _clamp_chain(budget), time_limit_s)
@@ -467,5 +471,6 @@ def milp(card: ProfileCard, budget_bytes, options="joint",
         out = milp_solve(model, budget, time_limit_s)
         pair = milp_min_peak(model, time_limit_s)
     notes = [] if out.proven_optimal else [f"MILP not proven optimal: {out.message}"]
+    notes += bnote
     return _record(spec, card, budget, out.codes, solver="milp", t0=t0, optimal=out.proven_optimal,
                    min_peak_pair=pair, extra_notes=notes, model=model, peak=peak)
