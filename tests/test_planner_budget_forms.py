@@ -42,3 +42,30 @@ def test_a_float_above_one_is_still_bytes():
     assert plan(card, 1e9).budget_bytes == 10**9
     with pytest.raises(ValueError, match="bad budget_bytes 1.5"):
         plan(card, 1.5)  # a fraction of a byte, not 150 %
+
+
+def test_cli_takes_a_percentage_and_the_chain_peak(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from stateremat.cli import app
+    from stateremat.contract import save_card
+
+    card = random_card(5, 3)
+    path = save_card(card, tmp_path / "card.json")
+    out = tmp_path / "plan.json"
+    res = CliRunner().invoke(app, ["plan", str(path), "--budget", "90%", "--peak", "chain",
+                                   "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(out.read_text())
+    eager = chain_peak_bytes(card, ["eager"] * 5)
+    assert doc["peak"] == "chain" and doc["budget_bytes"] == round(0.9 * eager)
+    assert doc["predicted_peak_bytes"] == doc["chain_peak_bytes"] <= doc["budget_bytes"]
+    assert "peak model" in res.output
+    bad = CliRunner().invoke(app, ["plan", str(path), "--budget", "1GiB", "--peak", "max"])
+    assert bad.exit_code == 2 and "--peak must be one of ['eq3', 'chain']" in bad.output
+    fit = CliRunner().invoke(app, ["plan", str(path), "--budget", "fit"])
+    assert fit.exit_code == 2 and "--budget fit needs the device" in fit.output
+    pct = CliRunner().invoke(app, ["plan", str(path), "--budget", "0%"])
+    assert pct.exit_code == 2 and "percentage of the all-eager peak" in pct.output
