@@ -93,3 +93,16 @@ def test_a_bad_percentage_is_refused_and_nothing_applied(bad):
 def test_an_unknown_peak_model_is_refused():
     with pytest.raises(ValueError, match=r"peak must be 'chain' or 'eq3', got 'bound'"):
         auto_checkpoint(_mlp(), "1GiB", sample=X, repeats=1, peak="bound")
+
+
+def test_no_budget_is_an_error_not_a_default(monkeypatch):
+    import stateremat.torch._auto as auto
+
+    monkeypatch.setattr(auto, "profile", lambda *a, **k: pytest.fail("profiled"))
+    model = _mlp()
+    with pytest.raises(ValueError, match=r"a budget is required \(there is no default\); got none\. "
+                                         r"Tip: auto_checkpoint\(model, '8GiB'"):
+        auto_checkpoint(model, sample=X, repeats=1)
+    with pytest.raises(ValueError, match=r"a budget is required"):
+        auto_checkpoint(model, None, sample=X)
+    assert not _wrapped(model)

@@ -82,7 +82,7 @@ def _host_available_bytes() -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, segments: Any = None,
+def auto_checkpoint(model: nn.Module, budget: Any = None, sample: Any = None, segments: Any = None,
                     planner: str = "joint", *, step_fn: Any = None, peak: str = "chain",
                     options: Iterable[Any] = OPTIONS,
                     device: Any = None, repeats: int = 5, state: Any = "buffers", optimizers: Iterable[Any] = (),
@@ -95,7 +95,7 @@ def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, 
             parameters and optimizer state included): bytes (int), a size such as ``"8GiB"``, a
             fraction of the measured all-eager peak (``0.6`` or ``"60%"``, in the ``peak``
             model), or ``"fit"``: the least-time plan under the device's free memory (plus what
-            the process already holds there).
+            the process already holds there). Required: there is no default budget.
         sample: a batch for the default step (see :func:`profile`); or give ``step_fn``.
         segments: module paths, a pattern (``"model.layers.*"``), a container, or ``None`` (the
             model's repeated block).
@@ -122,7 +122,7 @@ def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, 
             plan's predicted peak (eq. 3 with the measured costs) exceeds ``budget`` although the
             planner's own model admitted it (``state_agnostic``; the message quotes the true
             peak, ``plan`` is that PlanResult); a bad budget, both or neither of
-            ``sample``/``step_fn``, and the errors of :func:`profile`.
+            ``sample``/``step_fn``, no budget at all, and the errors of :func:`profile`.
 
     Danger:
         The plan is as good as the profiled step: a different batch size or sequence length
@@ -136,6 +136,10 @@ def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, 
     """
     from stateremat.planner import plan as make_plan
 
+    if budget is None:
+        raise ValueError(f"{_API}: a budget is required (there is no default); got none. Tip: "
+                         "auto_checkpoint(model, '8GiB', sample=batch), a fraction of the eager peak "
+                         "(0.6 or '60%'), or 'fit' for the least-time plan under the device's free memory.")
     if (sample is None) == (step_fn is None):
         raise ValueError(f"{_API}: pass exactly one of sample= (a batch) and step_fn= (a training step); got "
                          f"{'both' if sample is not None else 'neither'}. Tip: auto_checkpoint(model, '8GiB', sample=batch).")
