@@ -107,3 +107,23 @@ def test_a_bad_recorded_part_is_refused_by_name():
     with pytest.raises(ProfileCardError, match=r"meta\.persistent\.first_segment_entry_bytes: "
                                                r"expected an integer number of bytes"):
         plan(card, "1GiB", peak="chain")
+
+
+def test_chain_progress_reports_its_own_pass():
+    card = random_card(12, 3)
+    calls = []
+    res = plan(card, 0.7, peak="chain", progress=lambda *a: calls.append(a))
+    assert res.feasible
+    chain = [c for c in calls if c[0] == "chain, exact"]
+    assert [c[1] for c in chain] == list(range(1, 13)) and {c[2] for c in chain} == {12}
+
+
+def test_a_capped_chain_plan_is_truncated_and_within_budget():
+    card = random_card(30, 8)
+    exact = plan(card, 0.6, peak="chain")
+    capped = plan(card, 0.6, peak="chain", frontier_cap=2)
+    assert exact.feasible and not exact.truncated
+    if capped.feasible:
+        assert capped.truncated and not capped.optimal
+        assert capped.chain_peak_bytes <= capped.budget_bytes
+        assert capped.predicted_time_s >= exact.predicted_time_s

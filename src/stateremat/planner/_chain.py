@@ -97,13 +97,14 @@ def _future(tables: CostTables) -> tuple[np.ndarray, np.ndarray]:
 
 
 def chain_dp(tables: CostTables, budget_bytes: int, upper_bound_s: float | None = None,
-             frontier_cap: int | None = None) -> DPOutcome:
+             frontier_cap: int | None = None, on_segment=None) -> DPOutcome:
     """Minimise ``Σ c`` s.t. the chain peak ``≤ M``: an exact Pareto DP over ``(R, T, C)``.
 
     Exact reductions: a prefix is dropped when its ``T`` or the least ``T`` its completions
     force exceeds ``M - base``, or (given ``upper_bound_s``, the cost of a chain-feasible policy)
     when its cost plus the least cost of the later segments exceeds that bound beyond a
     float-error margin. ``frontier_cap`` keeps the cheapest points (then ``truncated``).
+    ``on_segment(done, total, frontier_size)`` is called after each segment.
     """
     n = tables.n
     if tables.chain_outside > budget_bytes:
@@ -142,6 +143,8 @@ def chain_dp(tables: CostTables, budget_bytes: int, upper_bound_s: float | None 
         parents.append(par[keep])
         chosen.append(code[keep])
         largest = max(largest, len(R))
+        if on_segment is not None:
+            on_segment(i + 1, n, len(R))
     best = int(np.lexsort((np.arange(len(R)), T, C))[0])
     codes = np.empty(n, np.int64)
     for i in range(n - 1, -1, -1):

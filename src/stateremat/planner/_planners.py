@@ -8,6 +8,7 @@ among every registered option.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import time
@@ -170,8 +171,15 @@ def _dp_planner(spec: PlannerSpec, card: ProfileCard, budget_bytes, frontier_cap
     cap = None if frontier_cap is None else int(frontier_cap)
     if peak == "chain":
         budget_c = _clamp_chain(budget)
-        ub = _chain_incumbent(model, budget_c, cap, progress) if bound_pruning else None
-        out = chain_dp(model, budget_c, upper_bound_s=ub, frontier_cap=cap)
+        ub = _chain_incumbent(model, budget_c, cap, progress) if bound_pruning else None  # eq. 3 passes
+        stage = "chain, exact" if cap is None else f"chain, capped at {cap:,}"
+        out = chain_dp(model, budget_c, upper_bound_s=ub, frontier_cap=cap,
+                       on_segment=None if progress is None
+                       else lambda done, total, size: progress(stage, done, total, size))
+        if out.codes is None and out.truncated:  # the cap, not the budget, emptied the frontier
+            codes = chain_min_peak(model)[1]
+            if chain_evaluate(model, codes)[0] <= budget_c:
+                out = dataclasses.replace(out, codes=codes)
     else:
         out = dp_solve(model, budget, cap, bound_pruning=bool(bound_pruning), on_segment=progress)
     return _record(spec, card, budget, out.codes, solver="dp", t0=t0,
