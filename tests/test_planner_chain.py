@@ -127,3 +127,10 @@ def test_a_capped_chain_plan_is_truncated_and_within_budget():
         assert capped.truncated and not capped.optimal
         assert capped.chain_peak_bytes <= capped.budget_bytes
         assert capped.predicted_time_s >= exact.predicted_time_s
+
+
+def test_explain_names_the_chain_model():
+    card = random_card(4, 1)
+    text = plan(card, 0.8, peak="chain").explain()
+    assert "planned by the chain peak" in text and "eq. (3)'s bound = persistent" in text
+    assert "\npeak = persistent" in plan(card, 0.8).explain()
