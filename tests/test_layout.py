@@ -273,8 +273,9 @@ EXPECTED_ALL = {
         "ENGINES", "EagerEngine", "Engine", "GuardedEngine", "ReadSetEngine", "Recovery",
         "RegionEngine", "WholeEngine", "backward", "forward", "make_engine"],
     "stateremat.planner": [
-        "CostTables", "FRONTIER_WARN_POINTS", "FrontierWarning", "PLANNERS", "PLAN_KEYS", "PlanResult", "PlannerSpec", "SPECS",
-        "activation_pressure_card", "all_eager", "all_region", "all_whole", "cost_tables",
+        "CostTables", "FRONTIER_WARN_POINTS", "FrontierWarning", "PEAK_MODELS", "PLANNERS", "PLAN_KEYS", "PlanResult",
+        "PlannerSpec", "SPECS", "activation_pressure_card", "all_eager", "all_region", "all_whole", "chain_peak_bytes",
+        "cost_tables",
         "eager_fraction_budget", "eager_whole", "exhaustive", "joint", "milp", "plan",
         "random_card", "state_agnostic"],
     "stateremat.jax": ["checkpoint"],

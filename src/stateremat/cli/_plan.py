@@ -55,7 +55,8 @@ def plan_cmd(
                                      help="Profile card (schema 1)."),
     budget: str = typer.Option(..., "--budget", help="Logical budget M: whole bytes, or with a "
                                "unit: B, KiB, MiB, GiB, TiB (powers of 1024) or kB, MB, GB, TB "
-                               "(powers of 1000), e.g. 32GiB, 46.5MiB."),
+                               "(powers of 1000), e.g. 32GiB, 46.5MiB; or a percentage of the "
+                               "card's all-eager peak (in the --peak model), e.g. 60%."),
     planner: str = typer.Option("joint", "--planner", help="joint, eager_whole, state_agnostic, "
                                 "or a fixed method: eager, whole, region."),
     json_path: Optional[Path] = typer.Option(None, "--json", metavar="PLAN.json",
@@ -72,6 +73,9 @@ def plan_cmd(
     bound_pruning: bool = typer.Option(True, "--bound-pruning/--no-bound-pruning",
                                        help="Exact Lagrangian-bound pruning in the DP."),
     explain: bool = typer.Option(False, "--explain", help="Print per-segment reasons."),
+    peak: str = typer.Option("eq3", "--peak", help="The peak the budget bounds: eq3 (the paper's "
+                             "P + Σ r + max q) or chain (the peak when the segments run as a "
+                             "chain, closer to what is measured)."),
 ) -> None:
     """Choose eager/whole/region per segment of CARD.json under a budget (paper §4, eq. 3).
 
@@ -86,12 +90,21 @@ def plan_cmd(
                             load_card, parse_size, provenance)
     from ..planner import PLANNERS, plan
 
+    from ..planner import PEAK_MODELS
+
     api = "stateremat plan"
+    if peak not in PEAK_MODELS:
+        raise fail(f"{api}: --peak must be one of {list(PEAK_MODELS)}, got {peak!r}. Tip: chain "
+                   "is the peak that happens; eq3 the paper's bound.")
+    if budget.strip().lower() == "fit":
+        raise fail(f"{api}: --budget fit needs the device the model runs on; a card has none. "
+                   "Tip: give bytes, a size (32GiB) or a percentage of the eager peak (60%).")
+    percent = budget.strip().endswith("%")
     try:
-        budget_bytes = parse_size(budget)
+        budget_bytes = budget if percent else parse_size(budget)
     except ValueError as exc:
-        raise fail(f"{api}: --budget: {exc}. Tip: e.g. --budget 32GiB.")
-    if budget_bytes <= 0:
+        raise fail(f"{api}: --budget: {exc}. Tip: e.g. --budget 32GiB or --budget 60%.")
+    if not percent and budget_bytes <= 0:
         raise fail(f"{api}: --budget must be positive, got {budget!r}. Tip: e.g. --budget 32GiB.")
     if planner not in PLANNERS:
         raise fail(f"{api}: --planner {planner!r} is unknown; expected one of {list(PLANNERS)}. "
@@ -104,10 +117,11 @@ def plan_cmd(
     try:
         with plan_progress(len(card.segments)) as progress:
             result = plan(card, budget_bytes, planner, frontier_cap=frontier_cap,
-                          bound_pruning=bound_pruning, progress=progress)
+                          bound_pruning=bound_pruning, progress=progress, peak=peak)
     except (OverflowError, ValueError) as exc:  # e.g. a size the card cap should have refused
         raise fail(f"{api}: cannot plan {str(card_path)!r}: {exc}. Tip: check the card's sizes "
                    "are bytes and the budget is at most 8 PiB.")
+    budget_bytes = result.budget_bytes
     to_stdout = is_stdout(json_path)  # the JSON alone on stdout; everything else on stderr
     _print(result, stderr=to_stdout)
     if explain:
@@ -140,12 +154,15 @@ def _print(res, stderr: bool = False) -> None:
     summary.add_column("field")
     summary.add_column("value", overflow="fold")
     summary.add_row("budget", f"{format_bytes(res.budget_bytes)} ({res.budget_bytes} B)")
+    summary.add_row("peak model", res.peak)
     summary.add_row("fits budget", "yes" if res.fits_budget else
                     ("no (EXCEEDS budget)" if res.feasible else "no (INFEASIBLE)"))
     if res.feasible:
         summary.add_row("predicted peak", f"{format_bytes(res.predicted_peak_bytes)} "
                         f"({'fits' if res.fits_budget else 'EXCEEDS budget'})")
         summary.add_row("predicted time", f"{res.predicted_time_s:.6g} s/step")
+        summary.add_row("peaks of this plan", f"chain {format_bytes(res.chain_peak_bytes)}, "
+                        f"eq. (3) bound {format_bytes(res.bound_peak_bytes)}")
         if res.model_peak_bytes != res.predicted_peak_bytes:
             summary.add_row("planner's own model", f"{format_bytes(res.model_peak_bytes)}, "
                             f"{res.model_time_s:.6g} s (preservation omitted)")

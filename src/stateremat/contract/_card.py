@@ -56,15 +56,33 @@ _TIP = "Tip: see the schema in the docstring of stateremat.contract.ProfileCard.
 MAX_META_DEPTH = 64
 
 
+def _check_text(value: str, where: str) -> None:
+    """Refuse a string that is not valid Unicode text (a lone surrogate cannot be printed or
+    written as UTF-8, so the card would fail half-way through a table or a record)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise _err(where, f"expected valid Unicode text, got {value!r} with a lone surrogate "
+                          f"at index {exc.start}",
+                   "Tip: a JSON escape such as \\ud800 without its pair is not a character; "
+                   "rename it.") from None
+
+
 def _check_depth(obj: Any, where: str) -> None:
-    """Refuse ``meta`` nested deeper than :data:`MAX_META_DEPTH` (iteratively: no recursion)."""
+    """Refuse ``meta`` nested deeper than :data:`MAX_META_DEPTH` (iteratively: no recursion),
+    or holding a string that is not valid Unicode text."""
     stack = [(obj, 1)]
     while stack:
         o, d = stack.pop()
         if d > MAX_META_DEPTH:
             raise _err(where, f"nested more than {MAX_META_DEPTH} levels deep",
                        "Tip: card metadata is a few levels of names and numbers; check the file.")
-        if isinstance(o, Mapping):
+        if isinstance(o, str):
+            _check_text(o, where)
+        elif isinstance(o, Mapping):
+            for key in o:
+                if isinstance(key, str):
+                    _check_text(key, where)
             stack.extend((v, d + 1) for v in o.values())
         elif isinstance(o, (list, tuple)):
             stack.extend((v, d + 1) for v in o)
@@ -228,6 +246,7 @@ class SegmentCard:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise _err("segment", f"expected a non-empty string name, got {self.name!r}")
+        _check_text(self.name, "segment name")
         where = f"segment {self.name!r}"
         if not isinstance(self.options, Mapping):
             raise _err(f"{where}.options", f"expected an object, got {type(self.options).__name__}")
@@ -419,6 +438,11 @@ def load_card(path: str | os.PathLike) -> ProfileCard:
     Raises:
         ProfileCardError: unreadable file, invalid JSON, or an invalid card (names the field).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        # Never repr(path): a 5,000-digit int cannot even be converted to text.
+        raise TypeError(f"load_card: expected a file path (str or os.PathLike), got "
+                        f"{type(path).__name__}. Tip: pass the card's path, e.g. "
+                        "load_card('card.json').")
     path = Path(path)
     where = f"profile card: {str(path)!r}"
     try:
@@ -438,6 +462,9 @@ def load_card(path: str | os.PathLike) -> ProfileCard:
         tip = ("NaN/Infinity are not JSON; the profiler writes null." if re.search(r"\b(NaN|-?Infinity)\b", text)
                else "a card is the JSON `stateremat profile --out` or save_card writes; check the file.")
         raise ProfileCardError(f"{where} is not valid JSON ({exc}). Tip: {tip}") from exc
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts (4,300)
+        raise ProfileCardError(f"{where} holds a value JSON cannot read here ({str(exc).split(';')[0]}). Tip: a card's "
+                               "numbers are bytes (at most 2^53) and seconds; check the file.") from None
     except RecursionError:
         raise ProfileCardError(f"{where} nests JSON too deeply to read (a card is at most a few "
                                "levels deep). Tip: check the file is a profile card.") from None

@@ -85,7 +85,10 @@ def explain(res: "PlanResult") -> str:
         return "\n".join(lines)
     costs = [s.options[o] for s, o in zip(res.card.segments, res.options)]
     max_q = max(c.temp_bytes for c in costs)
-    lines.append(f"peak = persistent {format_bytes(res.persistent_bytes)} + retained "
+    bound = ("peak" if getattr(res, "peak", "eq3") == "eq3" else
+             f"planned by the chain peak {format_bytes(res.chain_peak_bytes)} (the backward chain's "
+             "max of base + Σ_{j≤i} r_j + q_i); eq. (3)'s bound")
+    lines.append(f"{bound} = persistent {format_bytes(res.persistent_bytes)} + retained "
                  f"{format_bytes(sum(c.retained_bytes for c in costs))} + max temporary "
                  f"{format_bytes(max_q)}")
     width = max(7, max(len(n) for n in res.segment_names))

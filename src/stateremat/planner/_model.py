@@ -7,6 +7,7 @@ they optimise literally the same numbers: minimise ``Σ_i c[i, o_i]`` subject to
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +18,23 @@ from ..contract import OPTIONS, RECOMPUTE_ONLY, ProfileCard, ProfileCardError, i
 #: ``MAX_BYTES`` = 2^53 and their total peak below 2^62 (``ProfileCard``), so no real value
 #: or sum of real values reaches it, and sums of a few placeholders stay below int64's 2^63.
 _ABSENT = 2**62
+
+#: Largest ``Σ_i max_o c`` the solvers work with (seconds). A card's times are finite but may be
+#: as large as 1.8e308; their sums (and the DP's Lagrangian products ``λ r``) would overflow.
+#: Such a card's times are divided by a power of two (exact: order and ties are kept) until their
+#: largest sum is at most this; reported times are scaled back and may then be ``inf``.
+MAX_TIME_SUM_S = 2.0**64
+
+
+def _time_scale(c: np.ndarray, valid: np.ndarray) -> float:
+    """Power of two to divide ``c`` by so that ``Σ_i max_o c ≤`` :data:`MAX_TIME_SUM_S`."""
+    top = float(np.where(valid, c, 0.0).max())
+    if top == 0.0:
+        return 1.0
+    # Σ_i max_o c ≤ n · top < 2^(e + ceil(log2 n)) with top < 2^e; no float sum is formed.
+    e = math.frexp(top)[1] + max(int(c.shape[0]) - 1, 0).bit_length()
+    shift = e - 64
+    return 1.0 if shift <= 0 else math.ldexp(1.0, shift)
 
 
 @dataclass(frozen=True)
@@ -34,6 +52,11 @@ class CostTables:
             built; a lower column wins ties).
         fallback_segments: segments where a state-agnostic model had no ``recompute_only``
             entry and used ``whole``'s true costs instead.
+        time_scale: ``c`` holds the card's seconds divided by this power of two (1.0 unless
+            the card's times are so large that their sums could overflow float64, see
+            :data:`MAX_TIME_SUM_S`); multiply a time of these tables by it to get seconds.
+        chain_base, chain_outside: live bytes at the first segment's entry and the peaks
+            outside the segments, for the chain peak model (:func:`chain_parts`).
     """
 
     names: list[str]
@@ -44,6 +67,13 @@ class CostTables:
     valid: np.ndarray
     option_names: tuple[str, ...]
     fallback_segments: tuple[str, ...] = ()
+    time_scale: float = 1.0
+    chain_base: int = 0
+    chain_outside: int = 0
+
+    def seconds(self, time: float) -> float:
+        """A time of these tables in seconds (``inf`` when past float range)."""
+        return float(time) * self.time_scale if self.time_scale != 1.0 else float(time)
 
     @property
     def n(self) -> int:
@@ -114,8 +144,35 @@ def cost_tables(card: ProfileCard, options: tuple[str, ...] | None = None,
                              "or whole in the option set; region is optional per segment.")
     internal_assert(int(max(r.max(), q.max(), card.persistent_bytes)) < _ABSENT,
                     "card sizes above the placeholder passed ProfileCard's size cap")
+    scale = _time_scale(c, valid)
+    if scale != 1.0:
+        c = c / scale  # exact (a power of two), barring subnormal underflow of tiny times
     return CostTables(card.segment_names, card.persistent_bytes, r, q, c, valid, names,
-                      tuple(fallback))
+                      tuple(fallback), scale, *chain_parts(card))
+
+
+def chain_parts(card: ProfileCard) -> tuple[int, int]:
+    """``(base, outside)`` bytes of the chain model from ``card.meta["persistent"]``.
+
+    Raises:
+        ProfileCardError: a recorded part is not an integer number of bytes in ``[0, 2^53]``.
+    """
+    parts = card.meta.get("persistent", {})
+    if not isinstance(parts, dict):
+        parts = {}
+
+    def get(key: str, default: int) -> int:
+        v = parts.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= 2**53:
+            raise ProfileCardError(
+                f"profile card: meta.persistent.{key}: expected an integer number of bytes in "
+                f"[0, 2^53], got {type(v).__name__} {v!r}. Tip: the profiler writes it; "
+                "re-profile, or remove meta.persistent to plan with base = persistent_bytes.")
+        return v
+
+    base = get("first_segment_entry_bytes", card.persistent_bytes)
+    outside = max(get("before_first_segment_peak_bytes", 0), get("after_backward_peak_bytes", 0))
+    return base, outside
 
 
 def max_peak_bytes(tables: CostTables) -> int:

@@ -11,7 +11,8 @@ PLAN_KEYS = ("planner", "budget_bytes", "feasible", "options", "segment_names",
              "predicted_peak_bytes", "predicted_time_s", "frontier_size", "truncated",
              "min_feasible_peak_bytes", "solve_time_s", "solver", "optimal", "fits_budget",
              "model_peak_bytes", "model_time_s", "min_peak_options", "persistent_bytes",
-             "bound_pruning", "frontier_candidates_max", "notes")
+             "bound_pruning", "frontier_candidates_max", "peak", "bound_peak_bytes",
+             "chain_peak_bytes", "notes")
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,8 @@ class PlanResult:
             infeasible — an infeasible plan never carries a best-effort policy (the min-peak
             policy is in ``min_peak_options``).
         segment_names: card segment names, aligned with ``options``.
-        predicted_peak_bytes: true predicted ``P + Σ r + max q`` of ``options`` (``None`` if
-            infeasible).
+        predicted_peak_bytes: true predicted peak of ``options`` in the ``peak`` model (eq. 3's
+            ``P + Σ r + max q`` by default; ``None`` if infeasible).
         predicted_time_s: true predicted ``Σ c`` seconds per step (``None`` if infeasible).
         frontier_size: largest DP Pareto frontier over the segments (``None`` for non-DP
             solvers); with ``bound_pruning`` it counts only points that survive the bound, and
@@ -54,6 +55,11 @@ class PlanResult:
             the Pareto filter; ``None`` for non-DP solvers). With bound pruning this shows the
             work the bound removed; the size of the *full* Pareto frontier is only known from
             a run with ``bound_pruning=False`` (its ``frontier_size``).
+        peak: the peak model the budget bounds: ``"eq3"`` (``P + Σ r + max q``) or
+            ``"chain"`` (the peak when the segments run as a chain); ``predicted_peak_bytes``,
+            ``model_peak_bytes``, ``min_feasible_peak_bytes`` and ``fits_budget`` are in it.
+        bound_peak_bytes: eq. (3)'s bound of ``options`` with true costs (``None`` if infeasible).
+        chain_peak_bytes: the chain peak of ``options`` with true costs (``None`` if infeasible).
         notes: caveats (fallbacks, truncation).
         card: the card planned on (for :meth:`explain`; not serialised).
 
@@ -82,6 +88,9 @@ class PlanResult:
     bound_pruning: bool = False
     frontier_candidates_max: int | None = None
     notes: list[str] = field(default_factory=list)
+    peak: str = "eq3"
+    bound_peak_bytes: int | None = None
+    chain_peak_bytes: int | None = None
     card: ProfileCard | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:

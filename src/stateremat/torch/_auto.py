@@ -14,6 +14,11 @@ from ._profiler import profile
 _API = "stateremat.torch.auto_checkpoint"
 
 
+def _is_fraction(budget: Any) -> bool:
+    return (isinstance(budget, float) and 0 < budget <= 1) or (
+        isinstance(budget, str) and budget.strip().endswith("%"))
+
+
 def expected_peak_bytes(card: ProfileCard, options: list[str]) -> int:
     """Peak of a training step under ``options`` when the segments run as a chain (bytes).
 
@@ -38,38 +43,68 @@ def expected_peak_bytes(card: ProfileCard, options: list[str]) -> int:
     References:
         Paper §4, eq. (3) (the bound this refines for a chain of segments).
     """
-    if len(options) != len(card.segments):
-        raise ValueError(f"{_API}: {len(options)} options for {len(card.segments)} card segments. "
-                         "Tip: pass plan.options of a plan made on this card.")
-    parts = card.meta.get("persistent", {})
-    base = parts.get("first_segment_entry_bytes", card.persistent_bytes)
-    running, top = 0, 0
-    for seg, o in zip(card.segments, options):
-        if o not in seg.options:
-            raise ValueError(f"{_API}: segment {seg.name!r} has no measured {o!r} option (it has "
-                             f"{list(seg.options)}). Tip: plan on this card.")
-        cost = seg.options[o]
-        running += cost.retained_bytes
-        top = max(top, running + cost.temp_bytes)
-    outside = max(parts.get("before_first_segment_peak_bytes", 0), parts.get("after_backward_peak_bytes", 0))
-    return max(base + top, outside)
+    from stateremat.planner import chain_peak_bytes
+
+    try:
+        return chain_peak_bytes(card, options)
+    except ValueError as exc:  # the same checks, named by this API
+        raise ValueError(str(exc).replace("stateremat.planner.chain_peak_bytes", _API)) from None
 
 
-def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, segments: Any = None,
-                    planner: str = "joint", *, step_fn: Any = None, options: Iterable[Any] = OPTIONS,
+def _fit_budget(card: ProfileCard, device: Any) -> tuple[int, str]:
+    """``budget="fit"``: the bytes a step may use on the card's device — what is free now plus
+    what this process already holds there (the card's persistent bytes are resident)."""
+    import torch
+
+    dev = torch.device(device) if device is not None else torch.device(card.meta.get("device", "cpu"))
+    if dev.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(dev)
+        held = torch.cuda.memory_allocated(dev)
+        where = f"{dev}: {format_bytes(free)} free + {format_bytes(held)} allocated by torch"
+    else:
+        free = _host_available_bytes()
+        held = card.persistent_bytes
+        where = (f"host: {format_bytes(free)} available + {format_bytes(held)} persistent "
+                 "(parameters and state already resident)")
+    return int(free + held), where
+
+
+def _host_available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    import os
+
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def auto_checkpoint(model: nn.Module, budget: Any = None, sample: Any = None, segments: Any = None,
+                    planner: str = "joint", *, step_fn: Any = None, peak: str = "chain",
+                    options: Iterable[Any] = OPTIONS,
                     device: Any = None, repeats: int = 5, state: Any = "buffers", optimizers: Iterable[Any] = (),
                     **segment_options: Any):
     """Profile ``model``, plan its segments under ``budget`` and checkpoint them in place.
 
     Args:
         model: any ``nn.Module``.
-        budget: the logical budget ``M`` for one training step: bytes (int) or a size such as
-            ``"8GiB"`` (the peak of the whole step, parameters and optimizer state included).
+        budget: the logical budget ``M`` for one training step (the peak of the whole step,
+            parameters and optimizer state included): bytes (int), a size such as ``"8GiB"``, a
+            fraction of the measured all-eager peak (``0.6`` or ``"60%"``, in the ``peak``
+            model), or ``"fit"``: the least-time plan under the device's free memory (plus what
+            the process already holds there). Required: there is no default budget.
         sample: a batch for the default step (see :func:`profile`); or give ``step_fn``.
         segments: module paths, a pattern (``"model.layers.*"``), a container, or ``None`` (the
             model's repeated block).
         planner: ``"joint"`` (eager/whole/region), ``"eager_whole"`` or ``"state_agnostic"``.
         step_fn: ``step_fn(model)`` running a whole training step, instead of ``sample``.
+        peak: the peak the budget bounds: ``"chain"`` (default; the peak along the backward
+            chain, :func:`expected_peak_bytes`, within a few percent of what is measured) or
+            ``"eq3"`` (the paper's looser bound ``P + Σ r + max q``). The plan reports both
+            (``chain_peak_bytes``, ``bound_peak_bytes``).
         options, device, repeats, state, optimizers: as in :func:`profile`.
         **segment_options: ``granularity_bytes``, ``on_undeclared``, ``verify``,
             ``preserve_rng_state`` (as in :func:`apply_plan`).
@@ -77,16 +112,17 @@ def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, 
     Returns:
         The :class:`~stateremat.planner.PlanResult` applied (``explain()`` lists each segment's
         option and why; its card is ``plan.card``). A note gives the expected peak
-        (:func:`expected_peak_bytes`); ``predicted_peak_bytes`` is eq. (3)'s bound.
+        (:func:`expected_peak_bytes`); ``predicted_peak_bytes`` is the peak in the ``peak``
+        model, ``chain_peak_bytes`` and ``bound_peak_bytes`` both.
 
     Raises:
         ValueError: no policy fits ``budget`` (the model is left unwrapped; the message gives the
-            minimum predicted peak and the exception's ``plan`` attribute is the infeasible
+            least feasible peak and the all-eager peak, and the exception's ``plan`` attribute is the infeasible
             :class:`~stateremat.planner.PlanResult`, ``plan.card`` the measured card); the chosen
             plan's predicted peak (eq. 3 with the measured costs) exceeds ``budget`` although the
             planner's own model admitted it (``state_agnostic``; the message quotes the true
             peak, ``plan`` is that PlanResult); a bad budget, both or neither of
-            ``sample``/``step_fn``, and the errors of :func:`profile`.
+            ``sample``/``step_fn``, no budget at all, and the errors of :func:`profile`.
 
     Danger:
         The plan is as good as the profiled step: a different batch size or sequence length
@@ -100,41 +136,70 @@ def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, 
     """
     from stateremat.planner import plan as make_plan
 
+    if budget is None:
+        raise ValueError(f"{_API}: a budget is required (there is no default); got none. Tip: "
+                         "auto_checkpoint(model, '8GiB', sample=batch), a fraction of the eager peak "
+                         "(0.6 or '60%'), or 'fit' for the least-time plan under the device's free memory.")
     if (sample is None) == (step_fn is None):
         raise ValueError(f"{_API}: pass exactly one of sample= (a batch) and step_fn= (a training step); got "
                          f"{'both' if sample is not None else 'neither'}. Tip: auto_checkpoint(model, '8GiB', sample=batch).")
-    try:
-        budget_bytes = parse_size(budget)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{_API}: bad budget {budget!r} ({e}). Tip: bytes or a size such as '8GiB'.") from None
+    fit = isinstance(budget, str) and budget.strip().lower() == "fit"
+    if peak not in ("chain", "eq3"):
+        raise ValueError(f"{_API}: peak must be 'chain' or 'eq3', got {peak!r}. Tip: 'chain' (the "
+                         "default) is the peak that happens; 'eq3' the paper's bound.")
+    if not fit:
+        try:
+            if not _is_fraction(budget):
+                parse_size(budget)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{_API}: bad budget {budget!r} ({e}). Tip: bytes, a size such as '8GiB', "
+                             "a fraction of the eager peak (0.6 or '60%'), or 'fit'.") from None
     options = [getattr(o, "name", o) for o in options]
     if planner == "state_agnostic" and RECOMPUTE_ONLY not in options:
         options.append(RECOMPUTE_ONLY)
     card = profile(model, segments, step_fn if step_fn is not None else sample, options=options, device=device,
                    repeats=repeats, state=state, optimizers=optimizers, **segment_options)
-    res = make_plan(card, budget_bytes, planner=planner)
+    fit_note = None
+    if fit:
+        budget, where = _fit_budget(card, device)
+        fit_note = f"budget 'fit' = {format_bytes(budget)} ({budget} B): {where}"
+    try:
+        res = make_plan(card, budget, planner=planner, peak=peak)
+    except ValueError as e:  # a percentage out of range
+        raise ValueError(f"{_API}: bad budget {budget!r} ({e}).") from None
+    if fit_note is not None:
+        res = dataclasses.replace(res, notes=[fit_note, *res.notes])
+    budget_bytes = res.budget_bytes
     if not res.feasible or res.options is None:
+        from stateremat.planner import chain_peak_bytes, plan as _p
+
+        eager_opts = ["eager"] * len(card.segments)
+        eager_chain = chain_peak_bytes(card, eager_opts)
+        eager_bound = _p(card, 2**53, "eager").predicted_peak_bytes
         err = ValueError(f"{_API}: no checkpoint plan fits the budget {format_bytes(budget_bytes)} "
-                         f"({budget_bytes} B); the smallest predicted peak is "
+                         f"({budget_bytes} B, {peak} peak); the least feasible peak is "
                          f"{format_bytes(res.min_feasible_peak_bytes)} ({res.min_feasible_peak_bytes} B) with "
-                         f"{res.min_peak_options}. The model is unchanged. Tip: raise the budget, use smaller "
-                         "segments or a smaller batch.")
+                         f"{res.min_peak_options}, and all-eager peaks at {format_bytes(eager_chain)} "
+                         f"({eager_chain} B) as a chain, {format_bytes(eager_bound)} ({eager_bound} B) by "
+                         "eq. (3). The model is unchanged. Tip: raise the budget to at least the least "
+                         "feasible peak, use smaller segments or a smaller batch.")
         err.plan = res  # the infeasible PlanResult, its card included (plan.card)
         raise err
     expected = expected_peak_bytes(card, res.options)
     if not res.fits_budget:  # feasible in the planner's own model (state_agnostic omits preservation)
         err = ValueError(f"{_API}: planner {planner!r} chose {res.options}, whose predicted peak "
-                         f"{format_bytes(res.predicted_peak_bytes)} ({res.predicted_peak_bytes} B; eq. (3) with the "
-                         f"measured costs, preservation included; expected {format_bytes(expected)} ({expected} B) "
-                         f"as a chain) exceeds the budget {format_bytes(budget_bytes)} ({budget_bytes} B)"
+                         f"{format_bytes(res.predicted_peak_bytes)} ({res.predicted_peak_bytes} B; the {peak} peak with "
+                         f"the measured costs, preservation included; {format_bytes(expected)} ({expected} B) as a "
+                         f"chain, {format_bytes(res.bound_peak_bytes)} ({res.bound_peak_bytes} B) by eq. (3)) exceeds the budget {format_bytes(budget_bytes)} ({budget_bytes} B)"
                          + (" — its own cost model omits preservation" if res.model_peak_bytes is not None
                             and res.model_peak_bytes != res.predicted_peak_bytes else "")
                          + ". The model is unchanged. Tip: use planner='joint' (or 'eager_whole'), or raise "
                          "the budget.")
         err.plan = res  # the over-budget PlanResult, its card included (plan.card)
         raise err
-    note = (f"expected peak {format_bytes(expected)} ({expected} B) when the segments run as a chain; "
-            f"predicted_peak_bytes is eq. (3)'s bound P + Σ r + max q")
+    bound = res.bound_peak_bytes
+    note = (f"planned by the {peak} peak: expected peak {format_bytes(expected)} ({expected} B) when the "
+            f"segments run as a chain; eq. (3)'s bound P + Σ r + max q is {format_bytes(bound)} ({bound} B)")
     res = dataclasses.replace(res, notes=[*res.notes, note])
     apply_plan(model, res, state=state, **segment_options)
     return res
