@@ -328,7 +328,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     # a declared tensor held by an undeclared module: its slot is replayed as of the forward's start
     held = [(m, d, k, v) for _, m in r.modules if id(m) not in declared_mods
             for (d, k), v in tensor_slots(m).items() if id(v) in declared_ids]
-    seg.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held)
+    seg.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held, [m for _, m in r.modules])
     seg.modes = [(m, m.training) for _, m in r.modules]
     seg.save_inputs(args, kwargs)
     with DisableTorchFunctionSubclass():
@@ -369,6 +369,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
                 rt.strict_depth -= 1
         seg.note_bindings(r.modules)  # once: also what settle and undeclared_writes compare slots with
         seg.bindings.settle({id(m): slots for _, m, slots, _ in seg.end_bindings})
+        _skip_replayed_slots(seg)
         for (where, cache), before in zip(caches, cache_state):
             if cache_fingerprint(cache) != before:
                 raise UnsupportedError(cache_message("stateremat.torch.checkpoint", seg.name, where, cache, "updated"))
@@ -402,6 +403,16 @@ _PROBE_MAX_NUMEL = 1 << 16
 def _stat_like(t: torch.Tensor) -> bool:
     """Could ``t`` be running statistics a batch-norm kernel updates without a version bump?"""
     return t.dim() == 1 and not t.requires_grad and t.is_floating_point() and t.numel() <= _PROBE_MAX_NUMEL
+
+
+def _skip_replayed_slots(seg: Segment) -> None:
+    """Slots of undeclared modules that held a non-tensor at the forward's start and a tensor after
+    (``self.v = 0.0``, then ``self.v = self.v * 0.5 + ...``) are no undeclared rebinding: the
+    bindings replay them with their start value (nothing of theirs can change), then reinstate them."""
+    keys = seg.bindings.plain_keys
+    if keys:
+        seg.slots = [(path, m, before, held | {(d, k) for i, d, k in keys if i == id(m)})
+                     for path, m, before, held in seg.slots]
 
 
 def _mark_reachable_aliases(seg: Segment) -> None:

@@ -339,7 +339,8 @@ class Segment:
             now = tensor_slots(m)
             for key in set(slots) | set(now):
                 if slots.get(key) is not now.get(key):
-                    swaps.append((getattr(m, key[0]), key[1], key in slots, slots.get(key), key in now, now.get(key)))
+                    table = getattr(m, key[0])  # put back what it holds now, a non-tensor (0.0) too
+                    swaps.append((table, key[1], key in slots, slots.get(key), key[1] in table, table.get(key[1])))
             for k in set(children) | set(m._modules):
                 if children.get(k) is not m._modules.get(k):
                     swaps.append((m._modules, k, k in children, children.get(k), k in m._modules, m._modules.get(k)))

@@ -22,7 +22,7 @@ from ._errors import ReplayError, UnsupportedError
 from stateremat.contract import rule
 from ._preserve import PRESERVERS, Preserver, Restored, WholePreserver
 from ._runtime import DeclaredStorage, Runtime, runtime
-from ._scan import tensor_slots
+from ._scan import slot_starts, tensor_bound, tensor_slots
 from ._storage import StorageKey, gather, runs_within, scatter, storage_key, write_runs
 
 
@@ -86,8 +86,11 @@ class ReplayLog:
         return copied
 
 
+_ABSENT = object()  # a slot that is not bound at all
+
+
 def _slot_get(m: nn.Module, d: str, k: str) -> Any:
-    return getattr(m, d).get(k, None)
+    return getattr(m, d).get(k, _ABSENT)
 
 
 def put_binding(table: dict, key: str, present: bool, value: Any) -> None:
@@ -100,8 +103,8 @@ def put_binding(table: dict, key: str, present: bool, value: Any) -> None:
 
 
 def _slot_set(m: nn.Module, d: str, k: str, v: Any) -> None:
-    """Set (``v`` a tensor) or remove (``v`` None) a module's parameter/buffer/attribute slot."""
-    put_binding(getattr(m, d), k, v is not None, v)
+    """Set (``v`` a value, None included) or remove (``v`` is ``_ABSENT``) a module's parameter/buffer/attribute slot."""
+    put_binding(getattr(m, d), k, v is not _ABSENT, v)
 
 
 def _storage_ptr(t: torch.Tensor) -> int | None:
@@ -167,8 +170,12 @@ class Bindings:
     """
 
     def __init__(self, modules: list[tuple[str, nn.Module]], tensors: list[torch.Tensor],
-                 slots: list[tuple[nn.Module, str, str, Any]] = ()) -> None:
+                 slots: list[tuple[nn.Module, str, str, Any]] = (), reached: list[nn.Module] = ()) -> None:
         self.mods = list({id(m): m for _, mod in modules for m in mod.modules()}.values())
+        # declared and reached modules' slots as the forward starts: one holding a non-tensor then
+        # (self.v = 0.0) and a tensor after is bound to its start value for the replay (tensor_bound)
+        self.starts = [slot_starts(m) for m in {id(m): m for m in [*self.mods, *reached]}.values()]
+        self.plain_keys: set[tuple[int, str, str]] = set()
         self.slots = [(m, d, k, v) for m in self.mods for (d, k), v in tensor_slots(m).items()] + list(slots)
         with DisableTorchFunctionSubclass():  # where each declared tensor's bytes live now
             self.data = [(t, st, t.storage_offset(), t.size(), t.stride(), t.data_ptr(), st.data_ptr(), t.dtype)
@@ -185,8 +192,10 @@ class Bindings:
         """
         now = now or {}
         self.rebound = [(m, d, k, v) for m, d, k, v in self.slots if _slot_get(m, d, k) is not v]
-        start = {(id(m), d, k) for m, d, k, _ in self.slots}
-        self.rebound += [(m, d, k, None) for m in self.mods
+        plain = tensor_bound(self.starts, now)
+        self.plain_keys = {(id(m), d, k) for m, d, k, _ in plain}
+        start = {(id(m), d, k) for m, d, k, _ in self.slots} | self.plain_keys
+        self.rebound += plain + [(m, d, k, _ABSENT) for m in self.mods
                          for (d, k) in (now[id(m)] if id(m) in now else tensor_slots(m))
                          if (id(m), d, k) not in start]  # created by the forward (a lazy buffer)
         with DisableTorchFunctionSubclass():
@@ -212,7 +221,7 @@ class Bindings:
         ids = {id(e[0]) for e in moved}
         self.geometry = [(t, off, size, stride, dtype, sptr) for t, _, off, size, stride, _, sptr, dtype in self.data
                          if id(t) not in ids]
-        self.slots, self.data = [], []
+        self.slots, self.data, self.starts = [], [], []
 
     @contextlib.contextmanager
     def as_of_forward_start(self) -> Iterator[None]:
