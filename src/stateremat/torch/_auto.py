@@ -10,6 +10,7 @@ from stateremat.contract import OPTIONS, RECOMPUTE_ONLY, ProfileCard, format_byt
 
 from ._plan import apply_plan
 from ._profiler import profile
+from ._validate import require_module
 
 _API = "stateremat.torch.auto_checkpoint"
 
@@ -100,6 +101,7 @@ def auto_checkpoint(model: nn.Module, budget: Any = "8GiB", sample: Any = None, 
     """
     from stateremat.planner import plan as make_plan
 
+    require_module(model, _API)
     if (sample is None) == (step_fn is None):
         raise ValueError(f"{_API}: pass exactly one of sample= (a batch) and step_fn= (a training step); got "
                          f"{'both' if sample is not None else 'neither'}. Tip: auto_checkpoint(model, '8GiB', sample=batch).")

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ._compat import has_storage, tree_flatten
+from ._validate import check_nesting, check_state_tensor
 
 #: Levels of plain containers / objects followed from a captured value or module attribute.
 MAX_DEPTH = 4
@@ -158,18 +159,23 @@ class Declared:
         return bool(self.tensors or self.generators or self.modules)
 
 
-def resolve_state(state: Any, root: nn.Module | None, prefix: str = "") -> Declared:
+def resolve_state(state: Any, root: nn.Module | None, prefix: str = "",
+                  api: str = "stateremat.torch.checkpoint") -> Declared:
     """Flatten ``state=`` into a :class:`Declared`; a module contributes all its buffers.
 
     Raises:
         TypeError: if an entry is neither a tensor, a module nor a ``torch.Generator``.
+        ValueError: a list that contains itself or nests too deep (:func:`~._validate.check_nesting`).
+        UnsupportedError: a nested, sparse, meta or quantized tensor.
     """
     out = Declared()
+    above: list[int] = []  # ids of the lists/tuples above the entry
 
     def add(obj: Any, where: str) -> None:
         if obj is None:
             return
         if isinstance(obj, torch.Tensor):
+            check_state_tensor(obj, where, api)
             out.tensors.append((where, obj, id(obj)))
         elif isinstance(obj, torch.Generator):
             out.generators.append((where, obj))
@@ -180,11 +186,14 @@ def resolve_state(state: Any, root: nn.Module | None, prefix: str = "") -> Decla
             for bname, b in obj.named_buffers():
                 out.tensors.append((f"{base}.{bname}" if base else bname, b, id(obj)))
         elif isinstance(obj, (list, tuple)):
+            check_nesting(obj, len(above), above, api, "state=")
+            above.append(id(obj))
             for i, x in enumerate(obj):
                 add(x, f"state[{i}]")
+            above.pop()
         else:
             raise TypeError(
-                f"stateremat.torch.checkpoint: state= expects tensors, nn.Modules (all their buffers) "
+                f"{api}: state= expects tensors, nn.Modules (all their buffers) "
                 f"and torch.Generators, got {type(obj).__name__} at {where}. Tip: pass e.g. "
                 "state=[model.queue, model.bn]."
             )
