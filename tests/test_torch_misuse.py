@@ -60,19 +60,30 @@ def _apis():
     }
 
 
+_NAMES = {"checkpoint": "stateremat.torch.checkpoint", "StatefulCheckpoint": "stateremat.torch.StatefulCheckpoint",
+          "apply_plan": "apply_plan"}
+
+
 @pytest.mark.parametrize("api", ["checkpoint", "StatefulCheckpoint", "apply_plan"])
 @pytest.mark.parametrize("kind", sorted(BAD_TENSORS))
 def test_unpreservable_tensor_in_state(api, kind):
     make, words = BAD_TENSORS[kind]
-    with pytest.raises(UnsupportedError, match=rf"stateremat.torch.checkpoint: declared state .*{words}.*Tip: "):
+    with pytest.raises(UnsupportedError, match=rf"{_NAMES[api]}: declared state .*{words}.*Tip: "):
         _apis()[api]([torch.zeros(1), make()])
 
 
 @pytest.mark.parametrize("api", ["checkpoint", "StatefulCheckpoint", "apply_plan"])
 @pytest.mark.parametrize("make,words", [(_self_list, "contains itself"), (_deep, "is nested more than 100 levels")])
 def test_self_containing_or_deep_state(api, make, words):
-    with pytest.raises(ValueError, match=rf"state= {words}.*Tip: "):
+    with pytest.raises(ValueError, match=rf"{_NAMES[api]}: state= {words}.*Tip: "):
         _apis()[api](make())
+
+
+def test_nested_tensor_buffer_of_declared_module():
+    m = nn.Linear(3, 3)
+    m.register_buffer("nt", _nested())
+    with pytest.raises(UnsupportedError, match=r"StatefulCheckpoint: declared state Linear.nt is a nested tensor"):
+        StatefulCheckpoint(m, state=[m])
 
 
 def test_shallow_nesting_still_accepted():

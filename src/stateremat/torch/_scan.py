@@ -184,6 +184,8 @@ def resolve_state(state: Any, root: nn.Module | None, prefix: str = "",
             base = ".".join(p for p in (prefix, path) if p)
             out.modules.append((base, obj))
             for bname, b in obj.named_buffers():
+                if b.is_nested:  # (the other kinds are refused as the forward begins)
+                    check_state_tensor(b, f"{base}.{bname}" if base else bname, api)
                 out.tensors.append((f"{base}.{bname}" if base else bname, b, id(obj)))
         elif isinstance(obj, (list, tuple)):
             check_nesting(obj, len(above), above, api, "state=")
@@ -202,19 +204,20 @@ def resolve_state(state: Any, root: nn.Module | None, prefix: str = "",
     return out
 
 
-def check_state(state: Any) -> None:
+def check_state(state: Any, api: str = "stateremat.torch.checkpoint") -> None:
     """Refuse a ``state=`` that is not a tensor/module/generator (list) at construction time.
 
     Raises:
         TypeError: naming the offending entry.
-        ValueError: an unknown string.
+        ValueError: an unknown string; a list that contains itself or nests too deep.
+        UnsupportedError: a nested, sparse, meta or quantized tensor.
     """
     if isinstance(state, str):
         if state != "buffers":
             raise ValueError(f"stateremat.torch: state must be 'buffers', None, or tensors/modules, got "
                              f"{state!r}. Tip: state='buffers' declares every buffer of the checkpointed module.")
         return
-    resolve_state(state, None)
+    resolve_state(state, None, api=api)
 
 
 def describe(name: Any) -> str:
