@@ -10,6 +10,7 @@ from stateremat.contract import OPTIONS, RECOMPUTE_ONLY, ProfileCard, format_byt
 
 from ._plan import apply_plan
 from ._profiler import profile
+from ._validate import require_module
 
 _API = "stateremat.torch.auto_checkpoint"
 
@@ -136,6 +137,38 @@ def auto_checkpoint(model: nn.Module, budget: Any = None, sample: Any = None, se
     """
     from stateremat.planner import plan as make_plan
 
+    fit = _check_arguments(model, budget, sample, step_fn, peak)
+    options = [getattr(o, "name", o) for o in options]
+    if planner == "state_agnostic" and RECOMPUTE_ONLY not in options:
+        options.append(RECOMPUTE_ONLY)
+    card = profile(model, segments, step_fn if step_fn is not None else sample, options=options, device=device,
+                   repeats=repeats, state=state, optimizers=optimizers, **segment_options)
+    fit_note = None
+    if fit:
+        budget, where = _fit_budget(card, device)
+        fit_note = f"budget 'fit' = {format_bytes(budget)} ({budget} B): {where}"
+    try:
+        res = make_plan(card, budget, planner=planner, peak=peak)
+    except ValueError as e:  # a percentage out of range
+        raise ValueError(f"{_API}: bad budget {budget!r} ({e}).") from None
+    if fit_note is not None:
+        res = dataclasses.replace(res, notes=[fit_note, *res.notes])
+    if not res.feasible or res.options is None:
+        raise _nothing_fits(card, res, peak)
+    expected = expected_peak_bytes(card, res.options)
+    if not res.fits_budget:  # feasible in the planner's own model (state_agnostic omits preservation)
+        raise _over_budget(res, planner, peak, expected)
+    bound = res.bound_peak_bytes
+    note = (f"planned by the {peak} peak: expected peak {format_bytes(expected)} ({expected} B) when the "
+            f"segments run as a chain; eq. (3)'s bound P + Σ r + max q is {format_bytes(bound)} ({bound} B)")
+    res = dataclasses.replace(res, notes=[*res.notes, note])
+    apply_plan(model, res, state=state, **segment_options)
+    return res
+
+
+def _check_arguments(model: Any, budget: Any, sample: Any, step_fn: Any, peak: str) -> bool:
+    """Refuse bad arguments before any work; True when ``budget`` is ``"fit"``."""
+    require_module(model, _API)
     if budget is None:
         raise ValueError(f"{_API}: a budget is required (there is no default); got none. Tip: "
                          "auto_checkpoint(model, '8GiB', sample=batch), a fraction of the eager peak "
@@ -154,52 +187,38 @@ def auto_checkpoint(model: nn.Module, budget: Any = None, sample: Any = None, se
         except (TypeError, ValueError) as e:
             raise ValueError(f"{_API}: bad budget {budget!r} ({e}). Tip: bytes, a size such as '8GiB', "
                              "a fraction of the eager peak (0.6 or '60%'), or 'fit'.") from None
-    options = [getattr(o, "name", o) for o in options]
-    if planner == "state_agnostic" and RECOMPUTE_ONLY not in options:
-        options.append(RECOMPUTE_ONLY)
-    card = profile(model, segments, step_fn if step_fn is not None else sample, options=options, device=device,
-                   repeats=repeats, state=state, optimizers=optimizers, **segment_options)
-    fit_note = None
-    if fit:
-        budget, where = _fit_budget(card, device)
-        fit_note = f"budget 'fit' = {format_bytes(budget)} ({budget} B): {where}"
-    try:
-        res = make_plan(card, budget, planner=planner, peak=peak)
-    except ValueError as e:  # a percentage out of range
-        raise ValueError(f"{_API}: bad budget {budget!r} ({e}).") from None
-    if fit_note is not None:
-        res = dataclasses.replace(res, notes=[fit_note, *res.notes])
-    budget_bytes = res.budget_bytes
-    if not res.feasible or res.options is None:
-        from stateremat.planner import chain_peak_bytes, plan as _p
+    return fit
 
-        eager_opts = ["eager"] * len(card.segments)
-        eager_chain = chain_peak_bytes(card, eager_opts)
-        eager_bound = _p(card, 2**53, "eager").predicted_peak_bytes
-        err = ValueError(f"{_API}: no checkpoint plan fits the budget {format_bytes(budget_bytes)} "
-                         f"({budget_bytes} B, {peak} peak); the least feasible peak is "
-                         f"{format_bytes(res.min_feasible_peak_bytes)} ({res.min_feasible_peak_bytes} B) with "
-                         f"{res.min_peak_options}, and all-eager peaks at {format_bytes(eager_chain)} "
-                         f"({eager_chain} B) as a chain, {format_bytes(eager_bound)} ({eager_bound} B) by "
-                         "eq. (3). The model is unchanged. Tip: raise the budget to at least the least "
-                         "feasible peak, use smaller segments or a smaller batch.")
-        err.plan = res  # the infeasible PlanResult, its card included (plan.card)
-        raise err
-    expected = expected_peak_bytes(card, res.options)
-    if not res.fits_budget:  # feasible in the planner's own model (state_agnostic omits preservation)
-        err = ValueError(f"{_API}: planner {planner!r} chose {res.options}, whose predicted peak "
-                         f"{format_bytes(res.predicted_peak_bytes)} ({res.predicted_peak_bytes} B; the {peak} peak with "
-                         f"the measured costs, preservation included; {format_bytes(expected)} ({expected} B) as a "
-                         f"chain, {format_bytes(res.bound_peak_bytes)} ({res.bound_peak_bytes} B) by eq. (3)) exceeds the budget {format_bytes(budget_bytes)} ({budget_bytes} B)"
-                         + (" — its own cost model omits preservation" if res.model_peak_bytes is not None
-                            and res.model_peak_bytes != res.predicted_peak_bytes else "")
-                         + ". The model is unchanged. Tip: use planner='joint' (or 'eager_whole'), or raise "
-                         "the budget.")
-        err.plan = res  # the over-budget PlanResult, its card included (plan.card)
-        raise err
-    bound = res.bound_peak_bytes
-    note = (f"planned by the {peak} peak: expected peak {format_bytes(expected)} ({expected} B) when the "
-            f"segments run as a chain; eq. (3)'s bound P + Σ r + max q is {format_bytes(bound)} ({bound} B)")
-    res = dataclasses.replace(res, notes=[*res.notes, note])
-    apply_plan(model, res, state=state, **segment_options)
-    return res
+
+def _nothing_fits(card: ProfileCard, res: Any, peak: str) -> ValueError:
+    """The refusal when no policy fits: least feasible and all-eager peaks in both models."""
+    budget_bytes = res.budget_bytes
+    from stateremat.planner import chain_peak_bytes, plan as _p
+
+    eager_opts = ["eager"] * len(card.segments)
+    eager_chain = chain_peak_bytes(card, eager_opts)
+    eager_bound = _p(card, 2**53, "eager").predicted_peak_bytes
+    err = ValueError(f"{_API}: no checkpoint plan fits the budget {format_bytes(budget_bytes)} "
+                     f"({budget_bytes} B, {peak} peak); the least feasible peak is "
+                     f"{format_bytes(res.min_feasible_peak_bytes)} ({res.min_feasible_peak_bytes} B) with "
+                     f"{res.min_peak_options}, and all-eager peaks at {format_bytes(eager_chain)} "
+                     f"({eager_chain} B) as a chain, {format_bytes(eager_bound)} ({eager_bound} B) by "
+                     "eq. (3). The model is unchanged. Tip: raise the budget to at least the least "
+                     "feasible peak, use smaller segments or a smaller batch.")
+    err.plan = res  # the infeasible PlanResult, its card included (plan.card)
+    return err
+
+
+def _over_budget(res: Any, planner: str, peak: str, expected: int) -> ValueError:
+    """The refusal of a plan feasible in its planner's own model but over the budget with real costs."""
+    budget_bytes = res.budget_bytes
+    err = ValueError(f"{_API}: planner {planner!r} chose {res.options}, whose predicted peak "
+                     f"{format_bytes(res.predicted_peak_bytes)} ({res.predicted_peak_bytes} B; the {peak} peak with "
+                     f"the measured costs, preservation included; {format_bytes(expected)} ({expected} B) as a "
+                     f"chain, {format_bytes(res.bound_peak_bytes)} ({res.bound_peak_bytes} B) by eq. (3)) exceeds the budget {format_bytes(budget_bytes)} ({budget_bytes} B)"
+                     + (" — its own cost model omits preservation" if res.model_peak_bytes is not None
+                and res.model_peak_bytes != res.predicted_peak_bytes else "")
+                     + ". The model is unchanged. Tip: use planner='joint' (or 'eager_whole'), or raise "
+                     "the budget.")
+    err.plan = res  # the over-budget PlanResult, its card included (plan.card)
+    return err

@@ -25,11 +25,14 @@ from torch import nn
 
 from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops
 from ._errors import UnsupportedError
-from ._scan import Declared, Reach, tensor_slots
+from ._scan import Declared, Reach, slot_starts, tensor_bound, tensor_slots
+
+
+_ABSENT = object()  # a slot that is not bound at all
 
 
 def _slot_get(m: nn.Module, d: str, k: str) -> Any:
-    return getattr(m, d).get(k, None)
+    return getattr(m, d).get(k, _ABSENT)
 
 
 def put_binding(table: dict, key: str, present: bool, value: Any) -> None:
@@ -42,8 +45,8 @@ def put_binding(table: dict, key: str, present: bool, value: Any) -> None:
 
 
 def _slot_set(m: nn.Module, d: str, k: str, v: Any) -> None:
-    """Set (``v`` a tensor) or remove (``v`` None) a module's parameter/buffer/attribute slot."""
-    put_binding(getattr(m, d), k, v is not None, v)
+    """Set (``v`` a value, None included) or remove (``v`` is ``_ABSENT``) a module's parameter/buffer/attribute slot."""
+    put_binding(getattr(m, d), k, v is not _ABSENT, v)
 
 
 def _storage_ptr(t: torch.Tensor) -> int | None:
@@ -109,8 +112,12 @@ class Bindings:
     """
 
     def __init__(self, modules: list[tuple[str, nn.Module]], tensors: list[torch.Tensor],
-                 slots: list[tuple[nn.Module, str, str, Any]] = ()) -> None:
+                 slots: list[tuple[nn.Module, str, str, Any]] = (), reached: list[nn.Module] = ()) -> None:
         self.mods = list({id(m): m for _, mod in modules for m in mod.modules()}.values())
+        # declared and reached modules' slots as the forward starts: one holding a non-tensor then
+        # (self.v = 0.0) and a tensor after is bound to its start value for the replay (tensor_bound)
+        self.starts = [slot_starts(m) for m in {id(m): m for m in [*self.mods, *reached]}.values()]
+        self.plain_keys: set[tuple[int, str, str]] = set()
         self.slots = [(m, d, k, v) for m in self.mods for (d, k), v in tensor_slots(m).items()] + list(slots)
         with DisableTorchFunctionSubclass():  # where each declared tensor's bytes live now
             self.data = [(t, st, t.storage_offset(), t.size(), t.stride(), t.data_ptr(), st.data_ptr(), t.dtype)
@@ -127,8 +134,10 @@ class Bindings:
         """
         now = now or {}
         self.rebound = [(m, d, k, v) for m, d, k, v in self.slots if _slot_get(m, d, k) is not v]
-        start = {(id(m), d, k) for m, d, k, _ in self.slots}
-        self.rebound += [(m, d, k, None) for m in self.mods
+        plain = tensor_bound(self.starts, now)
+        self.plain_keys = {(id(m), d, k) for m, d, k, _ in plain}
+        start = {(id(m), d, k) for m, d, k, _ in self.slots} | self.plain_keys
+        self.rebound += plain + [(m, d, k, _ABSENT) for m in self.mods
                          for (d, k) in (now[id(m)] if id(m) in now else tensor_slots(m))
                          if (id(m), d, k) not in start]  # created by the forward (a lazy buffer)
         with DisableTorchFunctionSubclass():
@@ -154,7 +163,7 @@ class Bindings:
         ids = {id(e[0]) for e in moved}
         self.geometry = [(t, off, size, stride, dtype, sptr) for t, _, off, size, stride, _, sptr, dtype in self.data
                          if id(t) not in ids]
-        self.slots, self.data = [], []
+        self.slots, self.data, self.starts = [], [], []
 
     @contextlib.contextmanager
     def as_of_forward_start(self) -> Iterator[None]:
@@ -208,7 +217,8 @@ def end_bindings_as_of(end_bindings: list[tuple[str, nn.Module, dict, dict]]) ->
         now = tensor_slots(m)
         for key in set(slots) | set(now):
             if slots.get(key) is not now.get(key):
-                swaps.append((getattr(m, key[0]), key[1], key in slots, slots.get(key), key in now, now.get(key)))
+                table = getattr(m, key[0])  # put back what it holds now, a non-tensor (0.0) too
+                swaps.append((table, key[1], key in slots, slots.get(key), key[1] in table, table.get(key[1])))
         for k in set(children) | set(m._modules):
             if children.get(k) is not m._modules.get(k):
                 swaps.append((m._modules, k, k in children, children.get(k), k in m._modules, m._modules.get(k)))
@@ -238,7 +248,7 @@ class ModuleState:
         #: ``(id(module), table, name)`` of those slots (the watch leaves them to the replay)
         self.held_keys = {(id(m), d, k) for m, d, k, _ in held}
         self.declared_modules = declared_mods
-        self.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held)
+        self.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held, [m for _, m in r.modules])
         self.modes = [(m, m.training) for _, m in r.modules]  # reached modules' flags at the forward's start
         # views of reached undeclared tensors at the forward's start: a view changed later is not
         # what the replay reads

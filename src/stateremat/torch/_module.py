@@ -64,7 +64,7 @@ class StatefulCheckpoint(nn.Module):
                  preserve_rng_state: bool = True, name: str | None = None) -> None:
         super().__init__()
         _validate(block, preserve, granularity_bytes, on_undeclared)
-        check_state(state)
+        check_state(state, "stateremat.torch.StatefulCheckpoint")
         self.block = block
         self.state = state
         self.preserve = preserve

@@ -9,6 +9,7 @@ from stateremat.contract import OPTIONS
 
 from ._module import StatefulCheckpoint
 from ._segments import check_submodules, refuse_shared_segments
+from ._validate import check_plan_fields, require_module
 from ._wrap import check_segment_options, unwrap_module, wrap_module
 
 
@@ -72,7 +73,9 @@ def apply_plan(model: nn.Module, plan: Any, *, state: Any = "buffers", **segment
     References:
         Paper §4 (options eager / whole / region per segment).
     """
+    require_module(model, "apply_plan")
     options, names = _plan_fields(plan)
+    check_plan_fields(options, names)
     if len(options) != len(names):
         raise ValueError(f"apply_plan: plan has {len(options)} options but {len(names)} segment names "
                          "(expected one option per segment). Tip: regenerate the plan for this model.")

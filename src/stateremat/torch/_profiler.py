@@ -27,6 +27,7 @@ from ._segments import resolve_segments
 from ._snapshot import ModelSnapshot
 from ._step import make_step, model_device
 from ._timeline import StepCosts, read_timeline
+from ._validate import require_module
 from ._wrap import check_segment_options, unwrap_module, wrap_module
 
 _API = "stateremat.torch.profile"
@@ -244,6 +245,7 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
     References:
         Paper §4 (profile cards: r, q, c and P; eq. 3).
     """
+    require_module(model, _API)
     refuse_framework_checkpointing(model)
     check_segment_options(state, segment_options, _API)
     names = resolve_segments(model, segments)

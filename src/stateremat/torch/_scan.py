@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from ._compat import has_storage, tree_flatten
+from ._validate import check_nesting, check_state_tensor
 
 #: Levels of plain containers / objects followed from a captured value or module attribute.
 MAX_DEPTH = 4
@@ -158,18 +159,23 @@ class Declared:
         return bool(self.tensors or self.generators or self.modules)
 
 
-def resolve_state(state: Any, root: nn.Module | None, prefix: str = "") -> Declared:
+def resolve_state(state: Any, root: nn.Module | None, prefix: str = "",
+                  api: str = "stateremat.torch.checkpoint") -> Declared:
     """Flatten ``state=`` into a :class:`Declared`; a module contributes all its buffers.
 
     Raises:
         TypeError: if an entry is neither a tensor, a module nor a ``torch.Generator``.
+        ValueError: a list that contains itself or nests too deep (:func:`~._validate.check_nesting`).
+        UnsupportedError: a nested, sparse, meta or quantized tensor.
     """
     out = Declared()
+    above: list[int] = []  # ids of the lists/tuples above the entry
 
     def add(obj: Any, where: str) -> None:
         if obj is None:
             return
         if isinstance(obj, torch.Tensor):
+            check_state_tensor(obj, where, api)
             out.tensors.append((where, obj, id(obj)))
         elif isinstance(obj, torch.Generator):
             out.generators.append((where, obj))
@@ -178,13 +184,18 @@ def resolve_state(state: Any, root: nn.Module | None, prefix: str = "") -> Decla
             base = ".".join(p for p in (prefix, path) if p)
             out.modules.append((base, obj))
             for bname, b in obj.named_buffers():
+                if b.is_nested:  # (the other kinds are refused as the forward begins)
+                    check_state_tensor(b, f"{base}.{bname}" if base else bname, api)
                 out.tensors.append((f"{base}.{bname}" if base else bname, b, id(obj)))
         elif isinstance(obj, (list, tuple)):
+            check_nesting(obj, len(above), above, api, "state=")
+            above.append(id(obj))
             for i, x in enumerate(obj):
                 add(x, f"state[{i}]")
+            above.pop()
         else:
             raise TypeError(
-                f"stateremat.torch.checkpoint: state= expects tensors, nn.Modules (all their buffers) "
+                f"{api}: state= expects tensors, nn.Modules (all their buffers) "
                 f"and torch.Generators, got {type(obj).__name__} at {where}. Tip: pass e.g. "
                 "state=[model.queue, model.bn]."
             )
@@ -193,19 +204,20 @@ def resolve_state(state: Any, root: nn.Module | None, prefix: str = "") -> Decla
     return out
 
 
-def check_state(state: Any) -> None:
+def check_state(state: Any, api: str = "stateremat.torch.checkpoint") -> None:
     """Refuse a ``state=`` that is not a tensor/module/generator (list) at construction time.
 
     Raises:
         TypeError: naming the offending entry.
-        ValueError: an unknown string.
+        ValueError: an unknown string; a list that contains itself or nests too deep.
+        UnsupportedError: a nested, sparse, meta or quantized tensor.
     """
     if isinstance(state, str):
         if state != "buffers":
             raise ValueError(f"stateremat.torch: state must be 'buffers', None, or tensors/modules, got "
                              f"{state!r}. Tip: state='buffers' declares every buffer of the checkpointed module.")
         return
-    resolve_state(state, None)
+    resolve_state(state, None, api=api)
 
 
 def describe(name: Any) -> str:
@@ -446,6 +458,30 @@ def tensor_slots(m: nn.Module) -> dict[tuple[str, str], Any]:
 
 
 _MISSING = object()
+
+
+def slot_starts(m: nn.Module) -> tuple:
+    """What ``m``'s slots hold at the forward's start, as shallow copies (cheap): its unregistered
+    attributes, buffers and parameters; read by :func:`tensor_bound` after the forward."""
+    return m, m.__dict__.copy(), m._buffers.copy(), m._parameters.copy()
+
+
+def tensor_bound(starts: list[tuple], ends: dict[int, dict]) -> list[tuple[nn.Module, str, str, Any]]:
+    """``(module, table, key, start value)`` of each slot that held a non-tensor at the forward's
+    start (``self.v = 0.0``, ``self.h = None``, a buffer registered as ``None``) and a tensor at its
+    end: the replay binds the start value again (it is immutable or not state), then the tensor.
+
+    Args:
+        starts: :func:`slot_starts` of the modules, taken as the forward began.
+        ends: ``id(module) -> tensor_slots(module)`` taken after the forward, if any.
+    """
+    out = []
+    for m, attrs, bufs, params in starts:
+        tables = {"__dict__": attrs, "_buffers": bufs, "_parameters": params}
+        for (d, k), v in (ends[id(m)] if id(m) in ends else tensor_slots(m)).items():
+            if v is not None and k in tables[d] and not isinstance(tables[d][k], torch.Tensor):
+                out.append((m, d, k, tables[d][k]))
+    return out
 
 
 def _may_hold_state(obj: Any) -> bool:

@@ -63,6 +63,15 @@ def _written_inputs(written: Any) -> list[str]:
     return [describe(n) for n, _ in written if isinstance(n, str) and _INPUT_NAME.fullmatch(n)]
 
 
+def _leave_to_replay(slots: list, keys: set[tuple[int, str, str]]) -> list:
+    """Slots of undeclared modules that held a non-tensor at the forward's start and a tensor after
+    (``self.v = 0.0``, then ``self.v = self.v * 0.5 + ...``) are no undeclared rebinding: the
+    bindings replay them with their start value (nothing of theirs can change), then reinstate them."""
+    if not keys:
+        return slots
+    return [(path, m, before, held | {(d, k) for i, d, k in keys if i == id(m)}) for path, m, before, held in slots]
+
+
 def undeclared_message(seg: Any, names: str, when: str, reachable: bool = True, written: Any = ()) -> str:
     """The ``UndeclaredStateError`` text; ``written``: ``(scan name, tensor)`` of the written tensors
     (a write to an input that autograd tracks gets the out-of-place tip instead of declaring)."""
@@ -186,6 +195,7 @@ class Watch:
     def end_forward(self) -> None:
         """After the forward (the transaction's end noted): refuse an updated Python-state cache,
         then report every undeclared write of the forward in one message."""
+        self.slots = _leave_to_replay(self.slots, self.txn.modules.bindings.plain_keys)
         caches, self._caches = self._caches, []
         for where, cache, before in caches:
             if cache_fingerprint(cache) != before:

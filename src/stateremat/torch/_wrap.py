@@ -34,7 +34,7 @@ def check_segment_options(state: Any, opts: dict[str, Any], api: str = "staterem
     if unknown:
         raise TypeError(f"{api}: unknown segment option(s) {unknown}; expected a subset "
                         f"of {list(SEGMENT_OPTIONS)[1:]}. Tip: check the spelling.")
-    check_state(state)
+    check_state(state, api)
     Checkpointer(state=None if isinstance(state, str) else state,
                  **{k: v for k, v in opts.items() if k != "preserve_rng_state"})
 
