@@ -36,6 +36,7 @@ from ._compat import (
     tree_flatten,
     tree_unflatten,
 )
+from ._framework import framework_swap
 from ._errors import ReplayDivergenceError, ReplayError, UndeclaredStateError
 from ._mode import StrictMode, warn_undeclared
 from ._runtime import Runtime, runtime
@@ -306,7 +307,7 @@ class Segment:
         for path, m, before, held in self.slots:
             now = ends.get(id(m)) if id(m) in ends else tensor_slots(m)
             for (d, k) in (set(before) | set(now)) - held:
-                if before.get((d, k)) is not now.get((d, k)):
+                if before.get((d, k)) is not now.get((d, k)) and not framework_swap(d, before.get((d, k)), now.get((d, k))):
                     kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
                     full = f"{path}.{k}" if path else k
                     found.setdefault(f"{kind} {full!r} (rebound to another tensor)", "binding")
@@ -338,7 +339,7 @@ class Segment:
         for _, m, slots, children in self.end_bindings:
             now = tensor_slots(m)
             for key in set(slots) | set(now):
-                if slots.get(key) is not now.get(key):
+                if slots.get(key) is not now.get(key) and not framework_swap(key[0], slots.get(key), now.get(key)):
                     swaps.append((getattr(m, key[0]), key[1], key in slots, slots.get(key), key in now, now.get(key)))
             for k in set(children) | set(m._modules):
                 if children.get(k) is not m._modules.get(k):

@@ -19,6 +19,7 @@ from torch import nn
 from . import _mark
 from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops, reset_versions
 from ._errors import ReplayError, UnsupportedError
+from ._framework import framework_swap
 from stateremat.contract import rule
 from ._preserve import PRESERVERS, Preserver, Restored, WholePreserver
 from ._runtime import DeclaredStorage, Runtime, runtime
@@ -184,7 +185,8 @@ class Bindings:
             now: ``id(module) -> tensor_slots(module)`` already taken after the forward, if any.
         """
         now = now or {}
-        self.rebound = [(m, d, k, v) for m, d, k, v in self.slots if _slot_get(m, d, k) is not v]
+        self.rebound = [(m, d, k, v) for m, d, k, v in self.slots
+                        if _slot_get(m, d, k) is not v and not framework_swap(d, v, _slot_get(m, d, k))]
         start = {(id(m), d, k) for m, d, k, _ in self.slots}
         self.rebound += [(m, d, k, None) for m in self.mods
                          for (d, k) in (now[id(m)] if id(m) in now else tensor_slots(m))
