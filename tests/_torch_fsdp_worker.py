@@ -25,7 +25,14 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.distributed.fsdp import fully_shard
 
-from stateremat.torch import checkpoint, checkpoint_sequential, preservation_stats, reset_preservation_stats
+from stateremat.torch import (
+    apply_plan,
+    checkpoint,
+    checkpoint_sequential,
+    preservation_stats,
+    profile,
+    reset_preservation_stats,
+)
 
 STEPS = 3
 
@@ -114,6 +121,35 @@ def _cell(cls: type, preserve: str, rank: int) -> dict:
             "batches": [int(m.num_batches_tracked) for m in ours.modules() if isinstance(m, nn.BatchNorm1d)]}
 
 
+def _plans(rank: int) -> dict:
+    """apply_plan refuses plans that differ across ranks (on every rank) and takes equal ones."""
+    model = _blocks()
+    names = ["0", "1"]
+    rec = {}
+    try:
+        apply_plan(model, {"options": ["whole", "region" if rank else "whole"], "segment_names": names})
+        rec["refused"] = None
+    except ValueError as e:
+        rec["refused"] = str(e)
+    rec["unwrapped"] = all("forward" not in vars(model[i]) for i in range(2))  # refused before wrapping
+    apply_plan(model, {"options": ["whole", "region"], "segment_names": names})
+    rec["applied"] = all("forward" in vars(model[i]) for i in range(2))
+    return rec
+
+
+def _profile(rank: int) -> dict:
+    """profile's card is the same on every rank (every figure the max over the ranks)."""
+    model = _blocks()
+    torch.manual_seed(rank)
+    x = torch.randn(32 * (1 + rank), 8, dtype=torch.float64)  # ranks measure different costs
+    card = profile(model, ["0", "1"], x, repeats=1)
+    figures = [card.persistent_bytes] + [(s.name, o, c.retained_bytes, c.temp_bytes, c.time_s)
+                                         for s in card.segments for o, c in sorted(s.options.items())]
+    gathered = [None, None]
+    dist.all_gather_object(gathered, figures)
+    return {"same": gathered[0] == gathered[1], "figures": figures}
+
+
 CELLS = {f"{cls.__name__.lower()}/{p}": (cls, p) for cls in (Around, Sequential, Wrapped) for p in ("whole", "region")}
 
 
@@ -123,9 +159,14 @@ def worker(rank: int, world: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         rec = {}
-        for name, (cls, preserve) in CELLS.items():
+        for name, (cls, preserve) in CELLS.items():  # FSDP2 cells
             try:
                 rec[name] = _cell(cls, preserve, rank)
+            except Exception:  # noqa: BLE001 - recorded for the test's message
+                rec[name] = {"error": traceback.format_exc()[-3000:]}
+        for name, fn in (("plans", _plans), ("profile", _profile)):
+            try:
+                rec[name] = fn(rank)
             except Exception:  # noqa: BLE001 - recorded for the test's message
                 rec[name] = {"error": traceback.format_exc()[-3000:]}
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
