@@ -25,6 +25,7 @@ from torch import nn
 
 from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops
 from ._errors import UnsupportedError
+from ._framework import framework_swap
 from ._scan import Declared, Reach, slot_starts, tensor_bound, tensor_slots
 
 
@@ -133,7 +134,8 @@ class Bindings:
             now: ``id(module) -> tensor_slots(module)`` already taken after the forward, if any.
         """
         now = now or {}
-        self.rebound = [(m, d, k, v) for m, d, k, v in self.slots if _slot_get(m, d, k) is not v]
+        self.rebound = [(m, d, k, v) for m, d, k, v in self.slots
+                        if _slot_get(m, d, k) is not v and not framework_swap(d, v, _slot_get(m, d, k))]
         plain = tensor_bound(self.starts, now)
         self.plain_keys = {(id(m), d, k) for m, d, k, _ in plain}
         start = {(id(m), d, k) for m, d, k, _ in self.slots} | self.plain_keys
@@ -216,7 +218,7 @@ def end_bindings_as_of(end_bindings: list[tuple[str, nn.Module, dict, dict]]) ->
     for _, m, slots, children in end_bindings:
         now = tensor_slots(m)
         for key in set(slots) | set(now):
-            if slots.get(key) is not now.get(key):
+            if slots.get(key) is not now.get(key) and not framework_swap(key[0], slots.get(key), now.get(key)):
                 table = getattr(m, key[0])  # put back what it holds now, a non-tensor (0.0) too
                 swaps.append((table, key[1], key in slots, slots.get(key), key[1] in table, table.get(key[1])))
         for k in set(children) | set(m._modules):

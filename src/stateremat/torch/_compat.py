@@ -11,6 +11,7 @@ backward pass. Other modules import these names from here, never from ``torch._C
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 import threading
 from typing import Any, Callable, Iterator
@@ -49,6 +50,9 @@ try:
     )
     from torch._C import _get_dispatch_stack_at, _len_torch_dispatch_stack
     from torch.utils._pytree import tree_flatten, tree_unflatten
+    import torch._C._dynamo.eval_frame as _eval_frame
+
+    _eval_frame._FrameExecStrategy, _eval_frame._FrameAction, _eval_frame.set_code_exec_strategy
 
     for _flag in ("_enable_checkpoint_early_stop", "_checkpoint_debug_enabled"):
         getattr(_tuc, _flag)
@@ -70,8 +74,33 @@ def eager_only(fn: Callable[..., Any]) -> Callable[..., Any]:
     is Python that graphs cannot hold; compiling a model that contains a checkpointed segment
     breaks the graph once at the segment and runs the segment eagerly, instead of tracing into
     the library and recompiling it.
+
+    ``torch.compiler.disable`` imports ``torch._dynamo`` (seconds on a busy machine, in every
+    spawned rank), so it is applied on the first call made once ``torch._dynamo`` is loaded:
+    before that nothing can be compiling. The wrapper itself is never traced (its frame is
+    skipped, and callers that dynamo traces break the graph at it, as at a disabled function).
     """
-    return torch.compiler.disable(fn, recursive=True)
+    disabled: list[Callable[..., Any]] = []
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not disabled:
+            if "torch._dynamo" not in sys.modules:
+                return fn(*args, **kwargs)
+            disabled.append(torch.compiler.disable(fn, recursive=True))
+        return disabled[0](*args, **kwargs)
+
+    call._torchdynamo_disable = True  # type: ignore[attr-defined]  # dynamo does not inline it
+    return call
+
+
+def _skip_frames_of(fn: Callable[..., Any]) -> None:
+    """Dynamo never compiles a frame of ``fn`` itself (the functions it calls are compiled as usual)."""
+    _eval_frame.set_code_exec_strategy(
+        fn.__code__, _eval_frame._FrameExecStrategy(_eval_frame._FrameAction.SKIP, _eval_frame._FrameAction.DEFAULT))
+
+
+_skip_frames_of(eager_only(len))  # every eager_only wrapper shares this code object
 
 
 _DEFAULT_TORCH_FUNCTION = torch.Tensor.__torch_function__.__func__

@@ -7,6 +7,7 @@ from torch import nn
 
 from stateremat.contract import OPTIONS
 
+from ._distributed import check_same_plan
 from ._module import StatefulCheckpoint
 from ._segments import check_submodules, refuse_shared_segments
 from ._validate import check_plan_fields, require_module
@@ -93,6 +94,7 @@ def apply_plan(model: nn.Module, plan: Any, *, state: Any = "buffers", **segment
     check_submodules(model, names, "apply_plan")
     refuse_shared_segments(model, names, "apply_plan")
     check_segment_options(state, segment_options, "apply_plan")  # not only at the first forward
+    check_same_plan(options, names)  # with a process group: the same plan on every rank
     for option, name in zip(options, names):
         sub = model.get_submodule(name)
         if isinstance(sub, StatefulCheckpoint):  # the older wrapper module: put the block back

@@ -21,6 +21,7 @@ from torch import nn
 from stateremat.contract import (OPTIONS, RECOMPUTE_ONLY, OptionCost, ProfileCard, SegmentCard, loadavg,
                                  source_hash)
 
+from ._distributed import agree_card
 from ._memory import PeakMemory, memory_method
 from ._probe import Probe
 from ._segments import resolve_segments
@@ -265,7 +266,8 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         for name in runner.names:
             unwrap_module(model.get_submodule(name))
         snapshot.restore()
-    return _card(model, names, option_names, mem, secs, device, state, repeats, stateful, chain)
+    # with a process group: every figure the max over the ranks, so every rank makes the same plan
+    return agree_card(_card(model, names, option_names, mem, secs, device, state, repeats, stateful, chain))
 
 
 def _measure(runner: "_Runner", model: nn.Module, state: Any, option_names: list[str], repeats: int) -> tuple:

@@ -29,6 +29,7 @@ from stateremat.contract import rule
 
 from . import _mark
 from ._compat import DisableTorchFunctionSubclass, library_ops
+from ._framework import framework_swap
 from ._errors import UndeclaredStateError, UnsupportedError
 from ._mode import StrictMode, warn_undeclared
 from ._pystate import cache_fingerprint, cache_message, python_state_arguments
@@ -281,7 +282,7 @@ class Watch:
         for path, m, before, held in self.slots:
             now = ends.get(id(m)) if id(m) in ends else tensor_slots(m)
             for (d, k) in (set(before) | set(now)) - held:
-                if before.get((d, k)) is not now.get((d, k)):
+                if before.get((d, k)) is not now.get((d, k)) and not framework_swap(d, before.get((d, k)), now.get((d, k))):
                     kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
                     full = f"{path}.{k}" if path else k
                     found.setdefault(f"{kind} {full!r} (rebound to another tensor)", "binding")

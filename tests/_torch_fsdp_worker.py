@@ -1,0 +1,187 @@
+"""2-process gloo FSDP2 run used by tests/test_torch_fsdp.py (run as a script: ``python this.py OUT``).
+
+One spawn, many cells. Each cell trains, for 3 SGD steps in float64, an FSDP2 model without
+checkpointing and the same model with stateremat's checkpoint *around* sharded units (the replay
+runs with the parameters FSDP gathers at backward, see ``stateremat/torch/_framework.py``), and
+records whether every local parameter shard and every buffer is equal bit for bit, and the
+BatchNorm batch counters (updated once per step). Results go to ``OUT/rank<r>.json``.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import socket
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
+from torch.distributed.fsdp import fully_shard
+
+from stateremat.torch import (
+    apply_plan,
+    checkpoint,
+    checkpoint_sequential,
+    preservation_stats,
+    profile,
+    reset_preservation_stats,
+)
+
+STEPS = 3
+
+
+def _blocks() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU()),
+                         nn.Sequential(nn.Linear(16, 16), nn.BatchNorm1d(16), nn.ReLU()),
+                         nn.Linear(16, 4)).double()
+
+
+class Around(nn.Module):
+    """``fully_shard(block)`` for each block, then ``checkpoint(block, x, state=[block])``."""
+
+    def __init__(self, ck: bool, preserve: str) -> None:
+        super().__init__()
+        self.seq, self.ck, self.preserve = _blocks(), ck, preserve
+        for b in self.seq[:2]:
+            fully_shard(b)
+        fully_shard(self)
+
+    def forward(self, x):
+        for b in self.seq[:2]:
+            x = checkpoint(b, x, state=[b], preserve=self.preserve) if self.ck else b(x)
+        return self.seq[2](x)
+
+
+class Sequential(nn.Module):
+    """``checkpoint_sequential`` over sharded units (state: each chunk's buffers)."""
+
+    def __init__(self, ck: bool, preserve: str) -> None:
+        super().__init__()
+        self.seq, self.ck, self.preserve = _blocks(), ck, preserve
+        for b in self.seq:
+            fully_shard(b)
+        fully_shard(self)
+
+    def forward(self, x):
+        return checkpoint_sequential(self.seq, 2, x, preserve=self.preserve) if self.ck else self.seq(x)
+
+
+class Wrapped(nn.Module):
+    """``apply_activation_checkpointing`` after ``fully_shard``, stateremat's checkpoint as ``checkpoint_fn``."""
+
+    def __init__(self, ck: bool, preserve: str) -> None:
+        super().__init__()
+        self.seq = _blocks()
+        units = list(self.seq[:2])
+        for b in units:
+            fully_shard(b)
+        fully_shard(self)
+        if ck:
+            wrapper = functools.partial(checkpoint_wrapper, checkpoint_fn=checkpoint, state="buffers", preserve=preserve)
+            apply_activation_checkpointing(self.seq, checkpoint_wrapper_fn=wrapper,
+                                           check_fn=lambda m: any(m is u for u in units))
+
+    def forward(self, x):
+        return self.seq(x)
+
+
+def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if hasattr(a, "to_local"):
+        a, b = a.to_local(), b.to_local()
+    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+
+
+def _cell(cls: type, preserve: str, rank: int) -> dict:
+    models = [cls(False, preserve), cls(True, preserve)]
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
+    g = torch.Generator().manual_seed(100 + rank)
+    losses = []
+    reset_preservation_stats()
+    for _ in range(STEPS):
+        x = torch.randn(16, 8, generator=g, dtype=torch.float64)
+        for m, opt in zip(models, opts):
+            loss = m(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+    ref, ours = models
+    pairs = list(zip(ref.parameters(), ours.parameters())) + list(zip(ref.buffers(), ours.buffers()))
+    return {"equal": all(_bits_equal(a, b) for a, b in pairs), "n_tensors": len(pairs),
+            "losses_equal": losses[0::2] == losses[1::2], "replays": preservation_stats().recompute_count,
+            "batches": [int(m.num_batches_tracked) for m in ours.modules() if isinstance(m, nn.BatchNorm1d)]}
+
+
+def _plans(rank: int) -> dict:
+    """apply_plan refuses plans that differ across ranks (on every rank) and takes equal ones."""
+    model = _blocks()
+    names = ["0", "1"]
+    rec = {}
+    try:
+        apply_plan(model, {"options": ["whole", "region" if rank else "whole"], "segment_names": names})
+        rec["refused"] = None
+    except ValueError as e:
+        rec["refused"] = str(e)
+    rec["unwrapped"] = all("forward" not in vars(model[i]) for i in range(2))  # refused before wrapping
+    apply_plan(model, {"options": ["whole", "region"], "segment_names": names})
+    rec["applied"] = all("forward" in vars(model[i]) for i in range(2))
+    return rec
+
+
+def _profile(rank: int) -> dict:
+    """profile's card is the same on every rank (every figure the max over the ranks)."""
+    model = _blocks()
+    torch.manual_seed(rank)
+    x = torch.randn(32 * (1 + rank), 8, dtype=torch.float64)  # ranks measure different costs
+    card = profile(model, ["0", "1"], x, repeats=1)
+    figures = [card.persistent_bytes] + [(s.name, o, c.retained_bytes, c.temp_bytes, c.time_s)
+                                         for s in card.segments for o, c in sorted(s.options.items())]
+    gathered = [None, None]
+    dist.all_gather_object(gathered, figures)
+    return {"same": gathered[0] == gathered[1], "figures": figures}
+
+
+CELLS = {f"{cls.__name__.lower()}/{p}": (cls, p) for cls in (Around, Sequential, Wrapped) for p in ("whole", "region")}
+
+
+def worker(rank: int, world: int, port: int, out_dir: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        rec = {}
+        for name, (cls, preserve) in CELLS.items():  # FSDP2 cells
+            try:
+                rec[name] = _cell(cls, preserve, rank)
+            except Exception:  # noqa: BLE001 - recorded for the test's message
+                rec[name] = {"error": traceback.format_exc()[-3000:]}
+        for name, fn in (("plans", _plans), ("profile", _profile)):
+            try:
+                rec[name] = fn(rank)
+            except Exception:  # noqa: BLE001 - recorded for the test's message
+                rec[name] = {"error": traceback.format_exc()[-3000:]}
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump(rec, f)
+        dist.barrier()  # nobody tears down gloo while a peer still reads from it
+    finally:
+        dist.destroy_process_group()
+
+
+def main() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(worker, args=(2, port, sys.argv[1]), nprocs=2, join=True)
+
+
+if __name__ == "__main__":
+    main()
