@@ -58,7 +58,9 @@ def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run f
         if st is not None and not st.complete:
             if not st.renderable or not allow_incomplete:
                 bad.append(st)
-                gone = remove_outputs(out_dir, t)
+                # outputs are stale only when the rows were read and fall short; rows that
+                # cannot be read (or are refused) say nothing about them: they stay
+                gone = remove_outputs(out_dir, t) if st.problem is None else []
                 typer.echo(f"incomplete: {st.message()}"
                            + (f" (removed stale {', '.join(p.name for p in gone)})" if gone
                               else ""), err=True)
@@ -73,8 +75,8 @@ def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run f
     if bad and not (allow_incomplete and all(st.renderable for st in bad)):
         tips = []
         if any(st.problem is not None for st in bad):
-            tips.append("fix what is named above first (a damaged part: move it out of the "
-                        "folder or delete it; a rerun refuses the folder while it is there)")
+            tips.append("fix what is named above first (its tip says how; a rerun refuses "
+                        "the folder while it is there)")
         tips.append("rerun the run's command with the same --out to "
                     + ("redo or finish its rows" if tips else "finish it"))
         if not allow_incomplete and any(st.renderable for st in bad):
@@ -82,4 +84,4 @@ def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run f
         raise fail(f"{api}: {len(bad)} table(s) of {out_dir} not rendered: "
                    f"{', '.join(st.table for st in bad)} (see above). Tip: "
                    + (", then ".join(tips[:2]) + (", " + tips[2] if len(tips) > 2 else ""))
-                   + ".", code=1)
+                   + ".", code=2 if any(st.problem is not None for st in bad) else 1)

@@ -63,9 +63,13 @@ def register_reporter(table: str, outputs: tuple[str, ...] = (),
 
 
 def tables_in(out_dir: str | Path) -> list[str]:
-    """Records tables present in ``out_dir`` (folders that have a ``<table>.json`` sidecar)."""
+    """Records tables present in ``out_dir`` (folders that have a ``<table>.json`` sidecar, and
+    known tables whose sidecar is there but whose folder is missing or a broken link: reading
+    them says so)."""
     d = Path(out_dir)
-    return sorted(p.stem for p in d.glob("*.json") if (d / p.stem).is_dir())
+    return sorted(p.stem for p in d.glob("*.json")
+                  if (d / p.stem).is_dir() or (d / p.stem).is_symlink()
+                  or (p.stem in REPORTERS and not (d / p.stem).exists()))
 
 
 def orphan_tables(out_dir: str | Path) -> list[str]:
