@@ -179,3 +179,23 @@ def test_temporary_names_fit_when_the_final_name_does(tmp_path):
         atomic_write_bytes(tmp_path / name, b"x")
         assert (tmp_path / name).read_bytes() == b"x"
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_folder_belongs_to_the_command_that_created_it(alias_run, tmp_path, legacy):
+    out = _copy(alias_run, tmp_path / "run")
+    if legacy:  # a folder made before manifests: judged by its tables' sidecars
+        (out / ".run.json").unlink()
+    else:
+        assert json.loads((out / ".run.json").read_text())["command"] == \
+            "stateremat verify alias"
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    res = run_cli("bench", "fair", "--preset", "cpu", "--out", out)
+    assert res.exit_code == 2, res.output
+    assert "stateremat verify alias" in res.output and "stateremat bench fair" in res.output
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert {k: v for k, v in after.items() if k != ".run.json"} == \
+        {k: v for k, v in before.items() if k != ".run.json"}
+    assert not (out / "bench.json").exists() and not (out / "cards").exists()
+    # its own command resumes there
+    assert run_cli("verify", "alias", "--seeds", "1", "--out", out).exit_code == 0

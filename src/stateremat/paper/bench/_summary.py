@@ -18,7 +18,7 @@ from ._spec import METHODS
 
 TABLE = "bench"
 #: The bench table's row schema (names, types; key columns never null); ``budget_rule``
-#: came later, so older parts may lack it.
+#: and ``torch_threads`` came later, so older parts may lack them.
 COLUMNS = [
     ("experiment", pa.string()), ("preset", pa.string()), ("cell", pa.string()),
     ("budget_bytes", pa.int64()), ("budget_rule", pa.string()), ("profile_hash", pa.string()),
@@ -36,7 +36,8 @@ COLUMNS = [
     ("step_time_s", pa.float64()), ("peak_bytes", pa.int64()), ("fits_budget", pa.bool_()),
 ]
 KEY = ("cell", "method", "step")
-declare_table(TABLE, COLUMNS, KEY, optional=("budget_rule",))
+COLUMNS.append(("torch_threads", pa.int64()))  # the process's torch threads, when recorded
+declare_table(TABLE, COLUMNS, KEY, optional=("budget_rule", "torch_threads"))
 
 
 def _num(v: Any) -> Any:

@@ -35,7 +35,8 @@ COLUMNS = [
     ("outcome", pa.string()), ("error_type", pa.string()), ("error", pa.string()),
     ("loadavg", pa.string()), ("scores_file", pa.string()), ("scores_sha256", pa.string()),
 ]
-declare_table(TABLE, COLUMNS, KEY, required=("outcome",))
+# Not unique: a failed unit's row is kept beside its retry's (every record is kept).
+declare_table(TABLE, COLUMNS, KEY, required=("outcome",), unique=False)
 #: The seven methods of paper §12, in Table 9's row order (torch-free, so importing is cheap).
 METHODS = ("eager", "whole", "regions", "functional", "deferred", "state_agnostic", "joint")
 

@@ -84,6 +84,64 @@ def lock_run(out_dir: str | os.PathLike) -> Path:
     return out
 
 
+#: A run folder's manifest: the command that created it (see :func:`claim_folder`).
+MANIFEST = ".run.json"
+#: For a folder made before manifests: the command each table's sidecar says wrote it
+#: (a prefix: bench and cohort commands are named by experiment).
+_TABLE_COMMANDS = {
+    "finite": "stateremat verify finite", "engines": "stateremat verify engines",
+    "alias": "stateremat verify alias", "moco": "stateremat app moco",
+    "semantics": "stateremat cohort semantics",
+    "semantics_stateremat_jax": "stateremat cohort semantics",
+    "bench": "stateremat bench ", "cohort_timing": "stateremat cohort processes",
+    "cohort_processes": "stateremat cohort processes",
+}
+#: Runs others on the user's behalf, into folders of their own commands.
+_ANY_COMMAND = "stateremat main"
+
+
+def _same_command(owner: str, command: str) -> bool:
+    if _ANY_COMMAND in (owner, command) or owner == command:
+        return True
+    return owner.endswith(" ") and command.startswith(owner)
+
+
+def claim_folder(out_dir: str | os.PathLike, command: str) -> None:
+    """Make run folder ``out_dir`` belong to ``command`` (e.g. ``"stateremat verify finite"``),
+    or refuse when another command created it.
+
+    The owner is recorded in ``out_dir/.run.json`` when the folder is first used; a folder
+    made before that is judged by its tables' sidecars. Writes nothing when the folder does
+    not exist yet and cannot be created (the command's own checks say why).
+
+    Raises:
+        RecordsError: the folder belongs to another command (both named).
+    """
+    out = Path(out_dir)
+    manifest = out / MANIFEST
+    owner = None
+    if manifest.is_file():
+        owner = read_sidecar(manifest).get("command")
+    elif out.is_dir():
+        for sc in sorted(out.glob("*.json")):
+            if sc.stem in _TABLE_COMMANDS and (out / sc.stem).exists():
+                owner = _TABLE_COMMANDS[sc.stem]
+                break
+    if isinstance(owner, str) and not _same_command(owner, command):
+        raise RecordsError(
+            f"stateremat records: {out} belongs to `{owner.strip()}` (it created the folder); "
+            f"`{command}` may not write into it (its outputs would replace that run's). Tip: use "
+            "another --out folder for this command.")
+    if not manifest.is_file():
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(manifest, {"command": owner if isinstance(owner, str)
+                                         and owner != _ANY_COMMAND and not owner.endswith(" ")
+                                         else command, "created_utc": provenance()["created_utc"]})
+        except OSError:
+            pass  # an unwritable folder: the command's own checks say so
+
+
 def read_sidecar(path: Path) -> dict:
     """The JSON object of a records sidecar; errors name the file and what to do.
 
@@ -142,12 +200,14 @@ class TableSpec:
         key: the columns identifying a row; no two rows of a run share them.
         optional: columns added after parts were first written: an older part may lack them
             (read as null). Each is nullable.
+        unique: no two rows share a key (False: a table that keeps every attempt of a unit).
     """
 
     name: str
     schema: pa.Schema
     key: tuple[str, ...]
     optional: frozenset[str] = frozenset()
+    unique: bool = True
 
 
 #: table -> its declared spec (filled by :func:`declare_table` where each table's rows are
@@ -167,7 +227,8 @@ _DECLARED_IN = {
 
 
 def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Sequence[str], *,
-                  required: Sequence[str] = (), optional: Sequence[str] = ()) -> TableSpec:
+                  required: Sequence[str] = (), optional: Sequence[str] = (),
+                  unique: bool = True) -> TableSpec:
     """Declare table ``name``'s row schema: ``columns`` as ``(name, type)``; the ``key`` and
     ``required`` columns are not nullable, the others are. Returns the spec (also registered)."""
     key = tuple(key)
@@ -175,7 +236,7 @@ def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Se
     names = [c for c, _ in columns]
     assert set(key) <= set(names) and not strict & set(optional), (name, key, optional)
     schema = pa.schema([pa.field(c, t, nullable=c not in strict) for c, t in columns])
-    spec = TableSpec(name, schema, key, frozenset(optional))
+    spec = TableSpec(name, schema, key, frozenset(optional), unique)
     _SPECS[name] = spec
     return spec
 
@@ -216,7 +277,8 @@ def _check_part(path: Path, tbl: pa.Table, spec: TableSpec) -> pa.Table:
         want = declared.field(f.name) if f.name in declared.names else None
         if want is None:
             raise _schema_error(path, spec.name, f.name, "is not one of its columns", names)
-        if f.type != want.type and not (pa.types.is_null(f.type) and want.nullable):
+        if (_plain(f.type) != want.type
+                and not (pa.types.is_null(f.type) and want.nullable)):
             raise _schema_error(path, spec.name, f.name,
                                 f"has type {f.type}, not {want.type}", names)
         if not want.nullable and tbl.column(f.name).null_count:
@@ -228,6 +290,11 @@ def _check_part(path: Path, tbl: pa.Table, spec: TableSpec) -> pa.Table:
     cols = [tbl.column(f.name).cast(f.type) if f.name in seen else pa.nulls(tbl.num_rows, f.type)
             for f in declared]
     return pa.Table.from_arrays(cols, schema=declared)
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """``t`` with large string/binary as their plain kinds (pandas writes the large ones)."""
+    return {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}.get(t, t)
 
 
 def _observed_spec(table: str, tbl: pa.Table, key: Sequence[str]) -> TableSpec:
@@ -450,7 +517,7 @@ def read_records(out_dir: str | os.PathLike, table: str, *, key: Sequence[str] |
     df = pa.concat_tables(tables).select(
         [n for n in spec.schema.names if n in present]).to_pandas()
     key = [k for k in key if k in df.columns]
-    if key:
+    if key and spec.unique:
         dup = df.duplicated(key, keep=False)
         if dup.any():
             where = [origin[i] for i, n in enumerate(t.num_rows for t in tables) for _ in range(n)]
