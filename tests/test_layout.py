@@ -289,7 +289,8 @@ EXPECTED_ALL = {
                        "check_output_file", "fail", "in_range", "is_stdout", "main",
                        "nonempty_path"],
     "stateremat.paper": ["NO_PROGRESS", "Progress", "Task", "as_progress"],
-    "stateremat.paper.records": ["RecordStore", "TEMP_DIR", "check_resumable", "claim_folder",
+    "stateremat.paper.records": ["RecordStore", "TEMP_DIR", "check_not_writing",
+                                 "check_resumable", "claim_folder",
                                  "declare_table", "lock_run", "read_records", "read_sidecar",
                                  "table_spec"],
     "stateremat.paper.verify": [

@@ -199,3 +199,35 @@ def test_a_folder_belongs_to_the_command_that_created_it(alias_run, tmp_path, le
     assert not (out / "bench.json").exists() and not (out / "cards").exists()
     # its own command resumes there
     assert run_cli("verify", "alias", "--seeds", "1", "--out", out).exit_code == 0
+
+
+def test_report_runs_on_a_read_only_folder_writing_only_into_out(alias_run, tmp_path):
+    src = _copy(alias_run, tmp_path / "run")
+    (src / ".run.lock").write_bytes(b"")  # a finished run's lock file, held by nobody
+    before = {p.relative_to(src): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    modes = {p: p.stat().st_mode for p in [src, *src.rglob("*")]}
+    for p in sorted(modes, reverse=True):
+        if p.is_dir():
+            p.chmod(0o555)
+    try:
+        dest = tmp_path / "tables"
+        res = run_cli("report", src, "--out", dest)
+        assert res.exit_code == 0, res.output
+        assert (dest / "alias.md").read_bytes() == before[Path("alias.md")]
+    finally:
+        for p, m in modes.items():
+            p.chmod(m)
+    after = {p.relative_to(src): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    assert after == before  # nothing written, nothing removed
+
+
+def test_report_without_out_on_a_read_only_folder_says_to_pass_out(alias_run, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into any folder")
+    src = _copy(alias_run, tmp_path / "run")
+    src.chmod(0o555)
+    try:
+        res = run_cli("report", src)
+    finally:
+        src.chmod(0o755)
+    assert res.exit_code == 2 and "--out" in res.output

@@ -187,8 +187,9 @@ def _num(v: Any, kind: type) -> Any:
     return kind(v)
 
 
-def write_summary(out_dir: str | os.PathLike) -> dict[str, Any]:
-    """:func:`summarize` and write it atomically to ``out_dir/summary.json``."""
+def write_summary(out_dir: str | os.PathLike,
+                  dest: str | os.PathLike | None = None) -> dict[str, Any]:
+    """:func:`summarize` and write it atomically to ``dest/summary.json`` (default ``out_dir``)."""
     summary = summarize(out_dir)
-    atomic_write_json(Path(out_dir) / "summary.json", summary)
+    atomic_write_json(Path(dest or out_dir) / "summary.json", summary)
     return summary

@@ -142,6 +142,31 @@ def claim_folder(out_dir: str | os.PathLike, command: str) -> None:
             pass  # an unwritable folder: the command's own checks say so
 
 
+def check_not_writing(out_dir: str | os.PathLike) -> None:
+    """Refuse to read run folder ``out_dir`` while another process writes into it, writing
+    nothing there (a read-only folder is fine): its lock, when present, is tested with a
+    shared lock on a read-only handle.
+
+    Raises:
+        RecordsError: another process holds the folder's lock.
+    """
+    path = Path(out_dir) / ".run.lock"
+    if not path.is_file() or str(path.resolve()) in _LOCKS:  # none, or this process's own
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # unreadable lock: nothing can be said; a writer's rows are validated anyway
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RecordsError(
+            f"stateremat records: another process is writing into {path.parent} (lock "
+            f"{path.name} is held). Tip: wait for it to finish.") from None
+    finally:
+        os.close(fd)
+
+
 def read_sidecar(path: Path) -> dict:
     """The JSON object of a records sidecar; errors name the file and what to do.
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Collection, Mapping
 
 import pandas as pd
 
-Reporter = Callable[[Path], list[Path]]
+Reporter = Callable[..., list[Path]]  # (run folder, dest=None) -> paths written
 REPORTERS: dict[str, Reporter] = {}
 #: table -> file names its reporter writes into the run folder.
 OUTPUTS: dict[str, tuple[str, ...]] = {}
