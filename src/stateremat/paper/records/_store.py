@@ -76,6 +76,10 @@ def lock_run(out_dir: str | os.PathLike) -> Path:
     key = str((out / ".run.lock").resolve())
     first = key not in _LOCKS
     _lock(out / ".run.lock")
+    command = _CLAIMS.pop(str(out.resolve()), None)
+    if command is not None and not (out / MANIFEST).is_file():  # see claim_folder
+        atomic_write_json(out / MANIFEST, {"command": command,
+                                           "created_utc": provenance()["created_utc"]})
     if first:
         for pattern in _TEMP_GLOBS:
             for tmp in out.glob(pattern):
@@ -96,6 +100,8 @@ _TABLE_COMMANDS = {
     "bench": "stateremat bench ", "cohort_timing": "stateremat cohort processes",
     "cohort_processes": "stateremat cohort processes",
 }
+#: run folder -> the command to record in its manifest when its lock is taken.
+_CLAIMS: dict[str, str] = {}
 #: Runs others on the user's behalf, into folders of their own commands.
 _ANY_COMMAND = "stateremat main"
 
@@ -110,9 +116,9 @@ def claim_folder(out_dir: str | os.PathLike, command: str) -> None:
     """Make run folder ``out_dir`` belong to ``command`` (e.g. ``"stateremat verify finite"``),
     or refuse when another command created it.
 
-    The owner is recorded in ``out_dir/.run.json`` when the folder is first used; a folder
-    made before that is judged by its tables' sidecars. Writes nothing when the folder does
-    not exist yet and cannot be created (the command's own checks say why).
+    The owner is recorded in ``out_dir/.run.json`` when the folder is first locked
+    (:func:`lock_run`, so a refused launch writes nothing); a folder made before that is
+    judged by its tables' sidecars.
 
     Raises:
         RecordsError: the folder belongs to another command (both named).
@@ -132,14 +138,9 @@ def claim_folder(out_dir: str | os.PathLike, command: str) -> None:
             f"stateremat records: {out} belongs to `{owner.strip()}` (it created the folder); "
             f"`{command}` may not write into it (its outputs would replace that run's). Tip: use "
             "another --out folder for this command.")
-    if not manifest.is_file():
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(manifest, {"command": owner if isinstance(owner, str)
-                                         and owner != _ANY_COMMAND and not owner.endswith(" ")
-                                         else command, "created_utc": provenance()["created_utc"]})
-        except OSError:
-            pass  # an unwritable folder: the command's own checks say so
+    if not manifest.is_file():  # written by lock_run, once this process holds the folder
+        _CLAIMS[str(out.resolve())] = (owner if isinstance(owner, str) and owner != _ANY_COMMAND
+                                       and not owner.endswith(" ") else command)
 
 
 def check_not_writing(out_dir: str | os.PathLike) -> None:
