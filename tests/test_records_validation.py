@@ -159,18 +159,26 @@ def test_report_refuses_a_deleted_rows_folder_and_keeps_outputs(alias_run, tmp_p
     assert (out / "alias.md").exists()
 
 
-def test_report_on_an_unreadable_part_keeps_outputs_and_never_says_delete(alias_run, tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("root reads any file")
+def test_report_on_an_unreadable_part_keeps_outputs_and_never_says_delete(alias_run, tmp_path,
+                                                                         monkeypatch):
+    import stateremat.paper.records._store as store
+
     out = _copy(alias_run, tmp_path / "run")
     part = sorted((out / "alias").glob("part-*.parquet"))[0]
-    part.chmod(0)
-    try:
-        res = run_cli("report", out)
-    finally:
-        part.chmod(0o644)
-    assert res.exit_code == 2 and "delete" not in res.output, res.output
-    assert (out / "alias.md").exists()
+    read = store.pq.read_table
+
+    def unreadable(path, *a, **k):  # what a part without read permission does (even as root)
+        if Path(path) == part:
+            raise PermissionError(13, "Permission denied", str(path))
+        return read(path, *a, **k)
+
+    monkeypatch.setattr(store.pq, "read_table", unreadable)
+    md = (out / "alias.md").read_bytes()
+    res = run_cli("report", out)
+    assert res.exit_code == 2, res.output
+    assert str(part) in res.output and "make it readable" in res.output
+    assert "delete" not in res.output, res.output
+    assert (out / "alias.md").read_bytes() == md
 
 
 def test_temporary_names_fit_when_the_final_name_does(tmp_path):
