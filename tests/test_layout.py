@@ -290,8 +290,10 @@ EXPECTED_ALL = {
                        "check_output_file", "fail", "in_range", "is_stdout", "main",
                        "nonempty_path"],
     "stateremat.paper": ["NO_PROGRESS", "Progress", "Task", "as_progress"],
-    "stateremat.paper.records": ["RecordStore", "TEMP_DIR", "check_resumable", "lock_run",
-                                 "read_records", "read_sidecar"],
+    "stateremat.paper.records": ["RecordStore", "TEMP_DIR", "check_not_writing",
+                                 "check_resumable", "claim_folder",
+                                 "declare_table", "lock_run", "read_records", "read_sidecar",
+                                 "table_spec"],
     "stateremat.paper.verify": [
         "ALIAS_DIMS", "ALIAS_PATTERNS", "ENGINE_NAMES", "FAMILIES", "SUITE_CODES",
         "alias_failures", "alias_rows", "byte_program", "byte_segment", "check_recovery",

@@ -272,9 +272,9 @@ def test_report_refuses_a_sidecar_without_config(tmp_path):
     (tmp_path / "cohort_timing").mkdir()
     import pandas as pd
 
-    pd.DataFrame({"process": [0], "method": ["eager"]}).to_parquet(
+    pd.DataFrame({"process": [0], "cell": ["c"], "method": ["eager"], "step": [0]}).to_parquet(
         tmp_path / "cohort_timing" / "part-x.parquet")
     (tmp_path / "cohort_timing.json").write_text('{"table": "cohort_timing"}')
     res = CliRunner().invoke(app, ["report", str(tmp_path)])
-    # report judges every sidecar the same way first: no run config, nothing can be checked (exit 1)
-    assert res.exit_code == 1 and "holds no run config" in (res.output + str(res.exception))
+    # report judges every sidecar the same way first: no run config, nothing can be checked (exit 2)
+    assert res.exit_code == 2 and "holds no run config" in (res.output + str(res.exception))

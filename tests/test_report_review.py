@@ -2,6 +2,8 @@
 --seeds text, error prefixes and damaged parts — each through the real `stateremat` CLI."""
 from __future__ import annotations
 
+import json
+
 import shutil
 from pathlib import Path
 
@@ -45,6 +47,11 @@ def test_verify_alias_stopped_before_its_first_rows_reports_and_resumes(tmp_path
     assert _run("verify", "alias", "--seeds", "2", "--out", out).exit_code == 0
     for part in (out / "alias").glob("part-*.parquet"):
         part.unlink()
+    # a run stopped before its first part never said it wrote rows (an emptied folder of a run
+    # that did is refused: tests/test_records_validation.py)
+    sidecar = json.loads((out / "alias.json").read_text())
+    del sidecar["has_rows"]
+    (out / "alias.json").write_text(json.dumps(sidecar))
     res = _run("report", out)
     assert res.exit_code == 1, res.output
     assert ("incomplete: alias: 0 of 12 (seed, pattern, dim) units have rows (0 rows present"
@@ -60,10 +67,10 @@ def test_a_damaged_part_says_to_move_it_away_then_rerun(tmp_path):
     part = next((out / "alias").glob("part-*.parquet"))
     part.write_bytes(b"not parquet")
     res = _run("report", out)
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2, res.output
     assert ".. " not in res.output and "file.." not in res.output   # one period per sentence
     assert "move it out of the folder (or delete it), then rerun" in res.output
-    assert "move it out of the folder or delete it; a rerun refuses" in res.output
+    assert "fix what is named above first (its tip says how; a rerun refuses" in res.output
     assert _run("verify", "alias", "--seeds", "1", "--out", out).exit_code == 2  # as said
     part.unlink()
     assert _run("verify", "alias", "--seeds", "1", "--out", out).exit_code == 0

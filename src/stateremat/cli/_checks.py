@@ -109,7 +109,7 @@ def _matches(name: str, pattern: str) -> bool:
 
 #: Files every run folder's writer owns besides its tables: the lock, atomic writes'
 #: temporary files and the work folder (see ``stateremat.paper.records.lock_run``).
-RUN_FILES = (".run.lock", ".*.tmp", ".tmp")
+RUN_FILES = (".run.lock", ".run.json", ".*.tmp", ".tmp")
 
 
 def run_file(out: Path, path: Path, owns: Collection[str]) -> str | None:

@@ -26,7 +26,15 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     if os.path.islink(path):
         path = Path(os.path.realpath(path))
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    # The temporary name fits the folder's name limit whenever the final name does: the final
+    # name is shortened (whole UTF-8 characters) to leave room for "." + "." + 8 random + ".tmp".
+    try:
+        name_max = os.pathconf(path.parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    stem = os.fsencode(path.name)[: max(1, name_max - 14)]
+    stem_s = os.fsdecode(stem.decode("utf-8", "ignore").encode("utf-8")) if stem else "t"
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem_s}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

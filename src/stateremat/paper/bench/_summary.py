@@ -11,10 +11,33 @@ import math
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
+from ..records import declare_table
 from ._spec import METHODS
 
 TABLE = "bench"
+#: The bench table's row schema (names, types; key columns never null); ``budget_rule``
+#: and ``torch_threads`` came later, so older parts may lack them.
+COLUMNS = [
+    ("experiment", pa.string()), ("preset", pa.string()), ("cell", pa.string()),
+    ("budget_bytes", pa.int64()), ("budget_rule", pa.string()), ("profile_hash", pa.string()),
+    ("source_hash", pa.string()), ("memory_method", pa.string()), ("device", pa.string()),
+    ("dtype", pa.string()), ("min_eager_whole_peak_bytes", pa.int64()),
+    ("min_joint_peak_bytes", pa.int64()), ("workload", pa.string()),
+    ("state_bytes", pa.int64()), ("write_fraction", pa.float64()),
+    ("live_versions", pa.int64()), ("segments", pa.int64()), ("width", pa.int64()),
+    ("batch", pa.int64()), ("granularity_bytes", pa.int64()), ("dropout", pa.float64()),
+    ("seed", pa.int64()), ("method", pa.string()), ("feasible", pa.bool_()),
+    ("policy", pa.string()), ("predicted_peak_bytes", pa.int64()),
+    ("predicted_time_s", pa.float64()), ("semantic_checks", pa.string()),
+    ("semantic_max_error", pa.float64()), ("semantic_detail", pa.string()),
+    ("error", pa.string()), ("step", pa.int64()), ("loadavg", pa.string()),
+    ("step_time_s", pa.float64()), ("peak_bytes", pa.int64()), ("fits_budget", pa.bool_()),
+]
+KEY = ("cell", "method", "step")
+COLUMNS.append(("torch_threads", pa.int64()))  # the process's torch threads, when recorded
+declare_table(TABLE, COLUMNS, KEY, optional=("budget_rule", "torch_threads"))
 
 
 def _num(v: Any) -> Any:

@@ -95,6 +95,10 @@ def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
     if threading.current_thread() is threading.main_thread():
         old = install_stop_handlers(stop)  # signals inherited as ignored (nohup, `cmd &`) stay ignored
     try:
+        if out is not None:  # a folder belongs to the command that created it
+            from ..records import claim_folder
+
+            claim_folder(out, api)
         yield
     except KeyboardInterrupt:
         ignore_stop_signals()

@@ -1,18 +1,24 @@
 """CLI commands: report (registered on import)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
+from typing import Optional
 
 import typer
 
 from stateremat.cli import nonempty_path
 
-from ._app import fail, guarded, paper_app
+from ._app import check_out_dir, fail, guarded, paper_app
 
 
 @paper_app.command("report")
 def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run folder holding raw records (any "
                                           "command's --out: verify, cohort, bench, app)."),
+           out: Optional[Path] = typer.Option(
+               None, "--out", help="Folder to write the tables and figures into (default: "
+               "OUT_DIR itself). With it, nothing is written into OUT_DIR, which may be "
+               "read-only."),
            allow_incomplete: bool = typer.Option(
                False, "--allow-incomplete", help="Also render tables whose rows do not cover "
                "everything the run's config implies (and exit 0); say what is missing.")) -> None:
@@ -27,18 +33,34 @@ def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run f
     api = "stateremat report"
     if not out_dir.is_dir():
         raise fail(f"{api}: {out_dir} is not a folder. Tip: pass the --out folder of a run.")
-    from ..records import lock_run
+    from ..records import check_not_writing, lock_run
+
+    dest = out_dir if out is None else out
+    if out is not None:
+        check_out_dir(api, out)
+        out.mkdir(parents=True, exist_ok=True)
+    elif not os.access(out_dir, os.W_OK | os.X_OK):
+        raise fail(f"{api}: {out_dir} is not writable, so its tables cannot be written there. "
+                   "Tip: pass --out DIR to write them elsewhere (nothing is written into "
+                   f"{out_dir} then).")
+
+    def take_lock() -> None:
+        # not while a run writes there: its outputs would be half-done
+        if out is None:
+            lock_run(out_dir)
+        else:
+            check_not_writing(out_dir)
 
     if (out_dir / ".run.lock").exists():  # a run's folder, maybe being written: say so first
         with guarded(api):
-            lock_run(out_dir)
+            take_lock()
     if not tables_in(out_dir) and not orphan_tables(out_dir):  # before the lock: nothing written
         raise fail(f"{api}: {out_dir} is not a run folder (no sidecars: it holds no records, no "
                    "<table>.json next to "
                    "a <table>/ folder of rows). Tip: pass the --out folder of a finished or "
                    "interrupted run.")
     with guarded(api):
-        lock_run(out_dir)  # not while a run writes there: its outputs would be half-done
+        take_lock()
         status = check_complete(out_dir)
     tables = sorted(set(tables_in(out_dir)) | set(status))
     if not tables:
@@ -58,7 +80,9 @@ def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run f
         if st is not None and not st.complete:
             if not st.renderable or not allow_incomplete:
                 bad.append(st)
-                gone = remove_outputs(out_dir, t)
+                # outputs are stale only when the rows were read and fall short; rows that
+                # cannot be read (or are refused) say nothing about them: they stay
+                gone = remove_outputs(dest, t) if st.problem is None else []
                 typer.echo(f"incomplete: {st.message()}"
                            + (f" (removed stale {', '.join(p.name for p in gone)})" if gone
                               else ""), err=True)
@@ -67,14 +91,14 @@ def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run f
         if t not in REPORTERS:
             continue
         with guarded(api):
-            paths = REPORTERS[t](out_dir)
+            paths = REPORTERS[t](out_dir) if out is None else REPORTERS[t](out_dir, dest)
         for p in paths:
             typer.echo(f"{t}: wrote {p}")
     if bad and not (allow_incomplete and all(st.renderable for st in bad)):
         tips = []
         if any(st.problem is not None for st in bad):
-            tips.append("fix what is named above first (a damaged part: move it out of the "
-                        "folder or delete it; a rerun refuses the folder while it is there)")
+            tips.append("fix what is named above first (its tip says how; a rerun refuses "
+                        "the folder while it is there)")
         tips.append("rerun the run's command with the same --out to "
                     + ("redo or finish its rows" if tips else "finish it"))
         if not allow_incomplete and any(st.renderable for st in bad):
@@ -82,4 +106,4 @@ def report(out_dir: Path = typer.Argument(..., parser=nonempty_path, help="Run f
         raise fail(f"{api}: {len(bad)} table(s) of {out_dir} not rendered: "
                    f"{', '.join(st.table for st in bad)} (see above). Tip: "
                    + (", then ".join(tips[:2]) + (", " + tips[2] if len(tips) > 2 else ""))
-                   + ".", code=1)
+                   + ".", code=2 if any(st.problem is not None for st in bad) else 1)

@@ -12,15 +12,31 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ...contract import atomic_write_json
-from ..records import read_records
+from ..records import declare_table, read_records
 
 __all__ = ["KEY", "METHODS", "TABLE", "failed_runs", "score_file_problem", "summarize",
            "write_summary"]
 
 TABLE = "moco"
 KEY = ("seed", "method")
+#: The moco table's row schema (names, types; key columns never null).
+COLUMNS = [
+    ("seed", pa.int64()), ("method", pa.string()), ("dataset", pa.string()),
+    ("preset", pa.string()), ("device", pa.string()), ("threads", pa.int64()),
+    ("memory_method", pa.string()), ("peak_bytes", pa.int64()),
+    ("encoder_time_s", pa.float64()), ("steps", pa.int64()), ("test_accuracy", pa.float64()),
+    ("test_cross_entropy", pa.float64()), ("validation_accuracy", pa.float64()),
+    ("final_loss", pa.float64()), ("loss_sha256", pa.string()), ("encoder_sha256", pa.string()),
+    ("policy", pa.string()), ("budget_bytes", pa.int64()), ("feasible", pa.bool_()),
+    ("predicted_peak_bytes", pa.int64()), ("predicted_time_s", pa.float64()),
+    ("outcome", pa.string()), ("error_type", pa.string()), ("error", pa.string()),
+    ("loadavg", pa.string()), ("scores_file", pa.string()), ("scores_sha256", pa.string()),
+]
+# Not unique: a failed unit's row is kept beside its retry's (every record is kept).
+declare_table(TABLE, COLUMNS, KEY, required=("outcome",), unique=False)
 #: The seven methods of paper §12, in Table 9's row order (torch-free, so importing is cheap).
 METHODS = ("eager", "whole", "regions", "functional", "deferred", "state_agnostic", "joint")
 
@@ -171,8 +187,9 @@ def _num(v: Any, kind: type) -> Any:
     return kind(v)
 
 
-def write_summary(out_dir: str | os.PathLike) -> dict[str, Any]:
-    """:func:`summarize` and write it atomically to ``out_dir/summary.json``."""
+def write_summary(out_dir: str | os.PathLike,
+                  dest: str | os.PathLike | None = None) -> dict[str, Any]:
+    """:func:`summarize` and write it atomically to ``dest/summary.json`` (default ``out_dir``)."""
     summary = summarize(out_dir)
-    atomic_write_json(Path(out_dir) / "summary.json", summary)
+    atomic_write_json(Path(dest or out_dir) / "summary.json", summary)
     return summary

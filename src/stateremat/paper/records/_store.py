@@ -11,12 +11,14 @@ rows by separate code (``read_records``), never written alongside them.
 from __future__ import annotations
 
 import fcntl
+import importlib
 import io
 import json
 import itertools
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -74,12 +76,96 @@ def lock_run(out_dir: str | os.PathLike) -> Path:
     key = str((out / ".run.lock").resolve())
     first = key not in _LOCKS
     _lock(out / ".run.lock")
+    command = _CLAIMS.pop(str(out.resolve()), None)
+    if command is not None and not (out / MANIFEST).is_file():  # see claim_folder
+        atomic_write_json(out / MANIFEST, {"command": command,
+                                           "created_utc": provenance()["created_utc"]})
     if first:
         for pattern in _TEMP_GLOBS:
             for tmp in out.glob(pattern):
                 tmp.unlink(missing_ok=True)
         shutil.rmtree(out / TEMP_DIR, ignore_errors=True)
     return out
+
+
+#: A run folder's manifest: the command that created it (see :func:`claim_folder`).
+MANIFEST = ".run.json"
+#: For a folder made before manifests: the command each table's sidecar says wrote it
+#: (a prefix: bench and cohort commands are named by experiment).
+_TABLE_COMMANDS = {
+    "finite": "stateremat verify finite", "engines": "stateremat verify engines",
+    "alias": "stateremat verify alias", "moco": "stateremat app moco",
+    "semantics": "stateremat cohort semantics",
+    "semantics_stateremat_jax": "stateremat cohort semantics",
+    "bench": "stateremat bench ", "cohort_timing": "stateremat cohort processes",
+    "cohort_processes": "stateremat cohort processes",
+}
+#: run folder -> the command to record in its manifest when its lock is taken.
+_CLAIMS: dict[str, str] = {}
+#: Runs others on the user's behalf, into folders of their own commands.
+_ANY_COMMAND = "stateremat main"
+
+
+def _same_command(owner: str, command: str) -> bool:
+    if _ANY_COMMAND in (owner, command) or owner == command:
+        return True
+    return owner.endswith(" ") and command.startswith(owner)
+
+
+def claim_folder(out_dir: str | os.PathLike, command: str) -> None:
+    """Make run folder ``out_dir`` belong to ``command`` (e.g. ``"stateremat verify finite"``),
+    or refuse when another command created it.
+
+    The owner is recorded in ``out_dir/.run.json`` when the folder is first locked
+    (:func:`lock_run`, so a refused launch writes nothing); a folder made before that is
+    judged by its tables' sidecars.
+
+    Raises:
+        RecordsError: the folder belongs to another command (both named).
+    """
+    out = Path(out_dir)
+    manifest = out / MANIFEST
+    owner = None
+    if manifest.is_file():
+        owner = read_sidecar(manifest).get("command")
+    elif out.is_dir():
+        for sc in sorted(out.glob("*.json")):
+            if sc.stem in _TABLE_COMMANDS and (out / sc.stem).exists():
+                owner = _TABLE_COMMANDS[sc.stem]
+                break
+    if isinstance(owner, str) and not _same_command(owner, command):
+        raise RecordsError(
+            f"stateremat records: {out} belongs to `{owner.strip()}` (it created the folder); "
+            f"`{command}` may not write into it (its outputs would replace that run's). Tip: use "
+            "another --out folder for this command.")
+    if not manifest.is_file():  # written by lock_run, once this process holds the folder
+        _CLAIMS[str(out.resolve())] = (owner if isinstance(owner, str) and owner != _ANY_COMMAND
+                                       and not owner.endswith(" ") else command)
+
+
+def check_not_writing(out_dir: str | os.PathLike) -> None:
+    """Refuse to read run folder ``out_dir`` while another process writes into it, writing
+    nothing there (a read-only folder is fine): its lock, when present, is tested with a
+    shared lock on a read-only handle.
+
+    Raises:
+        RecordsError: another process holds the folder's lock.
+    """
+    path = Path(out_dir) / ".run.lock"
+    if not path.is_file() or str(path.resolve()) in _LOCKS:  # none, or this process's own
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return  # unreadable lock: nothing can be said; a writer's rows are validated anyway
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise RecordsError(
+            f"stateremat records: another process is writing into {path.parent} (lock "
+            f"{path.name} is held). Tip: wait for it to finish.") from None
+    finally:
+        os.close(fd)
 
 
 def read_sidecar(path: Path) -> dict:
@@ -130,6 +216,149 @@ def _other_config(sidecar: Path, old: Mapping[str, Any], new: Mapping[str, Any])
         "interrupted run to resume it.")
 
 
+@dataclass(frozen=True)
+class TableSpec:
+    """One records table's declared row schema (names, types, nullability) and key columns.
+
+    Attributes:
+        name: the table (its rows folder under a run folder).
+        schema: every column a row may have; key columns are never null.
+        key: the columns identifying a row; no two rows of a run share them.
+        optional: columns added after parts were first written: an older part may lack them
+            (read as null). Each is nullable.
+        unique: no two rows share a key (False: a table that keeps every attempt of a unit).
+    """
+
+    name: str
+    schema: pa.Schema
+    key: tuple[str, ...]
+    optional: frozenset[str] = frozenset()
+    unique: bool = True
+
+
+#: table -> its declared spec (filled by :func:`declare_table` where each table's rows are
+#: defined; :data:`_DECLARED_IN` names those modules, imported when the table is first used).
+_SPECS: dict[str, TableSpec] = {}
+_DECLARED_IN = {
+    "finite": "stateremat.paper.verify._summary",
+    "engines": "stateremat.paper.verify._summary",
+    "alias": "stateremat.paper.verify._summary",
+    "bench": "stateremat.paper.bench._summary",
+    "moco": "stateremat.paper.moco._summary",
+    "semantics": "stateremat.paper.semantics._tables",
+    "semantics_stateremat_jax": "stateremat.paper.semantics._tables",
+    "cohort_timing": "stateremat.paper.cohort._tables",
+    "cohort_processes": "stateremat.paper.cohort._tables",
+}
+
+
+def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Sequence[str], *,
+                  required: Sequence[str] = (), optional: Sequence[str] = (),
+                  unique: bool = True) -> TableSpec:
+    """Declare table ``name``'s row schema: ``columns`` as ``(name, type)``; the ``key`` and
+    ``required`` columns are not nullable, the others are. Returns the spec (also registered)."""
+    key = tuple(key)
+    strict = set(key) | set(required)
+    names = [c for c, _ in columns]
+    assert set(key) <= set(names) and not strict & set(optional), (name, key, optional)
+    schema = pa.schema([pa.field(c, t, nullable=c not in strict) for c, t in columns])
+    spec = TableSpec(name, schema, key, frozenset(optional), unique)
+    _SPECS[name] = spec
+    return spec
+
+
+def table_spec(table: str) -> TableSpec | None:
+    """The declared spec of ``table``; None for a table nobody declared (e.g. a test's)."""
+    if table not in _SPECS and table in _DECLARED_IN:
+        importlib.import_module(_DECLARED_IN[table])
+    return _SPECS.get(table)
+
+
+def _schema_error(path: Path, spec_name: str, column: str, what: str,
+                  names: Sequence[str] = ()) -> RecordsError:
+    other = [t for t, sp in _SPECS.items() if t != spec_name and names
+             and set(sp.key) <= set(names) <= set(sp.schema.names)]
+    hint = f" It looks like a part of table {other[0]!r}." if other else ""
+    return RecordsError(
+        f"stateremat records: {path} does not match table {spec_name!r}'s schema: column "
+        f"{column!r} {what}.{hint} Tip: this part was not written by this table's run; move it "
+        "out of the folder (keep it if it belongs elsewhere), then rerun the run's command with "
+        "the same --out to redo its rows.")
+
+
+def _check_part(path: Path, tbl: pa.Table, spec: TableSpec) -> pa.Table:
+    """``tbl`` (part ``path``) checked against ``spec`` and cast to it (declared column order,
+    absent optional columns as nulls, all-null columns typed).
+
+    Raises:
+        RecordsError: naming ``path`` and the first column that differs.
+    """
+    declared = spec.schema
+    names = tbl.schema.names
+    seen: set[str] = set()
+    for f in tbl.schema:
+        if f.name in seen:
+            raise _schema_error(path, spec.name, f.name, "appears twice", names)
+        seen.add(f.name)
+        want = declared.field(f.name) if f.name in declared.names else None
+        if want is None:
+            raise _schema_error(path, spec.name, f.name, "is not one of its columns", names)
+        if (_plain(f.type) != want.type
+                and not (pa.types.is_null(f.type) and want.nullable)):
+            raise _schema_error(path, spec.name, f.name,
+                                f"has type {f.type}, not {want.type}", names)
+        if not want.nullable and tbl.column(f.name).null_count:
+            raise _schema_error(path, spec.name, f.name, "holds nulls (it may not)", names)
+    for want in declared:  # a key column is never missing; other columns may be (older
+        # writers, reduced rows): read as absent, or null where another part has them
+        if want.name not in seen and want.name in spec.key:
+            raise _schema_error(path, spec.name, want.name, "is missing (a key column)", names)
+    cols = [tbl.column(f.name).cast(f.type) if f.name in seen else pa.nulls(tbl.num_rows, f.type)
+            for f in declared]
+    return pa.Table.from_arrays(cols, schema=declared)
+
+
+def _plain(t: pa.DataType) -> pa.DataType:
+    """``t`` with large string/binary as their plain kinds (pandas writes the large ones)."""
+    return {pa.large_string(): pa.string(), pa.large_binary(): pa.binary()}.get(t, t)
+
+
+def _observed_spec(table: str, tbl: pa.Table, key: Sequence[str]) -> TableSpec:
+    """For a table nobody declared: the schema of its first part, every column nullable."""
+    schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in tbl.schema])
+    return TableSpec(table, schema, tuple(key))
+
+
+def _unreadable(p: Path, exc: BaseException) -> RecordsError:
+    detail = str(exc).strip().rstrip(".")
+    if isinstance(exc, OSError) and not isinstance(exc, (pa.ArrowInvalid,)):
+        tip = ("Tip: make it readable (check its permissions and the disk), then rerun; the "
+               "part itself may be fine, so keep it.")
+    else:
+        tip = ("Tip: a part is written atomically, so this file was changed by something "
+               "else; move it out of the folder (or delete it), then rerun the run's command "
+               "with the same --out to redo its rows.")
+    return RecordsError(f"stateremat records: cannot read {p}: {detail}. {tip}")
+
+
+def _rows_dir(out_dir: Path, table: str) -> Path:
+    """``out_dir/table``, refused when it is a symbolic link that loops or dangles."""
+    d = out_dir / table
+    if d.is_symlink():
+        try:
+            d.resolve(strict=True)
+        except (OSError, RuntimeError):
+            raise RecordsError(
+                f"stateremat records: the rows folder {d} of table {table!r} is a symbolic link "
+                f"that loops (or points nowhere): {os.readlink(d)!r}. Tip: put the table's "
+                "real rows folder there (restore it from a copy), or use a new --out "
+                "folder.") from None
+    if d.exists() and not d.is_dir():
+        raise RecordsError(f"stateremat records: {d}, the rows folder of table {table!r}, is "
+                           "not a folder. Tip: restore it from a copy, or use a new --out folder.")
+    return d
+
+
 class RecordStore:
     """Append-only, resumable store of raw rows for one table of one run.
 
@@ -155,8 +384,10 @@ class RecordStore:
         self.key = tuple(key)
         self.dir = self.out_dir / table
         self._last_part: str | None = None
+        self._has_rows = False
         lock_run(self.out_dir)
-        self.dir.mkdir(parents=True, exist_ok=True)
+        self.spec = table_spec(table)
+        _rows_dir(self.out_dir, table).mkdir(parents=True, exist_ok=True)
         self.sidecar = self.out_dir / f"{table}.json"
         config = dict(meta or {})
         if not self.sidecar.exists() and any(self.dir.glob("part-*.parquet")):
@@ -180,6 +411,15 @@ class RecordStore:
                 doc["launches"] = [dict(launch)]
             atomic_write_json(self.sidecar, doc)
 
+    def _mark_has_rows(self) -> None:
+        # Said once in the sidecar, before the first part: an empty rows folder then means
+        # rows were removed (refused by read_records), not a run that wrote none yet.
+        doc = read_sidecar(self.sidecar)
+        if not doc.get("has_rows"):
+            doc["has_rows"] = True
+            atomic_write_json(self.sidecar, doc)
+        self._has_rows = True
+
     def done_keys(self) -> set[tuple]:
         """Keys (tuples over ``key`` columns) of rows already written."""
         df = self.read()
@@ -196,7 +436,20 @@ class RecordStore:
         if missing:
             raise RecordsError(f"stateremat records: rows for {self.table!r} lack key columns "
                                f"{missing}. This is a bug in the caller, please report it.")
-        tbl = pa.Table.from_pylist([dict(r) for r in rows])
+        if self.spec is None:
+            tbl = pa.Table.from_pylist([dict(r) for r in rows])
+        else:
+            extra = sorted({c for r in rows for c in r} - set(self.spec.schema.names))
+            if extra:
+                raise RecordsError(f"stateremat records: rows for {self.table!r} have columns "
+                                   f"{extra} its schema does not declare. This is a bug in the "
+                                   "caller, please report it.")
+            have = {c for r in rows for c in r}
+            schema = pa.schema([f for f in self.spec.schema if f.name in have])
+            tbl = pa.Table.from_pylist([dict(r) for r in rows], schema=schema)
+            _check_part(self.dir / "(new part)", tbl, self.spec)
+        if not self._has_rows:
+            self._mark_has_rows()
         buf = io.BytesIO()
         pq.write_table(tbl, buf)
         name = f"part-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{next(_counter):06d}.parquet"
@@ -236,31 +489,74 @@ class RecordStore:
         return dropped
 
     def read(self) -> pd.DataFrame:
-        """All rows written so far (every part), as a DataFrame."""
-        return read_records(self.out_dir, self.table)
+        """All rows written so far (every part, each validated), as a DataFrame."""
+        return read_records(self.out_dir, self.table, key=self.key, finished=False)
 
 
-def read_records(out_dir: str | os.PathLike, table: str) -> pd.DataFrame:
-    """Read every Parquet part of ``table`` under ``out_dir``; empty frame if none.
+def read_records(out_dir: str | os.PathLike, table: str, *, key: Sequence[str] | None = None,
+                 finished: bool = True) -> pd.DataFrame:
+    """Read every Parquet part of ``table`` under ``out_dir``, each validated before use.
+
+    Each part must match the table's declared schema (:func:`declare_table`; for a table
+    nobody declared, the first part's), and no two rows may share a key. With a sidecar
+    ``<table>.json`` present, the rows folder must exist and be a real folder; when
+    ``finished`` (not a run resuming) and the sidecar says rows were written, it must hold
+    parts. Empty frame when there is neither sidecar nor rows.
 
     Raises:
-        RecordsError: if a part cannot be read.
+        RecordsError: a part cannot be read or differs from the schema (naming the file and
+            the first differing column), duplicate keys (naming both files), or a missing,
+            empty or self-linked rows folder.
     """
-    d = Path(out_dir) / table
+    out = Path(out_dir)
+    d = _rows_dir(out, table)
+    sidecar = out / f"{table}.json"
+    doc = read_sidecar(sidecar) if sidecar.exists() else None
+    if doc is not None and not d.is_dir():
+        raise RecordsError(
+            f"stateremat records: the rows folder {d} of table {table!r} is missing, though its "
+            f"sidecar {sidecar} is there. Tip: restore the folder from a copy, or rerun the "
+            "run's command with the same --out to redo its rows.")
     parts = sorted(d.glob("part-*.parquet")) if d.is_dir() else []
     if not parts:
+        if finished and doc is not None and doc.get("has_rows"):
+            raise RecordsError(
+                f"stateremat records: the rows folder {d} of table {table!r} is empty, though "
+                f"its run wrote rows ({sidecar} says so). Tip: restore its parts from a copy, "
+                "or rerun the run's command with the same --out to redo its rows.")
         return pd.DataFrame()
-    frames = []
+    spec = table_spec(table)
+    if key is None:
+        key = spec.key if spec is not None else tuple((doc or {}).get("key") or ())
+    tables, origin, present = [], [], set()
     for p in parts:
         try:
-            frames.append(pq.read_table(p).to_pandas())
-        except Exception as exc:  # corrupt part: say which file
-            detail = str(exc).strip().rstrip(".")
-            raise RecordsError(f"stateremat records: cannot read {p}: {detail}. Tip: a part is "
-                               "written atomically, so this file was changed by something "
-                               "else; move it out of the folder (or delete it), then rerun the "
-                               "run's command with the same --out to redo its rows.") from exc
-    return pd.concat(frames, ignore_index=True)
+            tbl = pq.read_table(p)
+        except Exception as exc:  # unreadable or corrupt part: say which file
+            raise _unreadable(p, exc) from exc
+        if spec is None:
+            spec = _observed_spec(table, tbl, key)
+        tables.append(_check_part(p, tbl, spec))
+        present.update(tbl.schema.names)
+        origin.append(p)
+    # An optional column no part has stays absent (as before it was declared).
+    df = pa.concat_tables(tables).select(
+        [n for n in spec.schema.names if n in present]).to_pandas()
+    key = [k for k in key if k in df.columns]
+    if key and spec.unique:
+        dup = df.duplicated(key, keep=False)
+        if dup.any():
+            where = [origin[i] for i, n in enumerate(t.num_rows for t in tables) for _ in range(n)]
+            idx = list(df.index[dup.to_numpy()])
+            first = tuple(df.loc[idx[0], key])
+            files = sorted({str(where[i]) for i in idx
+                            if tuple(df.loc[i, key]) == first})
+            raise RecordsError(
+                f"stateremat records: table {table!r} holds {int(dup.sum())} rows with a "
+                f"duplicate key; e.g. {dict(zip(key, first))} in {', '.join(files)}. Tip: a run "
+                "writes each key once, so a part was copied or moved in; move the one that is "
+                "not the run's own out of the folder, then rerun with the same --out.")
+    return df
 
 
 def _config_diff(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 6) -> str:

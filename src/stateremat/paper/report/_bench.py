@@ -141,10 +141,11 @@ def expected_bench(doc: dict, out_dir: Path) -> Expected:
 
 
 @register_reporter("bench", outputs=("summary.json", "tables.md"), expected=expected_bench)
-def report_bench(out_dir: Path) -> list[Path]:
-    """Write ``summary.json`` and ``tables.md`` for a bench run folder from its raw rows."""
+def report_bench(out_dir: Path, dest: Path | None = None) -> list[Path]:
+    """Write ``summary.json`` and ``tables.md`` for a bench run folder from its raw rows (into
+    ``dest``, default the run folder)."""
     from ..bench import bench_summary
 
     summary = bench_summary(out_dir)
-    return [atomic_write_json(Path(out_dir) / "summary.json", summary),
-            write_tables(out_dir, summary)]
+    dest = Path(dest or out_dir)
+    return [atomic_write_json(dest / "summary.json", summary), write_tables(dest, summary)]

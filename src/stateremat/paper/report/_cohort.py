@@ -174,19 +174,21 @@ def check_frozen_cards(config: dict, out_dir: Path) -> None:
 
 @register_reporter(TIMING_TABLE, outputs=("summary.json", "cohort.md", "figure1.png", "figure1.svg",
                                           "figure3.png", "figure3.svg"), expected=expected_cohort)
-def report_cohort(out_dir: Path) -> list[Path]:
-    """Write ``summary.json``, ``cohort.md``, ``figure1.{png,svg}``, ``figure3.{png,svg}``."""
+def report_cohort(out_dir: Path, dest: Path | None = None) -> list[Path]:
+    """Write ``summary.json``, ``cohort.md``, ``figure1.{png,svg}``, ``figure3.{png,svg}`` (into
+    ``dest``, default the run folder)."""
     out_dir = Path(out_dir)
     s = cohort_summary(out_dir)
-    paths = [atomic_write_json(out_dir / "summary.json", s)]
-    paths.append(atomic_write_bytes(out_dir / "cohort.md", cohort_markdown(s).encode()))
-    paths += figure_step_time(s, out_dir / "figure1")
-    paths += figure_memory_time(s, out_dir / "figure3")
+    dest = Path(dest or out_dir)
+    paths = [atomic_write_json(dest / "summary.json", s)]
+    paths.append(atomic_write_bytes(dest / "cohort.md", cohort_markdown(s).encode()))
+    paths += figure_step_time(s, dest / "figure1")
+    paths += figure_memory_time(s, dest / "figure3")
     return paths
 
 
 @register_reporter(STATUS_TABLE, outputs=("processes.md",))
-def report_processes(out_dir: Path) -> list[Path]:
+def report_processes(out_dir: Path, dest: Path | None = None) -> list[Path]:
     """Write ``processes.md``: every launch attempt with its status and exit code."""
     st = read_records(out_dir, STATUS_TABLE)
     rows = [[int(r.process), int(r.attempt), r.status, int(r.exit_code), r.hostname,
@@ -196,7 +198,7 @@ def report_processes(out_dir: Path) -> list[Path]:
     md = ("# Cohort processes (every launch attempt)\n\n" + markdown_table(
         ["process", "attempt", "status", "exit code", "host", "wall s", "rows", "last stderr"],
         rows))
-    return [atomic_write_bytes(Path(out_dir) / "processes.md", md.encode())]
+    return [atomic_write_bytes(Path(dest or out_dir) / "processes.md", md.encode())]
 
 
 def cohort_markdown(s: dict[str, Any]) -> str:

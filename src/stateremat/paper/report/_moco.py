@@ -173,12 +173,13 @@ def expected_moco(doc: dict, out_dir: Path) -> Expected | None:
 
 @register_reporter("moco", outputs=("summary.json", "moco_table9.md", "moco_fig3c.png",
                                     "moco_fig3c.svg"), expected=expected_moco)
-def report_moco(out_dir: Path) -> list[Path]:
+def report_moco(out_dir: Path, dest: Path | None = None) -> list[Path]:
     """Rewrite ``summary.json`` from the raw rows and score files, then write ``moco_table9.md``
     and ``moco_fig3c.{png,svg}`` under ``out_dir``."""
     from ..moco import write_summary
 
     out_dir = Path(out_dir)
-    summary = write_summary(out_dir)
-    md = atomic_write_bytes(out_dir / "moco_table9.md", moco_markdown(summary).encode())
-    return [out_dir / "summary.json", md, *moco_figure(summary, out_dir / "moco_fig3c")]
+    dest = Path(dest or out_dir)
+    summary = write_summary(out_dir, dest)
+    md = atomic_write_bytes(dest / "moco_table9.md", moco_markdown(summary).encode())
+    return [dest / "summary.json", md, *moco_figure(summary, dest / "moco_fig3c")]

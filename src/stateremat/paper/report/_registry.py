@@ -13,7 +13,7 @@ from typing import Any, Callable, Collection, Mapping
 
 import pandas as pd
 
-Reporter = Callable[[Path], list[Path]]
+Reporter = Callable[..., list[Path]]  # (run folder, dest=None) -> paths written
 REPORTERS: dict[str, Reporter] = {}
 #: table -> file names its reporter writes into the run folder.
 OUTPUTS: dict[str, tuple[str, ...]] = {}
@@ -63,9 +63,13 @@ def register_reporter(table: str, outputs: tuple[str, ...] = (),
 
 
 def tables_in(out_dir: str | Path) -> list[str]:
-    """Records tables present in ``out_dir`` (folders that have a ``<table>.json`` sidecar)."""
+    """Records tables present in ``out_dir`` (folders that have a ``<table>.json`` sidecar, and
+    known tables whose sidecar is there but whose folder is missing or a broken link: reading
+    them says so)."""
     d = Path(out_dir)
-    return sorted(p.stem for p in d.glob("*.json") if (d / p.stem).is_dir())
+    return sorted(p.stem for p in d.glob("*.json")
+                  if (d / p.stem).is_dir() or (d / p.stem).is_symlink()
+                  or (p.stem in REPORTERS and not (d / p.stem).exists()))
 
 
 def orphan_tables(out_dir: str | Path) -> list[str]:

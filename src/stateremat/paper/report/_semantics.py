@@ -60,7 +60,7 @@ def expected_semantics(doc: dict, out_dir: Path) -> Expected:
 
 
 @register_reporter("semantics", outputs=("semantics.md",), expected=expected_semantics)
-def report_semantics(out_dir: Path) -> list[Path]:
+def report_semantics(out_dir: Path, dest: Path | None = None) -> list[Path]:
     """Write ``semantics.md``: the Table 2 counts beside the paper's, and per-family counts.
 
     Raises:
@@ -69,7 +69,7 @@ def report_semantics(out_dir: Path) -> list[Path]:
     from ..semantics import summarize_frame
 
     summary = summarize_frame(read_records(out_dir, "semantics"))
-    path = Path(out_dir) / "semantics.md"
+    path = Path(dest or out_dir) / "semantics.md"
     atomic_write_bytes(path, _markdown("Replay semantics cohort (paper Table 2)", summary,
                                        True).encode())
     return [path]
@@ -77,12 +77,12 @@ def report_semantics(out_dir: Path) -> list[Path]:
 
 @register_reporter("semantics_stateremat_jax", outputs=("semantics_stateremat_jax.md",),
                    expected=expected_semantics)
-def report_semantics_extension(out_dir: Path) -> list[Path]:
+def report_semantics_extension(out_dir: Path, dest: Path | None = None) -> list[Path]:
     """Write ``semantics_stateremat_jax.md``: outcomes of ``stateremat.jax.checkpoint``."""
     from ..semantics import summarize_frame
 
     summary = summarize_frame(read_records(out_dir, "semantics_stateremat_jax"))
-    path = Path(out_dir) / "semantics_stateremat_jax.md"
+    path = Path(dest or out_dir) / "semantics_stateremat_jax.md"
     atomic_write_bytes(path, _markdown("stateremat.jax.checkpoint on the same conditions "
                                        "(extension)", summary, False).encode())
     return [path]

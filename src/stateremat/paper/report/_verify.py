@@ -25,15 +25,17 @@ def _flat(d: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix, d
 
 
-def _report(table: str, summarise: Callable[[Any], dict], out_dir: Path) -> list[Path]:
+def _report(table: str, summarise: Callable[[Any], dict], out_dir: Path,
+            dest: Path | None = None) -> list[Path]:
     out_dir = Path(out_dir)
     summary = summarise(read_records(out_dir, table))
     rows = [[k, fmt(v) if not isinstance(v, list) else ", ".join(map(str, v))]
             for k, v in _flat(summary)]
     md = f"# {_TITLES[table]}\n\nRecomputed from the raw rows in `{table}/`.\n\n" \
         + markdown_table(["quantity", "value"], rows)
-    return [atomic_write_json(out_dir / f"{table}_summary.json", summary),
-            atomic_write_bytes(out_dir / f"{table}.md", md.encode())]
+    dest = Path(dest or out_dir)
+    return [atomic_write_json(dest / f"{table}_summary.json", summary),
+            atomic_write_bytes(dest / f"{table}.md", md.encode())]
 
 
 def _expected_finite(doc: dict, out_dir: Path) -> Expected:
@@ -59,25 +61,25 @@ def _expected_alias(doc: dict, out_dir: Path) -> Expected:
 
 @register_reporter("finite", outputs=("finite_summary.json", "finite.md"),
                    expected=_expected_finite)
-def report_finite(out_dir: Path) -> list[Path]:
+def report_finite(out_dir: Path, dest: Path | None = None) -> list[Path]:
     """Write ``finite_summary.json`` and ``finite.md`` from the ``finite`` rows."""
     from ..verify import summarise_finite
 
-    return _report("finite", summarise_finite, out_dir)
+    return _report("finite", summarise_finite, out_dir, dest)
 
 
 @register_reporter("engines", outputs=("engines_summary.json", "engines.md"),
                    expected=_expected_engines)
-def report_engines(out_dir: Path) -> list[Path]:
+def report_engines(out_dir: Path, dest: Path | None = None) -> list[Path]:
     """Write ``engines_summary.json`` and ``engines.md`` from the ``engines`` rows."""
     from ..verify import summarise_engines
 
-    return _report("engines", summarise_engines, out_dir)
+    return _report("engines", summarise_engines, out_dir, dest)
 
 
 @register_reporter("alias", outputs=("alias_summary.json", "alias.md"), expected=_expected_alias)
-def report_alias(out_dir: Path) -> list[Path]:
+def report_alias(out_dir: Path, dest: Path | None = None) -> list[Path]:
     """Write ``alias_summary.json`` and ``alias.md`` from the ``alias`` rows."""
     from ..verify import summarise_alias
 
-    return _report("alias", summarise_alias, out_dir)
+    return _report("alias", summarise_alias, out_dir, dest)

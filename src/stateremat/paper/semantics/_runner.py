@@ -21,10 +21,8 @@ from ..records import RecordStore
 from ._compare import StageError, compare
 from ._families import (DTYPES, FAMILIES, JAX_METHODS, STATEREMAT_JAX_METHOD, TORCH_METHOD_NAMES,
                         program_data, program_params)
+from ._tables import EXTENSION_TABLE, KEY, SEMANTICS_TABLE
 
-SEMANTICS_TABLE = "semantics"
-EXTENSION_TABLE = "semantics_stateremat_jax"
-KEY = ("backend", "method", "family", "seed", "dtype")
 _FLUSH_EVERY = 100  # rows, or
 _FLUSH_S = 2.0  # seconds: a kill -9 loses at most this much finished work
 

@@ -9,11 +9,47 @@ References: paper §6 (finite suites), §7 and Table 3 (engines, joint alias).
 from __future__ import annotations
 
 import pandas as pd
+import pyarrow as pa
+
+from ..records import declare_table
 
 
 FINITE_KEY = ("suite", "seed", "program", "check")
 ENGINES_KEY = ("seed", "program", "check", "engine")
 ALIAS_KEY = ("seed", "pattern", "dim", "check", "engine")
+
+#: Row schemas of the three verify tables (names, types; key columns never null).
+FINITE_COLUMNS = [
+    ("suite", pa.string()), ("program", pa.int64()), ("check", pa.string()),
+    ("seed", pa.int64()), ("program_seed", pa.string()), ("family", pa.string()),
+    ("dims", pa.int64()), ("n_ops", pa.int64()), ("outcome", pa.string()),
+    ("max_error", pa.float64()), ("coordinates", pa.int64()), ("detected", pa.bool_()),
+    ("bytes_differing", pa.int64()), ("message", pa.string()), ("source_hash", pa.string()),
+    ("segment_random_ops", pa.int64()),
+]
+ENGINES_COLUMNS = [
+    ("family", pa.string()), ("dims", pa.int64()), ("n_ops", pa.int64()),
+    ("n_segments", pa.int64()), ("state_bytes", pa.int64()), ("source_hash", pa.string()),
+    ("coordinates", pa.int64()), ("max_error", pa.float64()), ("retained_bytes", pa.int64()),
+    ("workspace_bytes", pa.int64()), ("repeat_ok", pa.bool_()),
+    ("start_state_checked", pa.bool_()), ("structural_checks", pa.string()),
+    ("message", pa.string()), ("seed", pa.int64()), ("program", pa.int64()),
+    ("program_seed", pa.string()), ("check", pa.string()), ("engine", pa.string()),
+    ("outcome", pa.string()),
+]
+ALIAS_COLUMNS = [
+    ("family", pa.string()), ("n_ops", pa.int64()), ("n_segments", pa.int64()),
+    ("state_bytes", pa.int64()), ("source_hash", pa.string()), ("coordinates", pa.int64()),
+    ("max_error", pa.float64()), ("retained_bytes", pa.int64()),
+    ("workspace_bytes", pa.int64()), ("repeat_ok", pa.bool_()),
+    ("start_state_checked", pa.bool_()), ("structural_checks", pa.string()),
+    ("message", pa.string()), ("seed", pa.int64()), ("pattern", pa.string()),
+    ("dim", pa.int64()), ("program_seed", pa.string()), ("check", pa.string()),
+    ("engine", pa.string()), ("outcome", pa.string()),
+]
+declare_table("finite", FINITE_COLUMNS, FINITE_KEY, required=("outcome",))
+declare_table("engines", ENGINES_COLUMNS, ENGINES_KEY, required=("outcome",))
+declare_table("alias", ALIAS_COLUMNS, ALIAS_KEY, required=("outcome",))
 
 
 def distinct(rows: pd.DataFrame, key) -> pd.DataFrame:

@@ -1,0 +1,241 @@
+"""Every row a command reads is validated before use (issue 27): declared schemas, keys,
+another table's parts, missing/empty/self-linked rows folders, report on damaged folders,
+folder ownership and temporary names at the file-name limit. Tiny tables written by the
+store itself."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from _cli import run_cli
+from stateremat.contract import RecordsError, atomic_write_bytes
+from stateremat.paper.records import RecordStore, read_records, table_spec
+
+STATUS_KEY = ["process", "attempt"]
+TIMING_KEY = ["process", "cell", "method", "step"]
+
+
+def _status_rows(n: int = 3, attempt: int = 0) -> list[dict]:
+    return [{"process": p, "attempt": attempt, "status": "ok", "exit_code": 0,
+             "stderr_tail": "", "wall_s": 1.5, "hostname": "h", "n_rows": 4,
+             "executor": "local", "requested_processes": n} for p in range(n)]
+
+
+def _status_run(out: Path, n: int = 3) -> Path:
+    store = RecordStore(out, "cohort_processes", key=STATUS_KEY, meta={"k": 1})
+    store.append(_status_rows(n))
+    return next((out / "cohort_processes").glob("part-*.parquet"))
+
+
+def test_every_paper_table_declares_a_schema_with_non_null_keys():
+    for table in ("finite", "engines", "alias", "bench", "moco", "semantics",
+                  "semantics_stateremat_jax", "cohort_timing", "cohort_processes"):
+        spec = table_spec(table)
+        assert spec is not None and spec.key, table
+        for k in spec.key:
+            assert not spec.schema.field(k).nullable, (table, k)
+
+
+def test_a_part_with_the_right_names_but_string_types_is_refused(tmp_path):
+    part = _status_run(tmp_path)
+    tbl = pq.read_table(part)
+    junk = pa.table({n: pa.array([str(v) for v in tbl.column(n).to_pylist()])
+                     for n in tbl.schema.names})
+    pq.write_table(junk, part)
+    with pytest.raises(RecordsError) as err:
+        read_records(tmp_path, "cohort_processes")
+    assert str(part) in str(err.value) and "'process'" in str(err.value)
+    assert "has type string, not int64" in str(err.value)
+    # a rerun (resume) refuses it too, before keeping or redoing anything
+    with pytest.raises(RecordsError, match="does not match"):
+        RecordStore(tmp_path, "cohort_processes", key=STATUS_KEY, meta={"k": 1}).done_keys()
+
+
+def test_a_part_of_another_table_is_refused_and_named(tmp_path):
+    timing = RecordStore(tmp_path / "a", "cohort_timing", key=TIMING_KEY, meta={})
+    timing.append([{"process": 0, "cell": "c", "method": "m", "step": s, "attempt": 0,
+                    "step_time_s": 0.1, "peak_bytes": 10} for s in range(3)])
+    _status_run(tmp_path / "b")
+    moved = next((tmp_path / "a" / "cohort_timing").glob("part-*.parquet"))
+    dest = tmp_path / "b" / "cohort_processes" / "part-zz-moved.parquet"
+    shutil.move(moved, dest)
+    with pytest.raises(RecordsError) as err:
+        read_records(tmp_path / "b", "cohort_processes")
+    msg = str(err.value)
+    assert str(dest) in msg and "is not one of its columns" in msg
+    assert "table 'cohort_timing'" in msg
+
+
+def test_duplicate_keys_are_refused_naming_both_files(tmp_path):
+    part = _status_run(tmp_path)
+    copy = part.with_name("part-zz-copy.parquet")
+    shutil.copy(part, copy)
+    with pytest.raises(RecordsError) as err:
+        read_records(tmp_path, "cohort_processes")
+    msg = str(err.value)
+    assert "duplicate key" in msg and str(part) in msg and str(copy) in msg
+
+
+def test_a_missing_rows_folder_is_refused(tmp_path):
+    _status_run(tmp_path)
+    shutil.rmtree(tmp_path / "cohort_processes")
+    with pytest.raises(RecordsError, match="is missing, though its sidecar"):
+        read_records(tmp_path, "cohort_processes")
+
+
+def test_an_emptied_rows_folder_is_refused_but_a_fresh_one_is_not(tmp_path):
+    RecordStore(tmp_path / "fresh", "cohort_processes", key=STATUS_KEY, meta={})
+    assert read_records(tmp_path / "fresh", "cohort_processes").empty  # nothing written yet
+    part = _status_run(tmp_path / "run")
+    part.unlink()
+    with pytest.raises(RecordsError, match="is empty, though its run wrote rows"):
+        read_records(tmp_path / "run", "cohort_processes")
+
+
+def test_a_self_linked_rows_folder_is_refused(tmp_path):
+    _status_run(tmp_path)
+    d = tmp_path / "cohort_processes"
+    shutil.rmtree(d)
+    os.symlink(d.name, d)  # a link to itself
+    with pytest.raises(RecordsError, match="symbolic link that loops"):
+        read_records(tmp_path, "cohort_processes")
+    with pytest.raises(RecordsError, match="symbolic link that loops"):
+        RecordStore(tmp_path, "cohort_processes", key=STATUS_KEY, meta={"k": 1})
+
+
+def test_rows_with_undeclared_columns_are_refused_on_write(tmp_path):
+    store = RecordStore(tmp_path, "cohort_processes", key=STATUS_KEY, meta={})
+    with pytest.raises(RecordsError, match="does not declare"):
+        store.append([{"process": 0, "attempt": 0, "bogus": 1}])
+
+
+def test_valid_parts_read_back_typed(tmp_path):
+    _status_run(tmp_path)
+    df = read_records(tmp_path, "cohort_processes")
+    assert len(df) == 3 and str(df["process"].dtype) == "int64"
+
+
+@pytest.fixture(scope="module")
+def alias_run(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("alias") / "run"
+    assert run_cli("verify", "alias", "--seeds", "1", "--out", out).exit_code == 0
+    assert run_cli("report", out).exit_code == 0
+    return out
+
+
+def _copy(run: Path, dest: Path) -> Path:
+    shutil.copytree(run, dest)
+    (dest / ".run.lock").unlink(missing_ok=True)
+    return dest
+
+
+def test_report_refuses_a_string_typed_part_with_exit_2_and_keeps_outputs(alias_run, tmp_path):
+    out = _copy(alias_run, tmp_path / "run")
+    md = (out / "alias.md").read_text()
+    part = sorted((out / "alias").glob("part-*.parquet"))[0]
+    tbl = pq.read_table(part)
+    pq.write_table(pa.table({n: pa.array([None if v is None else str(v)
+                                           for v in tbl.column(n).to_pylist()],
+                                          type=pa.string())
+                             for n in tbl.schema.names}), part)
+    res = run_cli("report", out)
+    assert res.exit_code == 2, res.output
+    assert str(part) in res.output and "does not match" in res.output
+    assert (out / "alias.md").read_text() == md  # earlier outputs kept
+
+
+def test_report_refuses_a_deleted_rows_folder_and_keeps_outputs(alias_run, tmp_path):
+    out = _copy(alias_run, tmp_path / "run")
+    shutil.rmtree(out / "alias")
+    res = run_cli("report", out)
+    assert res.exit_code == 2, res.output
+    assert "is missing, though its sidecar" in res.output
+    assert (out / "alias.md").exists()
+
+
+def test_report_on_an_unreadable_part_keeps_outputs_and_never_says_delete(alias_run, tmp_path,
+                                                                         monkeypatch):
+    import stateremat.paper.records._store as store
+
+    out = _copy(alias_run, tmp_path / "run")
+    part = sorted((out / "alias").glob("part-*.parquet"))[0]
+    read = store.pq.read_table
+
+    def unreadable(path, *a, **k):  # what a part without read permission does (even as root)
+        if Path(path) == part:
+            raise PermissionError(13, "Permission denied", str(path))
+        return read(path, *a, **k)
+
+    monkeypatch.setattr(store.pq, "read_table", unreadable)
+    md = (out / "alias.md").read_bytes()
+    res = run_cli("report", out)
+    assert res.exit_code == 2, res.output
+    assert str(part) in res.output and "make it readable" in res.output
+    assert "delete" not in res.output, res.output
+    assert (out / "alias.md").read_bytes() == md
+
+
+def test_temporary_names_fit_when_the_final_name_does(tmp_path):
+    for name in ("a" * 255, "a" * 254, "\u00e9" * 127 + "a"):
+        assert len(name.encode()) <= 255
+        atomic_write_bytes(tmp_path / name, b"x")
+        assert (tmp_path / name).read_bytes() == b"x"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_a_folder_belongs_to_the_command_that_created_it(alias_run, tmp_path, legacy):
+    out = _copy(alias_run, tmp_path / "run")
+    if legacy:  # a folder made before manifests: judged by its tables' sidecars
+        (out / ".run.json").unlink()
+    else:
+        assert json.loads((out / ".run.json").read_text())["command"] == \
+            "stateremat verify alias"
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    res = run_cli("bench", "fair", "--preset", "cpu", "--out", out)
+    assert res.exit_code == 2, res.output
+    assert "stateremat verify alias" in res.output and "stateremat bench fair" in res.output
+    after = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert {k: v for k, v in after.items() if k != ".run.json"} == \
+        {k: v for k, v in before.items() if k != ".run.json"}
+    assert not (out / "bench.json").exists() and not (out / "cards").exists()
+    # its own command resumes there
+    assert run_cli("verify", "alias", "--seeds", "1", "--out", out).exit_code == 0
+
+
+def test_report_runs_on_a_read_only_folder_writing_only_into_out(alias_run, tmp_path):
+    src = _copy(alias_run, tmp_path / "run")
+    (src / ".run.lock").write_bytes(b"")  # a finished run's lock file, held by nobody
+    before = {p.relative_to(src): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    modes = {p: p.stat().st_mode for p in [src, *src.rglob("*")]}
+    for p in sorted(modes, reverse=True):
+        if p.is_dir():
+            p.chmod(0o555)
+    try:
+        dest = tmp_path / "tables"
+        res = run_cli("report", src, "--out", dest)
+        assert res.exit_code == 0, res.output
+        assert (dest / "alias.md").read_bytes() == before[Path("alias.md")]
+    finally:
+        for p, m in modes.items():
+            p.chmod(m)
+    after = {p.relative_to(src): p.read_bytes() for p in src.rglob("*") if p.is_file()}
+    assert after == before  # nothing written, nothing removed
+
+
+def test_report_without_out_on_a_read_only_folder_says_to_pass_out(alias_run, tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes into any folder")
+    src = _copy(alias_run, tmp_path / "run")
+    src.chmod(0o555)
+    try:
+        res = run_cli("report", src)
+    finally:
+        src.chmod(0o755)
+    assert res.exit_code == 2 and "--out" in res.output
