@@ -57,3 +57,25 @@ def test_readme_distributed_and_compiled_training_blocks_run_and_print_what_they
         printed = capsys.readouterr().out.splitlines()
         for _, expected in re.findall(r"^(print\(.*\))\s+# (.*)$", block, re.M):
             assert expected in printed, (expected, printed)
+
+
+def test_readme_report_command_on_a_kept_run_changes_no_committed_file(tmp_path):
+    # issue 27 item 2: a README command run in a clean clone exits 0 and leaves every committed file as it is
+    import subprocess
+    import sys
+
+    root = README.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout")
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(root), str(clone)], check=True, timeout=120)
+    line = next(ln for ln in README.read_text().splitlines() if ln.startswith("stateremat report results/cpu/"))
+    argv = line.split("#")[0].split()[1:]
+    env = dict(__import__("os").environ, PYTHONPATH=str(clone / "src"))
+    done = subprocess.run([sys.executable, "-m", "stateremat", *argv], cwd=clone, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=clone, capture_output=True,
+                            text=True, check=True).stdout
+    assert status == "", status
+    assert any((clone / "runs").rglob("*.md"))  # it wrote its tables where --out said
