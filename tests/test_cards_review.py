@@ -104,7 +104,7 @@ def test_missing_frozen_card_is_refused_and_the_original_cards_resume(cohort_run
     assert "Tip: restore it (or pass --profile with the original cards)" in text, text
     assert not (out / CARD).exists() and _parts(out) == before  # nothing measured or written
     res = _run("report", out)
-    assert res.exit_code == 1 and "profile/large_sparse.json" in _text(res), res.output
+    assert res.exit_code == 2 and "profile/large_sparse.json" in _text(res), res.output
     res = _run(*COHORT, "--profile", cohort_run / "profile", "--out", out)
     assert res.exit_code == 0, res.output
     assert "1 processes already done, ran 0" in _text(res), res.output
@@ -140,7 +140,7 @@ def test_edited_frozen_card_is_refused_and_report_says_so(cohort_run, tmp_path):
     assert "frozen card profile/large_sparse.json" in text and "was changed" in text, text
     assert _parts(out) == before
     res = _run("report", out)
-    assert res.exit_code == 1, res.output
+    assert res.exit_code == 2,  # a damaged run folder: refused (issue 27) res.output
     text = _text(res)
     assert "frozen card profile/large_sparse.json" in text and "differs" in text, text
     assert not (out / "cohort.md").exists()
