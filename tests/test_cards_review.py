@@ -140,7 +140,7 @@ def test_edited_frozen_card_is_refused_and_report_says_so(cohort_run, tmp_path):
     assert "frozen card profile/large_sparse.json" in text and "was changed" in text, text
     assert _parts(out) == before
     res = _run("report", out)
-    assert res.exit_code == 2,  # a damaged run folder: refused (issue 27) res.output
+    assert res.exit_code == 2, res.output  # a damaged run folder: refused (issue 27)
     text = _text(res)
     assert "frozen card profile/large_sparse.json" in text and "differs" in text, text
     assert not (out / "cohort.md").exists()

@@ -77,7 +77,7 @@ def test_report_on_a_sidecar_without_config_is_incomplete_not_complete(finite_ru
     shutil.copytree(finite_run, out)
     (out / "finite.json").write_text(json.dumps({"programs": 2, "checks": {}}))  # a summary
     res = _run("report", out)
-    assert res.exit_code == 2,  # a damaged run folder: refused (issue 27) res.output
+    assert res.exit_code == 2, res.output  # a damaged run folder: refused (issue 27)
     assert "holds no run config" in res.output and "cannot be checked" in res.output
     assert not (out / "finite.md").exists()
     assert _run("report", out, "--allow-incomplete").exit_code == 1
