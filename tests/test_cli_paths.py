@@ -80,7 +80,7 @@ def test_report_on_a_sidecar_without_config_is_incomplete_not_complete(finite_ru
     assert res.exit_code == 2, res.output  # a damaged run folder: refused (issue 27)
     assert "holds no run config" in res.output and "cannot be checked" in res.output
     assert not (out / "finite.md").exists()
-    assert _run("report", out, "--allow-incomplete").exit_code == 1
+    assert _run("report", out, "--allow-incomplete").exit_code == 2  # refused, not merely incomplete
 
 
 # ------------------------------------------------------------ 2. an output that is an input
