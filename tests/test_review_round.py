@@ -1,0 +1,50 @@
+"""Review round: findings of an adversarial review, each a test that failed before its fix."""
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def _llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                      num_key_value_heads=2, vocab_size=96, attention_dropout=0.2)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).train()
+
+
+def test_transformers_enabled_model_pickles_and_keeps_the_switch():
+    """pickle / torch.save of an enabled model could be written but not loaded (AttributeError:
+    no attribute '_keep_stateremat': the switch was a types.MethodType)."""
+    from stateremat.integrations.transformers import StateAwareCheckpoint, enable
+    model = enable(_llama())
+    for load in (lambda m: pickle.loads(pickle.dumps(m)),
+                 lambda m: (lambda b: (torch.save(m, b), b.seek(0), torch.load(b, weights_only=False))[2])(io.BytesIO())):
+        copy = load(model)
+        copy.activation_checkpointing_enable()
+        assert isinstance(copy.model.layers[0]._gradient_checkpointing_func, StateAwareCheckpoint)
+        with pytest.raises(ValueError, match="use_reentrant=True"):
+            copy.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
+        ids = torch.randint(0, 96, (2, 8))
+        copy(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+
+
+def test_timm_enabled_model_pickles_and_keeps_refusing_timm_switch():
+    """The same for timm: torch.load of an enabled model raised AttributeError '_refuse_timm_switch'."""
+    from _clients import import_timm
+    timm = import_timm()
+    from stateremat.integrations.timm import enable
+    torch.manual_seed(0)
+    model = enable(timm.create_model("resnet18", pretrained=False, num_classes=3).train())
+    copy = pickle.loads(pickle.dumps(model))
+    with pytest.raises(ValueError, match="set_grad_checkpointing"):
+        copy.set_grad_checkpointing(True)
+    copy(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert int(copy.layer1[0].bn1.num_batches_tracked) == 1
