@@ -48,3 +48,25 @@ def test_timm_enabled_model_pickles_and_keeps_refusing_timm_switch():
         copy.set_grad_checkpointing(True)
     copy(torch.randn(2, 3, 32, 32)).sum().backward()
     assert int(copy.layer1[0].bn1.num_batches_tracked) == 1
+
+
+def test_metadata_mismatch_error_carries_torchs_phrase():
+    """torch's CheckpointError says "Recomputed values for the following tensors have different
+    metadata than during the forward pass"; stateremat's said only "has different metadata at
+    recomputation", so code matching torch's message missed it (the count and double-unpack
+    errors already carry torch's phrases)."""
+    from torch import nn
+    from torch.utils.checkpoint import CheckpointError
+    from stateremat.torch import checkpoint
+    torch.manual_seed(0)
+    lin, x, calls = nn.Linear(4, 4), torch.randn(2, 4, requires_grad=True), []
+
+    def f(z):
+        calls.append(1)
+        if len(calls) == 2:  # the replay sees a batch twice as large
+            return lin(torch.cat([z, z])).exp()[:2]
+        return lin(z).exp()
+
+    with pytest.raises(CheckpointError, match="Recomputed values for the following tensors have different metadata "
+                                              "than during the forward pass"):
+        checkpoint(f, x).sum().backward()
