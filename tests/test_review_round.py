@@ -70,3 +70,47 @@ def test_metadata_mismatch_error_carries_torchs_phrase():
     with pytest.raises(CheckpointError, match="Recomputed values for the following tensors have different metadata "
                                               "than during the forward pass"):
         checkpoint(f, x).sum().backward()
+
+
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+@pytest.mark.parametrize("t0", [0, 0.0, 1.5])
+@pytest.mark.parametrize("how", ["state", "stateful", "nested", "undeclared"])
+def test_scalar_attribute_rebound_in_forward_replays_as_of_the_forward(preserve, t0, how):
+    """A module attribute holding a Python scalar that the forward rebinds (``self.t = self.t + 1``,
+    a step counter a spiking neuron scales by) was advanced again by the replay, which then
+    computed with t + 1: the gradients were silently wrong and the counter advanced twice per
+    step (only attributes starting as float/None and becoming a tensor were replayed)."""
+    from torch import nn
+    from stateremat.torch import StatefulCheckpoint, checkpoint
+
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l, self.t = nn.Linear(4, 4), t0
+
+        def forward(self, x):
+            self.t = self.t + 1
+            return (self.l(x) * self.t).tanh()
+
+    x = torch.randn(2, 4, dtype=torch.float64)
+    got = []
+    for mode in ("eager", how):
+        torch.manual_seed(0)
+        m = Counter().double()
+        wrapped = StatefulCheckpoint(m, preserve=preserve) if mode == "stateful" else None
+        for _ in range(2):
+            if mode == "eager":
+                y = m(x)
+            elif mode == "state":
+                y = checkpoint(m, x, state=[m], preserve=preserve)
+            elif mode == "stateful":
+                y = wrapped(x)
+            elif mode == "nested":
+                y = checkpoint(lambda z: checkpoint(m, z, state=[m], preserve=preserve) + 0, x, state=[m],
+                               preserve=preserve)
+            else:
+                y = checkpoint(m, x, preserve=preserve)
+            y.sum().backward()
+        got.append((m.t, m.l.weight.grad.clone(), m.l.bias.grad.clone()))
+    assert got[0][0] == got[1][0] and type(got[0][0]) is type(got[1][0])
+    assert torch.equal(got[0][1], got[1][1]) and torch.equal(got[0][2], got[1][2])
