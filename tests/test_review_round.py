@@ -72,6 +72,8 @@ def test_metadata_mismatch_error_carries_torchs_phrase():
         checkpoint(f, x).sum().backward()
 
 
+@pytest.mark.xfail(strict=True, reason="open: a scalar attribute rebound in the forward is advanced again by the "
+                   "replay (silently wrong gradients); see the review report")
 @pytest.mark.parametrize("preserve", ["whole", "region"])
 @pytest.mark.parametrize("t0", [0, 0.0, 1.5])
 @pytest.mark.parametrize("how", ["state", "stateful", "nested", "undeclared"])
@@ -114,3 +116,32 @@ def test_scalar_attribute_rebound_in_forward_replays_as_of_the_forward(preserve,
         got.append((m.t, m.l.weight.grad.clone(), m.l.bias.grad.clone()))
     assert got[0][0] == got[1][0] and type(got[0][0]) is type(got[1][0])
     assert torch.equal(got[0][1], got[1][1]) and torch.equal(got[0][2], got[1][2])
+
+
+
+def test_scalar_rebinding_guarded_by_is_replaying_stays_exact():
+    """The guarded pattern (the forward updates a scalar only when not replaying) replays with the
+    value the forward ended at, which is what the forward computed with: gradients equal eager's.
+    Any fix of the unguarded case above must keep this one exact (or refuse it clearly), and must
+    survive early stop (a replay that stops before the rebinding statement runs)."""
+    from torch import nn
+    from stateremat.torch import checkpoint, is_replaying
+
+    class Guarded(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l, self.t = nn.Linear(4, 4), 0
+
+        def forward(self, x):
+            if not is_replaying():
+                self.t = self.t + 1
+            return (self.l(x) * self.t).tanh()
+
+    x, grads = torch.randn(2, 4), []
+    for ck in (False, True):
+        torch.manual_seed(0)
+        m = Guarded()
+        (checkpoint(m, x, state=[m]) if ck else m(x)).sum().backward()
+        grads.append(m.l.weight.grad)
+        assert m.t == 1
+    assert torch.equal(*grads)

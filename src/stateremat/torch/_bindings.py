@@ -25,7 +25,7 @@ from torch import nn
 
 from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops
 from ._errors import UnsupportedError
-from ._scan import Declared, Reach, scalar_rebound, slot_starts, tensor_bound, tensor_slots
+from ._scan import Declared, Reach, slot_starts, tensor_bound, tensor_slots
 
 
 _ABSENT = object()  # a slot that is not bound at all
@@ -137,7 +137,7 @@ class Bindings:
         plain = tensor_bound(self.starts, now)
         self.plain_keys = {(id(m), d, k) for m, d, k, _ in plain}
         start = {(id(m), d, k) for m, d, k, _ in self.slots} | self.plain_keys
-        self.rebound += plain + scalar_rebound(self.starts) + [(m, d, k, _ABSENT) for m in self.mods
+        self.rebound += plain + [(m, d, k, _ABSENT) for m in self.mods
                          for (d, k) in (now[id(m)] if id(m) in now else tensor_slots(m))
                          if (id(m), d, k) not in start]  # created by the forward (a lazy buffer)
         with DisableTorchFunctionSubclass():

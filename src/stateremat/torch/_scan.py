@@ -484,30 +484,6 @@ def tensor_bound(starts: list[tuple], ends: dict[int, dict]) -> list[tuple[nn.Mo
     return out
 
 
-_SCALARS = (bool, int, float, complex, str, bytes, type(None))
-
-
-def scalar_rebound(starts: list[tuple]) -> list[tuple[nn.Module, str, str, Any]]:
-    """``(module, "__dict__", key, start value)`` of each plain attribute that held an immutable
-    Python scalar at the forward's start and another scalar at its end (``self.t = self.t + 1``,
-    a step counter a LIF neuron multiplies by): the replay binds the start value again, as it does
-    for a tensor attribute rebound by the forward, so it computes what the forward computed and
-    the counter is advanced once per step, as in eager. Read right after the forward.
-
-    Args:
-        starts: :func:`slot_starts` of the modules, taken as the forward began.
-    """
-    out = []
-    for m, attrs, _, _ in starts:
-        for k, v in attrs.items():
-            if k == "training" or type(v) not in _SCALARS:
-                continue
-            now = m.__dict__.get(k, _MISSING)
-            if type(now) in _SCALARS and (type(now) is not type(v) or now != v):
-                out.append((m, "__dict__", k, v))
-    return out
-
-
 def _may_hold_state(obj: Any) -> bool:
     """Plain objects of standard-library classes (loggers, locks, handlers) hold no tensors of
     a model's; ``SimpleNamespace`` is the exception users keep state in."""
