@@ -13,7 +13,7 @@ switch back to timm. :func:`checkpoint_seq` is timm's helper with the same signa
 """
 from __future__ import annotations
 
-import types
+import functools
 from typing import Any, Callable
 
 import torch
@@ -60,7 +60,9 @@ def enable(model: nn.Module, segments: Any = None, *, preserve: str = "region", 
     if hasattr(model, "set_grad_checkpointing"):
         model.__dict__.pop("set_grad_checkpointing", None)
         model.set_grad_checkpointing(False)
-        model.set_grad_checkpointing = types.MethodType(_refuse_timm_switch, model)
+        # a partial, not types.MethodType (which pickles as getattr(model, '_refuse_timm_switch'), a
+        # name the model lacks: pickle / torch.save of an enabled model could not be loaded)
+        model.set_grad_checkpointing = functools.partial(_refuse_timm_switch, model)
     apply_plan(model, {"options": [preserve] * len(names), "segment_names": names}, state=state,
                granularity_bytes=granularity_bytes, on_undeclared=on_undeclared, verify=verify)
     return model

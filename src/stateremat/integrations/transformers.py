@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import types
 from typing import Any, Callable
 
 import torch.utils.checkpoint as _tuc
@@ -152,8 +151,10 @@ def enable(model: Any, *, every_n_layers: int = 1, state: Any = "buffers", prese
     hook = _hook(model)
     hook(enable=True, gradient_checkpointing_func=func, **kwargs)
     model._stateremat_checkpoint = func
-    # every later switch of transformers' (or Trainer's) ends here: keep stateremat's checkpoint
-    model._set_gradient_checkpointing = types.MethodType(_keep_stateremat, model)
+    # every later switch of transformers' (or Trainer's) ends here: keep stateremat's checkpoint; a
+    # partial, not types.MethodType, which pickles as getattr(model, '_keep_stateremat') and so
+    # cannot be loaded again (pickle / torch.save of an enabled model)
+    model._set_gradient_checkpointing = functools.partial(_keep_stateremat, model)
     return model
 
 

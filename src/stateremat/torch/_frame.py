@@ -339,8 +339,8 @@ class Frame:
             meta = (tuple(x.shape), x.dtype, x.device)
             if meta != self.metas[idx]:
                 raise ReplayError(self._debug_text(
-                    f"stateremat.torch.checkpoint: segment {self.name!r}: saved tensor #{idx} has "
-                    f"different metadata at recomputation (expected {self.metas[idx]}, got {meta}). "
+                    f"stateremat.torch.checkpoint: segment {self.name!r}: Recomputed values for the following tensors "
+                    f"have different metadata than during the forward pass: saved tensor #{idx} has different metadata at recomputation (expected {self.metas[idx]}, got {meta}). "
                     "Tip: declare the state the segment reads and mutates (state=...)."))
         if self.mismatch.get(gid):
             raise ReplayDivergenceError(
