@@ -248,8 +248,7 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
     check_segment_options(state, segment_options, _API)
     names = resolve_segments(model, segments)
     option_names = _option_names(options)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"{_API}: repeats must be a positive int, got {repeats!r}. Tip: 5 is a good default.")
+    _check_repeats(repeats)
     run, inputs = make_step(model, step)
     device = model_device(model, device)
     snapshot = ModelSnapshot(model, tuple(optimizers))
@@ -258,24 +257,37 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         # an optimizer step_fn steps but that was not given is found at its first step: saved and
         # restored like the given ones, its state counted in P
         with snapshot.watching_optimizers(runner.optimizers.append):
-            runner.warm_up()  # gradients, optimizer state, lazily built buffers
-            # what a step creates and keeps (carried as roots); the card's segments (eq. 3's chain) are
-            # then in the order they first run, which need not be the modules' registration order
-            names = runner.learn_order()
-            mem = {o: runner.step(o, memory=True) for o in option_names}
-            stateful = [_has_state(model.get_submodule(n), state) for n in names]
-            chain = _chain_journal(runner, names, stateful) if "region" in option_names else {}
-            secs: dict[str, list[list[float]]] = {o: [] for o in option_names}
-            for rep in range(repeats + 1):
-                for o in option_names:
-                    costs = runner.step(o, memory=False)
-                    if rep:  # the first round is a warm-up
-                        secs[o].append([s.time_s for s in costs.segments])
+            mem, secs, stateful, chain = _measure(runner, option_names, repeats, state)
     finally:
-        for name in names:
+        for name in runner.names:
             unwrap_module(model.get_submodule(name))
         snapshot.restore()
-    return _card(model, names, option_names, mem, secs, device, state, repeats, stateful, chain)
+    return _card(model, runner.names, option_names, mem, secs, device, state, repeats, stateful, chain)
+
+
+def _check_repeats(repeats: Any) -> None:
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"{_API}: repeats must be a positive int, got {repeats!r}. Tip: 5 is a good default.")
+
+
+def _measure(runner: _Runner, option_names: list[str], repeats: int, state: Any):
+    """The measuring steps of :func:`profile`: warm-up, the order, one memory step per option, the
+    region chain journal, then ``repeats + 1`` timed rounds interleaving the options (the first a
+    warm-up). Returns ``(mem, secs, stateful, chain)``; ``runner.names`` are then in run order."""
+    runner.warm_up()  # gradients, optimizer state, lazily built buffers
+    # what a step creates and keeps (carried as roots); the card's segments (eq. 3's chain) are
+    # then in the order they first run, which need not be the modules' registration order
+    names = runner.learn_order()
+    mem = {o: runner.step(o, memory=True) for o in option_names}
+    stateful = [_has_state(runner.model.get_submodule(n), state) for n in names]
+    chain = _chain_journal(runner, names, stateful) if "region" in option_names else {}
+    secs: dict[str, list[list[float]]] = {o: [] for o in option_names}
+    for rep in range(repeats + 1):
+        for o in option_names:
+            costs = runner.step(o, memory=False)
+            if rep:  # the first round is a warm-up
+                secs[o].append([s.time_s for s in costs.segments])
+    return mem, secs, stateful, chain
 
 
 def _card(model: nn.Module, names: list[str], option_names: list[str], mem: dict[str, StepCosts],
