@@ -10,8 +10,8 @@ from typing import Callable, Iterator, Optional
 
 import typer
 
-from ._app import app, fail
-from ._checks import check_output_file, in_range, is_stdout, nonempty_path
+from .._shared.checks import check_output_file, fail, in_range, is_stdout, nonempty_path
+from ._app import app
 
 _MAX_ROWS = 32  # longer cards print option counts instead of one row per segment
 MAX_FRONTIER_CAP = 10_000_000
