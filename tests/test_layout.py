@@ -36,6 +36,8 @@ def _unit(module: str) -> str:
 #: The one private package other packages may import (module by module): helpers the library's
 #: command line and the paper wing share (argument checks, the progress bar; its docstring).
 SHARED = "stateremat._shared"
+#: Its numpy/standard-library module (atomic writes, hashes, provenance): the contract's card uses it.
+SHARED_STDLIB = SHARED + ".io"
 
 
 def _private(module: str) -> bool:
@@ -81,11 +83,12 @@ def violations(modules: dict[str, tuple[str, bool]]) -> list[str]:
                 if not (name.startswith("stateremat.cli") and in_func):
                     bad.append(f"{where}: only the paper wing (and the CLI, inside a function) may")
             if name.startswith("stateremat.contract"):
-                if not (top in stdlib or top == "numpy" or target.startswith("stateremat.contract")):
+                if not (top in stdlib or top == "numpy"
+                        or target.startswith(("stateremat.contract", SHARED_STDLIB))):
                     bad.append(f"{where}: contract imports only numpy and the standard library")
             if name.startswith("stateremat.reference"):
                 if not (top in stdlib or top == "numpy"
-                        or target.startswith(("stateremat.reference", "stateremat.contract"))):
+                        or target.startswith(("stateremat.reference", "stateremat.contract", SHARED_STDLIB))):
                     bad.append(f"{where}: the reference is NumPy only")
             if name.startswith("stateremat.planner"):
                 if top == "scipy" and not in_func:
@@ -94,8 +97,10 @@ def violations(modules: dict[str, tuple[str, bool]]) -> list[str]:
                           or target.startswith(("stateremat.planner", "stateremat.contract"))):
                     bad.append(f"{where}: the planner imports neither torch nor pandas")
             if name.startswith(SHARED) and top == "stateremat" and not target.startswith(
-                    (SHARED, "stateremat.contract")) and target != "stateremat":
+                    (SHARED, "stateremat.contract")):
                 bad.append(f"{where}: the shared helpers import no stateremat package but the contract")
+            if name.startswith((SHARED_STDLIB, SHARED + ".signals")) and not (top in stdlib or top == "numpy"):
+                bad.append(f"{where}: shared io and signals import only numpy and the standard library")
             if (top == "stateremat" and _private(target) and _unit(target) != _unit(name)
                     and not target.startswith(SHARED + ".")):
                 bad.append(f"{where}: a private module of another package")
@@ -132,9 +137,14 @@ def test_the_rule_checker_catches_each_kind_of_breach():
         "stateremat.paper._progress": ("", False),
         "stateremat.contract._io": ("", False),
         "stateremat.paper.bench._v": ("", False),
+        "stateremat._shared.io": ("import numpy\nimport pandas\n", False),
+        "stateremat._shared.checks": ("from ..torch import checkpoint\nfrom ..contract import rule\n", False),
+        "stateremat.paper.cli._t": ("from stateremat._shared.checks import fail\n", False),
     }
     got = violations(fake)
     want = [
+        "stateremat._shared.checks:1 imports stateremat.torch: the shared helpers import no",
+        "stateremat._shared.io:2 imports pandas: shared io and signals import only numpy",
         "stateremat.cli._v:1 imports stateremat.paper.cli: only the paper wing",
         "stateremat.contract._y:1 imports pandas: contract imports only numpy",
         "stateremat.contract._y:2 imports stateremat.planner: contract imports only numpy",
@@ -411,12 +421,9 @@ EXPECTED_ALL = {
     "stateremat.contract": [
         "OPTIONS", "Option", "OptionCost", "OptionRegistry", "Outcome", "ProfileCard",
         "ProfileCardError", "RECOMPUTE_ONLY", "RULES", "RecordsError", "ReplayDivergenceError",
-        "ReplayError", "SegmentCard", "UndeclaredStateError", "UnsupportedError",
-        "atomic_write_bytes", "atomic_write_json", "card_options", "format_bytes",
-        "internal_assert", "json_default", "load_card", "loadavg", "package_version",
-        "parse_seed_range", "parse_size", "provenance", "rule", "save_card", "sha256_bytes",
-        "source_hash", "utc_now", "STOP_SIGNALS", "ignore_stop_signals", "install_stop_handlers",
-        "restore_stop_handlers", "stop_on_signal"],
+        "ReplayError", "SegmentCard", "UndeclaredStateError", "UnsupportedError", "card_options",
+        "format_bytes", "internal_assert", "load_card", "parse_seed_range", "parse_size", "rule",
+        "save_card"],
     "stateremat.reference": [
         "DTYPES", "Node", "Op", "OpRecord", "Program", "RANDOM_KINDS", "Region", "Run", "View",
         "check_supported", "complex_step_grad", "execute", "forward_jacobian_grad",

@@ -25,7 +25,7 @@ def main() -> None:
     import os
     import sys
 
-    from ..contract import install_stop_handlers, stop_on_signal
+    from .._shared.signals import install_stop_handlers, stop_on_signal
 
     install_stop_handlers(stop_on_signal)  # a signal inherited as ignored (nohup) stays ignored
     from ..contract import ReplayError

@@ -82,8 +82,8 @@ def plan_cmd(
     it (the table and --json are still written, with "fits_budget": false); 2 on bad input
     (nothing is written).
     """
-    from ..contract import (ProfileCardError, atomic_write_json, format_bytes, json_default,
-                            load_card, parse_size, provenance)
+    from ..contract import ProfileCardError, format_bytes, load_card, parse_size
+    from .._shared.io import atomic_write_json, json_default, provenance
     from ..planner import PLANNERS, plan
 
     api = "stateremat plan"

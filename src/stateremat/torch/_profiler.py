@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from stateremat.contract import (OPTIONS, RECOMPUTE_ONLY, OptionCost, ProfileCard, SegmentCard, loadavg,
-                                 source_hash)
+from stateremat.contract import OPTIONS, RECOMPUTE_ONLY, OptionCost, ProfileCard, SegmentCard
+from stateremat._shared.io import loadavg, source_hash
 
 from ._memory import PeakMemory, memory_method
 from ._probe import Probe

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...contract import atomic_write_json
+from ..._shared.io import atomic_write_json
 from .. import Progress, as_progress
 from ..records import RecordStore, check_resumable, lock_run, read_records
 from ._spec import ExperimentSpec, budget_rule, experiment_spec, resolve_spec, with_budget

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-from ...contract import OPTIONS, atomic_write_bytes
+from ...contract import OPTIONS
+from ..._shared.io import atomic_write_bytes
 from .. import method_label
 
 

@@ -18,7 +18,9 @@ import typer
 
 from stateremat._shared.checks import check_out_dir as check_out_dir, check_output_file, fail
 from stateremat._shared.progress import STOPS, check_stop as check_stop
-from stateremat.contract import ignore_stop_signals, install_stop_handlers, restore_stop_handlers
+from stateremat._shared.signals import (
+    ignore_stop_signals, install_stop_handlers, restore_stop_handlers,
+)
 
 paper_app = typer.Typer(name="stateremat", no_args_is_help=True, add_completion=False,
                         pretty_exceptions_enable=False)

@@ -29,7 +29,7 @@ def semantics(
                                "cuda, cuda:N. JAX runs on CPU."),
 ) -> None:
     """Torch/JAX replay-semantics cohort (paper §5, Table 2): every row kept, resumable."""
-    from ...contract import atomic_write_json
+    from ..._shared.io import atomic_write_json
 
     api = "stateremat cohort semantics"
     seed_list = parse_seeds(api, "--seeds", seeds, MAX_STUDY_SEEDS)

@@ -26,7 +26,7 @@ _JSON = typer.Option(None, "--json", parser=nonempty_path,
                      "files; - : standard output only, the JSON alone).")
 
 def _emit(summary: dict, json_path: Optional[Path]) -> None:
-    from ...contract import atomic_write_json
+    from ..._shared.io import atomic_write_json
 
     if json_path is not None and not is_stdout(json_path):
         atomic_write_json(json_path, summary)

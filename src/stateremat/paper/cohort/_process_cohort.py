@@ -45,7 +45,7 @@ import signal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ...contract import source_hash
+from ..._shared.io import source_hash
 from .. import Progress, as_progress
 from ..records import RecordStore
 from ..records import TEMP_DIR, check_resumable, lock_run

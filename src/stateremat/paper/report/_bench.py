@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...contract import atomic_write_json
+from ..._shared.io import atomic_write_json
 from ._registry import Expected, register_reporter, steps_done
 
 
