@@ -10,7 +10,7 @@ from stateremat.paper.bench import METHODS, Cell, ExperimentSpec, experiment_spe
 from stateremat.paper.bench import _bench  # noqa: E402
 from stateremat.paper.bench._semantic import check_method  # noqa: E402
 from stateremat.paper.bench._summary import summarize  # noqa: E402
-from stateremat.paper.report._bench import render  # noqa: E402
+from stateremat.paper.bench._tables import render  # noqa: E402
 from stateremat.paper.workloads import WorkloadConfig  # noqa: E402
 
 MiB = 1024**2

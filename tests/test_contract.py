@@ -5,10 +5,10 @@ import pytest
 
 import stateremat
 from stateremat.contract import (
-    RULES, Outcome, RecordsError, ReplayError, ProfileCardError,
-    UndeclaredStateError, ReplayDivergenceError, UnsupportedError,
-    atomic_write_json, internal_assert, parse_seed_range, parse_size, source_hash,
+    RULES, Outcome, RecordsError, ReplayError, ProfileCardError, UndeclaredStateError,
+    ReplayDivergenceError, UnsupportedError, internal_assert, parse_seed_range, parse_size,
 )
+from stateremat._shared.io import atomic_write_json, source_hash
 from stateremat.paper.records import RecordStore, read_records
 
 

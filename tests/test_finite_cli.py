@@ -162,7 +162,7 @@ def test_summary_counts_distinct_units_keeping_the_last_duplicate(tmp_path):
 def test_each_row_names_its_program_seed_and_reproduces_alone(tmp_path):
     import numpy as np
 
-    from stateremat.contract import source_hash
+    from stateremat._shared.io import source_hash
     from stateremat.paper.verify import byte_program, derivative_program
     from stateremat.paper.verify._gen import SUITE_CODES
 

@@ -14,7 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from _cli import run_cli
-from stateremat.contract import RecordsError, atomic_write_bytes
+from stateremat._shared.io import atomic_write_bytes
+from stateremat.contract import RecordsError
 from stateremat.paper.records import RecordStore, read_records, table_spec
 
 STATUS_KEY = ["process", "attempt"]

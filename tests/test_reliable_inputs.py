@@ -148,7 +148,7 @@ def test_a_non_integer_count_is_a_usage_error_not_a_crash(tmp_path):
 
 
 def test_work_larger_than_the_machine_is_refused_with_the_estimate(tmp_path, monkeypatch):
-    from stateremat.cli import _checks
+    from stateremat._shared import checks as _checks
 
     monkeypatch.setattr(_checks, "available_memory_bytes", lambda device="cpu": 10 * 2**20)
     for argv in (["profile", "feature_queue", "--out", tmp_path / "c.json"],
@@ -227,7 +227,7 @@ def test_concurrent_cohort_processes_count_in_the_memory_estimate(tmp_path, monk
                                                                    refused):
     """C18 of the user review: --jobs N runs N copies of the largest cell at once on this machine;
     at most --processes of them."""
-    from stateremat.cli import _checks
+    from stateremat._shared import checks as _checks
     from stateremat.paper.bench import experiment_spec
 
     one = max(c.config.estimated_peak_bytes for c in experiment_spec("fair44", "cpu").cells)

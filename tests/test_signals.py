@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from _cli import catches_signal
-from stateremat.contract import (STOP_SIGNALS, ignore_stop_signals, install_stop_handlers,
-                                 restore_stop_handlers)
+from stateremat._shared.signals import (
+    STOP_SIGNALS, ignore_stop_signals, install_stop_handlers, restore_stop_handlers,
+)
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -108,7 +109,7 @@ def test_two_signals_pending_at_once_give_one_line_and_no_race_warning():
     handled names the stop; the second finds the stop begun (no second line, no "Signal N ignored
     due to race condition")."""
     code = ("import os, signal, time\n"
-            "from stateremat.contract import install_stop_handlers, stop_on_signal\n"
+            "from stateremat._shared.signals import install_stop_handlers, stop_on_signal\n"
             "install_stop_handlers(stop_on_signal)\n"
             "both = [signal.SIGINT, signal.SIGTERM]\n"
             "signal.pthread_sigmask(signal.SIG_BLOCK, both)\n"

@@ -4,7 +4,7 @@ A stop signal while the command line interface itself is still being imported pr
 and exits ``128 + signal`` (``stateremat.cli.main`` takes over from there with the same
 handling), never a traceback; a signal inherited as ignored (``nohup``) stays ignored.
 """
-from stateremat.contract import install_stop_handlers, stop_on_signal
+from stateremat._shared.signals import install_stop_handlers, stop_on_signal
 
 if __name__ == "__main__":
     install_stop_handlers(stop_on_signal)

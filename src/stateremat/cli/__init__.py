@@ -6,15 +6,10 @@ on first use.
 """
 from __future__ import annotations
 
-from ._app import app as app, fail as fail
-from ._checks import (MAX_SEED as MAX_SEED, check_device as check_device,
-                      check_memory as check_memory, check_out_dir as check_out_dir,
-                      check_output_file as check_output_file, in_range as in_range,
-                      is_stdout as is_stdout, nonempty_path as nonempty_path)
+from ._app import app as app
 from . import _plan, _profile  # noqa: F401,E402  (registration)
 
-__all__ = ["MAX_SEED", "app", "check_device", "check_memory", "check_out_dir",
-           "check_output_file", "fail", "in_range", "is_stdout", "main", "nonempty_path"]
+__all__ = ["app", "main"]
 
 
 def main() -> None:
@@ -30,7 +25,7 @@ def main() -> None:
     import os
     import sys
 
-    from ..contract import install_stop_handlers, stop_on_signal
+    from .._shared.signals import install_stop_handlers, stop_on_signal
 
     install_stop_handlers(stop_on_signal)  # a signal inherited as ignored (nohup) stays ignored
     from ..contract import ReplayError

@@ -45,17 +45,3 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain one-line usage errors: "Error: Invalid value for '--x': ..."
 )
-
-
-def fail(message: str, code: int = 2) -> "typer.Exit":
-    """Print ``message`` to stderr and return an Exit to raise (bad input, not a crash).
-
-    Args:
-        message: what was wrong, expected vs got, and a tip.
-        code: exit status (2: bad input; 1: a check failed).
-
-    Returns:
-        A ``typer.Exit`` for the caller to raise.
-    """
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)

@@ -10,8 +10,8 @@ from typing import Callable, Iterator, Optional
 
 import typer
 
-from ._app import app, fail
-from ._checks import check_output_file, in_range, is_stdout, nonempty_path
+from .._shared.checks import check_output_file, fail, in_range, is_stdout, nonempty_path
+from ._app import app
 
 _MAX_ROWS = 32  # longer cards print option counts instead of one row per segment
 MAX_FRONTIER_CAP = 10_000_000
@@ -86,8 +86,8 @@ def plan_cmd(
     it (the table and --json are still written, with "fits_budget": false); 2 on bad input
     (nothing is written).
     """
-    from ..contract import (ProfileCardError, atomic_write_json, format_bytes, json_default,
-                            load_card, parse_size, provenance)
+    from ..contract import ProfileCardError, format_bytes, load_card, parse_size
+    from .._shared.io import atomic_write_json, json_default, provenance
     from ..planner import PLANNERS, plan
 
     from ..planner import PEAK_MODELS

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import typer
 
-from ._app import app, fail
-from ._checks import check_device, check_memory, check_output_file, in_range, nonempty_path
+from .._shared.checks import check_device, check_memory, check_output_file, fail, in_range, nonempty_path
+from .._shared.progress import progress_bar
+from ._app import app
 from ._target import target_source
 
 _API = "stateremat profile"
@@ -94,8 +95,7 @@ def profile_cmd(
     if ignored:
         raise fail(f"{_API}: {', '.join(ignored)} applies only to a pkg.module:factory target, got it with the "
                    f"built-in workload {workload!r} (its segments are fixed). Tip: drop it.")
-    from stateremat.paper.cli import progress_bar  # lazy: the built-in workloads are the paper's
-    from stateremat.paper.profile import profile_workload
+    from stateremat.paper.profile import profile_workload  # lazy: the built-in workloads are the paper's
     from stateremat.paper.workloads import preset_config
 
     from ..contract import format_bytes, save_card

@@ -1,6 +1,9 @@
 """Shared vocabulary of every layer: rules, options, outcomes, errors, profile cards, units.
 
-This layer imports only the standard library and numpy (DESIGN.md, "Two wings").
+This layer imports only the standard library, numpy and the private standard-library helpers
+of ``stateremat._shared.io`` (atomic writes and hashes, for the card) (DESIGN.md, "Two wings").
+The I/O, signal and provenance helpers the CLI and the paper wing use are not part of the
+contract: they live in ``stateremat._shared`` (``io``, ``signals``).
 """
 from ._errors import (
     ProfileCardError as ProfileCardError,
@@ -10,17 +13,6 @@ from ._errors import (
     UndeclaredStateError as UndeclaredStateError,
     UnsupportedError as UnsupportedError,
     internal_assert as internal_assert,
-)
-from ._io import (
-    atomic_write_bytes as atomic_write_bytes,
-    atomic_write_json as atomic_write_json,
-    json_default as json_default,
-    loadavg as loadavg,
-    package_version as package_version,
-    provenance as provenance,
-    sha256_bytes as sha256_bytes,
-    source_hash as source_hash,
-    utc_now as utc_now,
 )
 from ._options import OPTIONS as OPTIONS, Option as Option, OptionRegistry as OptionRegistry, RECOMPUTE_ONLY as RECOMPUTE_ONLY
 from ._outcome import Outcome as Outcome
@@ -35,16 +27,11 @@ from ._card import (
     save_card as save_card,
 )
 
-from ._signals import (STOP_SIGNALS, ignore_stop_signals, install_stop_handlers,
-                       restore_stop_handlers, stop_on_signal)
 
 __all__ = [
     "OPTIONS", "Option", "OptionCost", "OptionRegistry", "Outcome", "ProfileCard",
     "ProfileCardError", "RECOMPUTE_ONLY", "RULES", "RecordsError", "ReplayDivergenceError",
-    "ReplayError", "SegmentCard", "UndeclaredStateError", "UnsupportedError",
-    "atomic_write_bytes", "atomic_write_json", "card_options", "format_bytes",
-    "internal_assert", "json_default", "load_card", "loadavg", "package_version",
-    "parse_seed_range", "parse_size", "provenance", "rule", "save_card", "sha256_bytes",
-    "source_hash", "utc_now", "STOP_SIGNALS", "ignore_stop_signals", "install_stop_handlers",
-    "restore_stop_handlers", "stop_on_signal",
+    "ReplayError", "SegmentCard", "UndeclaredStateError", "UnsupportedError", "card_options",
+    "format_bytes", "internal_assert", "load_card", "parse_seed_range", "parse_size", "rule",
+    "save_card",
 ]

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from ._errors import ProfileCardError
-from ._io import atomic_write_json, source_hash
+from .._shared.io import atomic_write_json, source_hash
 from ._options import OPTIONS, RECOMPUTE_ONLY
 
 SCHEMA_VERSION = 1

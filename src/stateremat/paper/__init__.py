@@ -7,6 +7,7 @@ profiler), ``bench`` (experiment specs, methods, the one runner, summaries), ``c
 (raw rows), ``stats``, ``report`` (tables and figures) and ``cli`` (the paper commands).
 Needs the ``[paper]`` extra (pandas, pyarrow, matplotlib, dask). The library never imports it.
 """
-from ._progress import NO_PROGRESS as NO_PROGRESS, Progress as Progress, Task as Task, as_progress as as_progress
+from ._methods import METHOD_OPTION as METHOD_OPTION, method_label as method_label
+from .._shared.progress import NO_PROGRESS as NO_PROGRESS, Progress as Progress, Task as Task, as_progress as as_progress
 
-__all__ = ["NO_PROGRESS", "Progress", "Task", "as_progress"]
+__all__ = ["METHOD_OPTION", "NO_PROGRESS", "Progress", "Task", "as_progress", "method_label"]

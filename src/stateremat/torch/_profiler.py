@@ -18,8 +18,8 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from stateremat.contract import (OPTIONS, RECOMPUTE_ONLY, OptionCost, ProfileCard, SegmentCard, loadavg,
-                                 source_hash)
+from stateremat.contract import OPTIONS, RECOMPUTE_ONLY, OptionCost, ProfileCard, SegmentCard
+from stateremat._shared.io import loadavg, source_hash
 
 from ._distributed import agree_card
 from ._memory import PeakMemory, memory_method
@@ -251,8 +251,7 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
     check_segment_options(state, segment_options, _API)
     names = resolve_segments(model, segments)
     option_names = _option_names(options)
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"{_API}: repeats must be a positive int, got {repeats!r}. Tip: 5 is a good default.")
+    _check_repeats(repeats)
     run, inputs = make_step(model, step)
     device = model_device(model, device)
     snapshot = ModelSnapshot(model, tuple(optimizers))
@@ -268,6 +267,11 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         snapshot.restore()
     # with a process group: every figure the max over the ranks, so every rank makes the same plan
     return agree_card(_card(model, names, option_names, mem, secs, device, state, repeats, stateful, chain))
+
+
+def _check_repeats(repeats: Any) -> None:
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"{_API}: repeats must be a positive int, got {repeats!r}. Tip: 5 is a good default.")
 
 
 def _measure(runner: "_Runner", model: nn.Module, state: Any, option_names: list[str], repeats: int) -> tuple:

@@ -23,11 +23,13 @@ from ._spec import (
     with_budget as with_budget,
 )
 from ._summary import TABLE as TABLE, summarize as summarize
+from ._tables import render as render_bench, write_tables as write_bench_tables
 
 __all__ = [
     "Cell", "EXPERIMENTS", "ExperimentSpec", "FAIR_EAGER_FRACTION", "FROZEN_PROFILE_ENV",
     "METHODS", "MethodRun", "SIX_METHODS", "TABLE", "bench_summary", "budget_rule",
     "build_method", "cell_card",
     "check_method", "experiment_spec", "method_plan", "policy_json", "resolve_budget",
-    "resolve_spec", "run_cell_methods", "run_experiment", "summarize", "with_budget",
+    "render_bench", "resolve_spec", "run_cell_methods", "run_experiment", "summarize",
+    "with_budget", "write_bench_tables",
 ]

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...contract import atomic_write_json
+from ..._shared.io import atomic_write_json
 from .. import Progress, as_progress
 from ..records import RecordStore, check_resumable, lock_run, read_records
 from ._spec import ExperimentSpec, budget_rule, experiment_spec, resolve_spec, with_budget
 from ._summary import TABLE, summarize
+from ._tables import write_tables as write_bench_tables
 
 
 def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: str = "cpu",
@@ -42,7 +43,6 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
     """
     import torch
 
-    from ..report import write_bench_tables
     from ._runner import cell_card, run_cell_methods
 
     spec: ExperimentSpec = experiment_spec(name, preset)

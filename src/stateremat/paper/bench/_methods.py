@@ -12,11 +12,13 @@ from dataclasses import dataclass
 import torch
 
 from ...contract import OPTIONS, ProfileCard
+from .. import METHOD_OPTION
 from ..profile import journal_scope, wrap_segment
 from ..workloads import StatefulChain, WorkloadConfig, loss_fn, make_batch
 
-#: method name -> planner name of ``stateremat.planner.plan`` (None: functional, no policy).
-PLANNER_OF = {"eager": "eager", "whole": "whole", "regions": "region", "functional": None,
+#: method name -> planner name of ``stateremat.planner.plan`` (None: functional, no policy); a
+#: fixed method's planner is its option (:data:`stateremat.paper.METHOD_OPTION`).
+PLANNER_OF = {**METHOD_OPTION, "functional": None,
               "state_agnostic": "state_agnostic", "eager_whole": "eager_whole", "joint": "joint"}
 LEARNING_RATE = 1e-3
 

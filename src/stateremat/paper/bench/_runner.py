@@ -17,7 +17,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from ...contract import ProfileCard, load_card, loadavg, save_card
+from ...contract import ProfileCard, load_card, save_card
+from ..._shared.io import loadavg
 from ...torch import PeakMemory, memory_method
 from ..profile import profile_workload, sync, workload_source_hash
 from ._methods import build_method, method_plan, policy_json

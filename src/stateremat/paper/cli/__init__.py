@@ -7,7 +7,7 @@ progress (:func:`progress_bar`).
 from __future__ import annotations
 
 from ._app import paper_app as paper_app
-from ._progress import progress_bar as progress_bar
+from ..._shared.progress import progress_bar as progress_bar
 from . import _main, _verify, _cohort, _bench, _moco, _report, _cohort_processes  # noqa: F401,E402  (registration)
 
 __all__ = ["paper_app", "progress_bar"]

@@ -16,8 +16,11 @@ from typing import Iterator, Optional
 
 import typer
 
-from stateremat.cli import check_out_dir as check_out_dir, check_output_file, fail
-from stateremat.contract import ignore_stop_signals, install_stop_handlers, restore_stop_handlers
+from stateremat._shared.checks import check_out_dir as check_out_dir, check_output_file, fail
+from stateremat._shared.progress import STOPS, check_stop as check_stop
+from stateremat._shared.signals import (
+    ignore_stop_signals, install_stop_handlers, restore_stop_handlers,
+)
 
 paper_app = typer.Typer(name="stateremat", no_args_is_help=True, add_completion=False,
                         pretty_exceptions_enable=False)
@@ -60,18 +63,6 @@ def check_json_target(api: str, json_path: Optional[Path], out: Optional[Path] =
                       stdout=True)
 
 
-#: Signals received inside :func:`guarded` and not yet acted on (see :func:`check_stop`).
-_STOPS: list[int] = []
-
-
-def check_stop() -> None:
-    """Raise ``KeyboardInterrupt`` if a stop signal arrived inside :func:`guarded` and its
-    ``KeyboardInterrupt`` was swallowed (raised inside a finalizer, say). The progress
-    reporters call it after every unit, so a stop is never lost."""
-    if _STOPS:
-        raise KeyboardInterrupt
-
-
 @contextlib.contextmanager
 def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
     """Run a command's work: bad records/cards become clean errors, and a stop keeps its rows.
@@ -87,7 +78,7 @@ def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
     from ...contract import ProfileCardError, RecordsError
 
     def stop(signum, frame):
-        _STOPS.append(signum)
+        STOPS.append(signum)
         ignore_stop_signals()  # the cleanup below keeps finished work: a second signal must not cut it
         raise KeyboardInterrupt
 
@@ -102,7 +93,7 @@ def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
         yield
     except KeyboardInterrupt:
         ignore_stop_signals()
-        signum = _STOPS[0] if _STOPS else signal.SIGINT
+        signum = STOPS[0] if STOPS else signal.SIGINT
         where = f" in {out}" if out is not None else ""
         raise fail(f"{api}: stopped by {signal.Signals(signum).name}; every finished unit's "
                    f"rows are kept{where}. Tip: rerun the same command to resume.",
@@ -110,7 +101,7 @@ def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
     except (RecordsError, ProfileCardError) as exc:
         raise fail_from(api, exc) from None
     finally:
-        _STOPS.clear()
+        STOPS.clear()
         restore_stop_handlers(old)  # unless a stop began: then they stay ignored until the exit
 
 

@@ -6,11 +6,11 @@ from typing import Optional
 
 import typer
 
-from stateremat.cli import check_device, check_memory, in_range, nonempty_path
+from stateremat._shared.checks import check_device, check_memory, in_range, nonempty_path
 
 from ._app import bench_app, check_out_dir, check_preset, guarded, parse_budget, run_owns
 from ._limits import MAX_STEPS, MAX_WARMUPS
-from ._progress import progress_bar
+from ..._shared.progress import progress_bar
 
 
 def check_workload_memory(api: str, experiment: str, preset: str, device: str, concurrent: int = 1) -> None:

@@ -7,11 +7,11 @@ from typing import Optional
 
 import typer
 
-from stateremat.cli import check_device, is_stdout, nonempty_path
+from stateremat._shared.checks import check_device, is_stdout, nonempty_path
 
 from ._app import check_json_target, check_out_dir, cohort_app, guarded, run_owns
 from ._limits import MAX_SEED, MAX_STUDY_SEEDS, check_rows, parse_seeds
-from ._progress import progress_bar
+from ..._shared.progress import progress_bar
 
 
 @cohort_app.command("semantics")
@@ -29,7 +29,7 @@ def semantics(
                                "cuda, cuda:N. JAX runs on CPU."),
 ) -> None:
     """Torch/JAX replay-semantics cohort (paper §5, Table 2): every row kept, resumable."""
-    from ...contract import atomic_write_json
+    from ..._shared.io import atomic_write_json
 
     api = "stateremat cohort semantics"
     seed_list = parse_seeds(api, "--seeds", seeds, MAX_STUDY_SEEDS)

@@ -9,14 +9,14 @@ from typing import Optional
 
 import typer
 
-from stateremat.cli import check_device, in_range, nonempty_path
+from stateremat._shared.checks import check_device, in_range, nonempty_path
 
 from ._app import (check_out_dir, check_preset, cohort_app, fail, fail_from, guarded, parse_budget,
                    run_owns)
 from ._bench import check_workload_memory
 from ._limits import (MAX_JOBS, MAX_PROCESSES, MAX_SEED, MAX_STEPS, MAX_THREADS, MAX_TIMEOUT_S,
                       MAX_WARMUPS, check_rows)
-from ._progress import progress_bar
+from ..._shared.progress import progress_bar
 
 
 _API = "stateremat cohort processes"

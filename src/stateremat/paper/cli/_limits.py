@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from stateremat.cli import MAX_SEED, check_memory, fail
+from stateremat._shared.checks import MAX_SEED, check_memory, fail
 
 #: Programs of ``verify finite`` / ``verify engines`` (paper: 1,024 and 1,200).
 MAX_PROGRAMS = 100_000

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from stateremat.cli import nonempty_path
+from stateremat._shared.checks import nonempty_path
 
 from ._app import check_out_dir, paper_app
 from ._bench import run_bench

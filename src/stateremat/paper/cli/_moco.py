@@ -6,11 +6,11 @@ from typing import Optional
 
 import typer
 
-from stateremat.cli import in_range, nonempty_path
+from stateremat._shared.checks import in_range, nonempty_path
 
 from ._app import app_app, check_out_dir, fail, fail_from, guarded, run_owns
 from ._limits import MAX_MOCO_SEEDS, MAX_SEED, MAX_THREADS, parse_seeds
-from ._progress import progress_bar
+from ..._shared.progress import progress_bar
 
 
 def parse_methods(api: str, text: str, known: tuple[str, ...]) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from stateremat.cli import nonempty_path
+from stateremat._shared.checks import nonempty_path
 
 from ._app import check_out_dir, fail, guarded, paper_app
 

@@ -13,11 +13,11 @@ from typing import Optional
 import typer
 
 from ._app import check_json_target, check_out_dir, fail, guarded, run_owns, verify_app
-from stateremat.cli import in_range
-from stateremat.cli import is_stdout, nonempty_path
+from stateremat._shared.checks import in_range
+from stateremat._shared.checks import is_stdout, nonempty_path
 
 from ._limits import MAX_PROGRAMS, MAX_SEED, MAX_STUDY_SEEDS, check_rows, parse_seeds
-from ._progress import progress_bar
+from ..._shared.progress import progress_bar
 
 _SEED = typer.Option(0, "--seed", callback=in_range(0, MAX_SEED, "the paper's runs use --seed 0"),
                      help=f"Base seed of the program generators, 0 to {MAX_SEED}.")
@@ -26,7 +26,7 @@ _JSON = typer.Option(None, "--json", parser=nonempty_path,
                      "files; - : standard output only, the JSON alone).")
 
 def _emit(summary: dict, json_path: Optional[Path]) -> None:
-    from ...contract import atomic_write_json
+    from ..._shared.io import atomic_write_json
 
     if json_path is not None and not is_stdout(json_path):
         atomic_write_json(json_path, summary)

@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from ...contract import (atomic_write_bytes, ignore_stop_signals, install_stop_handlers,
-                         restore_stop_handlers)
+from ..._shared.io import atomic_write_bytes
+from ..._shared.signals import ignore_stop_signals, install_stop_handlers, restore_stop_handlers
 from ._process_worker import PARENT_ENV
 
 STDERR_TAIL_CHARS = 4000

@@ -45,7 +45,7 @@ import signal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ...contract import source_hash
+from ..._shared.io import source_hash
 from .. import Progress, as_progress
 from ..records import RecordStore
 from ..records import TEMP_DIR, check_resumable, lock_run
@@ -304,28 +304,8 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
     References:
         Paper §11 ("Independent-process confirmation").
     """
-    if experiment not in EXPERIMENTS:
-        raise ValueError(f"stateremat cohort processes: --experiment must be one of "
-                         f"{list(EXPERIMENTS)}, got {experiment!r}. Tip: fair44 is the 44 GiB "
-                         "fair-control cohort of paper §11.")
-    if int(processes) < 1:
-        raise ValueError(f"stateremat cohort processes: --processes must be >= 1, got "
-                         f"{processes}. Tip: the paper uses 50.")
-    if isinstance(dask_address, str):
-        check_dask_address(dask_address)  # in seconds, before anything is measured or written
-    if spec_fn is None:
-        from ..bench import experiment_spec as spec_fn  # type: ignore[no-redef]
-    spec = spec_fn(experiment, preset)
-    if budget_bytes is not None:
-        from ..bench import with_budget
-
-        spec = with_budget(spec, budget_bytes)
-    if profile_dir is not None and profile_fn is None:  # given cards that cannot fit: refused
-        from ...contract import load_card  # before the run folder is even created
-
-        for cell in spec.cells:
-            src = Path(profile_dir) / f"{cell.name}.json"
-            check_card_fits(load_card(src), cell, str(src))
+    _check_request(experiment, processes, dask_address)
+    spec = _cohort_spec(experiment, preset, spec_fn, budget_bytes, profile_dir, profile_fn)
     lock_run(out_dir)  # before anything is written: a refused second launch changes nothing
     # every option known before the cards, checked before any card is measured or written
     early = cohort_config(spec, experiment, preset, warmups=warmups, steps=steps, seed=seed,
@@ -333,17 +313,8 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
     early["threads"] = threads
     check_resumable(out_dir, TIMING_TABLE, _comparable(early), view=_comparable)
     cards = (profile_fn or freeze_profiles)(spec, out_dir, device, profile_dir)
-    from ...contract import ProfileCard
-    from ..bench import resolve_spec
-
-    parsed = {c: ProfileCard.from_dict(json.loads(t)) for c, t in cards.items()}
-    # A budget / eager-peak rule resolves on the frozen card; every process resolves the same M.
-    spec = resolve_spec(spec, parsed)
-    profile = {c: card.source_hash() for c, card in parsed.items()} or None
-    config = cohort_config(spec, experiment, preset, warmups=warmups, steps=steps, seed=seed,
-                           device=device, profile=profile)
-    config["threads"] = threads
-    config["config_hash"] = source_hash(config)
+    config = _frozen_config(spec, cards, experiment, preset, warmups=warmups, steps=steps,
+                            seed=seed, device=device, threads=threads)
     timing = RecordStore(out_dir, TIMING_TABLE, key=["process", "cell", "method", "step"],
                          meta=config)
     status = RecordStore(out_dir, STATUS_TABLE, key=["process", "attempt"], meta=config)
@@ -355,7 +326,6 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
              for p in range(int(processes)) if p not in done]
     if jobs is None:
         jobs = 1 if device.startswith("cuda") else max(1, (os.cpu_count() or 1) // (threads or 1))
-    ok, failed, stopped = 0, [], []
     task = as_progress(progress, "run_process_cohort").task(f"cohort {experiment}: processes",
                                                             total=len(tasks))
     with StopRequest() as stop:
@@ -363,32 +333,95 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
                    if dask_address else
                    local_results(tasks, jobs, Path(out_dir) / TEMP_DIR / "cohort", worker_cmd,
                                  timeout_s, cards, threads, stop))
-        for p, res in results:
-            attempt = int(attempts.get(p, 0)) + 1
-            n_rows = 0
-            if res["status"] == "ok":
-                import pyarrow.parquet as pq
-
-                rows = pq.read_table(io.BytesIO(res["rows_parquet"])).to_pylist()
-                for r in rows:
-                    r["attempt"] = attempt
-                n_rows = timing.append(rows)  # one atomic part: the process is now done
-                ok += 1
-            else:
-                (stopped if res["status"] == "interrupted" else failed).append(p)
-            status.append([{"process": p, "attempt": attempt, "status": res["status"],
-                            "exit_code": res["exit_code"], "stderr_tail": res["stderr_tail"],
-                            "wall_s": res["wall_s"], "hostname": res["hostname"],
-                            "n_rows": n_rows, "executor": "dask" if dask_address else "local",
-                            # N asked for at this launch: a cohort extended after results shows it
-                            "requested_processes": int(processes)}])
-            task.advance()
+        ok, failed, stopped = _collect(results, timing, status, attempts, int(processes),
+                                       "dask" if dask_address else "local", task)
     shutil.rmtree(Path(out_dir) / TEMP_DIR, ignore_errors=True)  # every work folder collected
     signame = None if stop.signum is None else signal.Signals(stop.signum).name
     return {"out_dir": str(out_dir), "processes": int(processes), "already_done": len(done),
             "ran": ok + len(failed) + len(stopped), "ok": ok, "failed": sorted(failed),
             "interrupted": signame, "stopped": sorted(stopped),
             "not_started": len(tasks) - ok - len(failed) - len(stopped)}
+
+
+def _check_request(experiment: str, processes: int, dask_address: Any) -> None:
+    """Refuse an unknown experiment, ``processes < 1`` or a bad scheduler address, in seconds,
+    before anything is measured or written."""
+    if experiment not in EXPERIMENTS:
+        raise ValueError(f"stateremat cohort processes: --experiment must be one of "
+                         f"{list(EXPERIMENTS)}, got {experiment!r}. Tip: fair44 is the 44 GiB "
+                         "fair-control cohort of paper §11.")
+    if int(processes) < 1:
+        raise ValueError(f"stateremat cohort processes: --processes must be >= 1, got "
+                         f"{processes}. Tip: the paper uses 50.")
+    if isinstance(dask_address, str):
+        check_dask_address(dask_address)
+
+
+def _cohort_spec(experiment: str, preset: str, spec_fn: Callable[[str, str], Any] | None,
+                 budget_bytes: int | None, profile_dir: str | os.PathLike | None,
+                 profile_fn: Callable[..., dict[str, str]] | None) -> Any:
+    """The experiment's spec (with ``budget_bytes`` applied); given cards that cannot fit a cell
+    are refused here, before the run folder is even created."""
+    if spec_fn is None:
+        from ..bench import experiment_spec as spec_fn  # type: ignore[no-redef]
+    spec = spec_fn(experiment, preset)
+    if budget_bytes is not None:
+        from ..bench import with_budget
+
+        spec = with_budget(spec, budget_bytes)
+    if profile_dir is not None and profile_fn is None:
+        from ...contract import load_card
+
+        for cell in spec.cells:
+            src = Path(profile_dir) / f"{cell.name}.json"
+            check_card_fits(load_card(src), cell, str(src))
+    return spec
+
+
+def _frozen_config(spec: Any, cards: dict[str, str], experiment: str, preset: str, *,
+                   warmups: int | None, steps: int | None, seed: int, device: str,
+                   threads: int | None) -> dict[str, Any]:
+    """The cohort config on the frozen cards: a budget / eager-peak rule resolves on them (every
+    process resolves the same M), their hashes and the config's own hash recorded."""
+    from ...contract import ProfileCard
+    from ..bench import resolve_spec
+
+    parsed = {c: ProfileCard.from_dict(json.loads(t)) for c, t in cards.items()}
+    spec = resolve_spec(spec, parsed)
+    profile = {c: card.source_hash() for c, card in parsed.items()} or None
+    config = cohort_config(spec, experiment, preset, warmups=warmups, steps=steps, seed=seed,
+                           device=device, profile=profile)
+    config["threads"] = threads
+    config["config_hash"] = source_hash(config)
+    return config
+
+
+def _collect(results, timing: RecordStore, status: RecordStore, attempts: dict, processes: int,
+             executor: str, task) -> tuple[int, list[int], list[int]]:
+    """Record each finished process as it comes: its rows (one atomic part: the process is then
+    done) and its status row. Returns ``(ok, failed, stopped)``."""
+    ok, failed, stopped = 0, [], []
+    for p, res in results:
+        attempt = int(attempts.get(p, 0)) + 1
+        n_rows = 0
+        if res["status"] == "ok":
+            import pyarrow.parquet as pq
+
+            rows = pq.read_table(io.BytesIO(res["rows_parquet"])).to_pylist()
+            for r in rows:
+                r["attempt"] = attempt
+            n_rows = timing.append(rows)
+            ok += 1
+        else:
+            (stopped if res["status"] == "interrupted" else failed).append(p)
+        status.append([{"process": p, "attempt": attempt, "status": res["status"],
+                        "exit_code": res["exit_code"], "stderr_tail": res["stderr_tail"],
+                        "wall_s": res["wall_s"], "hostname": res["hostname"],
+                        "n_rows": n_rows, "executor": executor,
+                        # N asked for at this launch: a cohort extended after results shows it
+                        "requested_processes": processes}])
+        task.advance()
+    return ok, failed, stopped
 
 
 def _worker_args(experiment: str, preset: str, process: int, seed: int, device: str,

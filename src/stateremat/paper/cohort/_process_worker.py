@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ...contract import atomic_write_bytes, loadavg
+from ..._shared.io import atomic_write_bytes, loadavg
 
 EXPERIMENTS = ("fair44", "pressure32", "workloads3")
 #: Environment variable carrying the launching process's pid to a child (set by ``._launch``).

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...contract import atomic_write_bytes, loadavg
+from ..._shared.io import atomic_write_bytes, loadavg
 from .. import Progress, as_progress
 from ..records import RecordStore
 from ._summary import KEY, METHODS, TABLE, score_file_problem, summarize, write_summary

@@ -14,13 +14,14 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
+from .. import METHOD_OPTION
 from ..workloads import MOCO_SEGMENTS as SEGMENTS, MoCo
 from ._summary import METHODS
 
 __all__ = ["METHODS", "FIXED_POLICY", "FunctionalSegment", "apply_method", "unwrap"]
 
-FIXED_POLICY = {"eager": "eager", "whole": "whole", "regions": "region", "functional": "functional",
-                "deferred": "eager"}
+#: method -> the option every segment runs (the fixed methods' from :data:`METHOD_OPTION`).
+FIXED_POLICY = {**METHOD_OPTION, "functional": "functional", "deferred": "eager"}
 
 
 class FunctionalSegment(nn.Module):
@@ -96,7 +97,7 @@ def apply_method(model: MoCo, method: str, plan: Any = None) -> tuple[dict[str, 
         return originals, ["functional"] * len(SEGMENTS)
     from ...torch import StatefulCheckpoint, apply_plan  # optional layer, imported lazily
 
-    if method in ("whole", "regions"):
+    if method in METHOD_OPTION:  # eager was handled above: the replaying fixed methods
         for p, m in originals.items():
             # BatchNorm running statistics, queue rows and the ring pointer are all buffers.
             _set(model, p, StatefulCheckpoint(m, state="buffers", preserve=FIXED_POLICY[method]))

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from ...contract import atomic_write_json
+from ..._shared.io import atomic_write_json
 from ..records import declare_table, read_records
 
 __all__ = ["KEY", "METHODS", "TABLE", "failed_runs", "score_file_problem", "summarize",

@@ -30,7 +30,8 @@ from typing import Callable, Iterable
 
 import torch
 
-from ...contract import ProfileCard, SegmentCard, card_options, loadavg, source_hash
+from ...contract import ProfileCard, SegmentCard, card_options
+from ..._shared.io import loadavg, source_hash
 from ..workloads import StatefulChain, WorkloadConfig, loss_fn, make_batch
 from ._options import wrap_segment
 

@@ -26,7 +26,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ...contract import RecordsError, atomic_write_bytes, atomic_write_json, json_default, provenance
+from ...contract import RecordsError
+from ..._shared.io import atomic_write_bytes, atomic_write_json, json_default, provenance
 
 _counter = itertools.count()
 _LOCKS: dict[str, int] = {}  # lock path -> fd held by this process for its lifetime

@@ -11,7 +11,8 @@ from typing import Any
 
 import pandas as pd
 
-from ...contract import RecordsError, atomic_write_bytes, atomic_write_json
+from ...contract import RecordsError
+from ..._shared.io import atomic_write_bytes, atomic_write_json
 from ..records import read_records, read_sidecar
 from ..stats import FAMILY_ALPHA, N_RESAMPLES, compare, comparisons_from, method_table
 from ._figures import method_color, new_figure, save_figure

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")  # headless: figures are files, never windows
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ...contract import atomic_write_bytes  # noqa: E402
+from ..._shared.io import atomic_write_bytes  # noqa: E402
 
 #: Joint planning in orange, the correctly costed eager/whole control in blue (paper Fig. 3).
 METHOD_COLORS = {"joint": "#e66101", "eager_whole": "#2c7bb6"}

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ...contract import atomic_write_bytes
+from ..._shared.io import atomic_write_bytes
 from ._figures import new_figure, save_figure
 from ._registry import Expected, register_reporter
 from ._tables import byte_unit, markdown_table

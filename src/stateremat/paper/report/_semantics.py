@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...contract import atomic_write_bytes
+from ..._shared.io import atomic_write_bytes
 from ..records import read_records
 from ._registry import Expected, register_reporter
 

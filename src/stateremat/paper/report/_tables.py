@@ -3,28 +3,10 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ...contract import OPTIONS
+from .. import method_label
 
-#: Fixed methods named after the option they use everywhere (``regions`` uses ``region``).
-_FIXED_OPTION = {"eager": "eager", "whole": "whole", "regions": "region"}
-#: Display names of the methods that are not one option everywhere.
-_OTHER_LABELS = {
-    "functional": "Functional",
-    "state_agnostic": "State-agnostic planner",
-    "eager_whole": "State-aware eager/whole",
-    "joint": "Joint planner",
-}
 #: The seven methods in the paper's row order (Tables 6 and 7).
 METHOD_ORDER = ("eager", "whole", "regions", "functional", "state_agnostic", "eager_whole", "joint")
-
-
-def method_label(method: str) -> str:
-    """Display name of ``method``: a fixed method's option label (:data:`OPTIONS`), else its
-    planner's name (the raw name if unknown)."""
-    option = _FIXED_OPTION.get(method)
-    if option is not None and option in OPTIONS:
-        return OPTIONS[option].label
-    return _OTHER_LABELS.get(method, method)
 
 
 def method_rank(method: str) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ...contract import atomic_write_bytes, atomic_write_json
+from ..._shared.io import atomic_write_bytes, atomic_write_json
 from ..records import read_records
 from ._registry import Expected, register_reporter
 from ._tables import fmt, markdown_table

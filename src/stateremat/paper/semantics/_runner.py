@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator, Sequence
 
-from ...contract import Outcome, source_hash, utc_now
+from ...contract import Outcome
+from ..._shared.io import source_hash, utc_now
 from .. import Progress, as_progress
 from ..records import RecordStore
 from ._compare import StageError, compare

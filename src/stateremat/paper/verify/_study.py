@@ -28,7 +28,8 @@ import math
 
 import numpy as np
 
-from ...contract import Outcome, source_hash
+from ...contract import Outcome
+from ..._shared.io import source_hash
 from ...reference import DTYPES, complex_step_grad, execute, forward_jacobian_grad, unsupported_reason
 from ...reference.engines import ENGINES, backward, forward, make_engine
 from ._families import FAMILIES, family_program, integer_write_variant

@@ -24,7 +24,8 @@ import math
 
 import numpy as np
 
-from ...contract import Outcome, source_hash
+from ...contract import Outcome
+from ..._shared.io import source_hash
 from ...reference import (RANDOM_KINDS, complex_step_grad, execute, forward_jacobian_grad,
                          forward_with_snapshot, graph_output, region_undo_replay, reverse_grad,
                          same_state, scalar_output, snapshot_replay, unsupported_reason,

@@ -14,10 +14,25 @@ from typing import Any, Callable, Collection, Sequence
 
 import typer
 
-from ._app import fail
+from ..contract import format_bytes
+
 
 #: Largest seed any command accepts (seeds are NumPy/torch/JAX generator seeds; 32 bits).
 MAX_SEED = 2**32 - 1
+
+
+def fail(message: str, code: int = 2) -> "typer.Exit":
+    """Print ``message`` to stderr and return an Exit to raise (bad input, not a crash).
+
+    Args:
+        message: what was wrong, expected vs got, and a tip.
+        code: exit status (2: bad input; 1: a check failed).
+
+    Returns:
+        A ``typer.Exit`` for the caller to raise.
+    """
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
 
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))
@@ -285,7 +300,6 @@ def check_memory(api: str, what: str, estimate_bytes: int, device: str = "cpu",
     Raises:
         typer.Exit: (code 2) naming the estimate and what is available.
     """
-    from ..contract import format_bytes
 
     have = available_memory_bytes(device)
     if have is not None and estimate_bytes > have:
