@@ -166,9 +166,6 @@ def test_the_rule_checker_catches_each_kind_of_breach():
 #: lazily (DESIGN.md, "CLI conventions"); the paper CLI imports nothing of ``stateremat.cli``.
 LAZY_ENTRY = ("stateremat.cli._app", "stateremat.paper.cli")
 CORE = "stateremat.torch"
-#: The core's circle another change of issue 23 breaks (by registration): allowed until then.
-CORE_CIRCLE = {"stateremat.torch._mark", "stateremat.torch._mode", "stateremat.torch._preserve",
-               "stateremat.torch._runtime"}
 
 
 def _package(module: str) -> str:
@@ -240,14 +237,9 @@ def test_there_are_no_import_cycles_among_packages():
     assert import_cycles(_tree(), _package) == []
 
 
-@pytest.mark.xfail(strict=False, reason="torch core split in progress (issue 23): the "
-                   "_mark -> _mode -> _preserve -> _runtime circle")
 def test_there_are_no_import_cycles_among_the_cores_files():
+    # the _mark -> _mode -> _preserve -> _runtime circle is broken by registration (issue 23)
     assert import_cycles(_tree(), _core_file) == []
-
-
-def test_the_cores_only_file_cycle_is_the_circle_being_broken():
-    assert all(set(c) <= CORE_CIRCLE for c in import_cycles(_tree(), _core_file))
 
 
 def test_the_cycle_checker_catches_planted_cycles():
@@ -276,9 +268,6 @@ def test_the_cycle_checker_catches_planted_cycles():
 # --------------------------------------------------------------------------- sizes
 MAX_FUNCTION_LINES = 100
 MAX_CORE_CLASS_LINES = 250
-#: What the torch core split of issue 23 shortens (another change): allowed until then, and no more.
-CORE_SPLIT_FUNCTIONS = {"stateremat/torch/_checkpoint.py:run_segment"}
-CORE_SPLIT_CLASSES = {"stateremat/torch/_segment.py:Segment"}
 
 
 def _too_long(kinds, under: str, limit: int) -> set[str]:
@@ -290,16 +279,6 @@ def _too_long(kinds, under: str, limit: int) -> set[str]:
     return out
 
 
-def test_no_function_is_longer_than_100_lines_but_the_cores_being_split():
-    assert _too_long((ast.FunctionDef, ast.AsyncFunctionDef), "stateremat", MAX_FUNCTION_LINES) \
-        <= CORE_SPLIT_FUNCTIONS
-
-
-def test_no_class_of_the_torch_layer_is_longer_than_250_lines_but_the_cores_being_split():
-    assert _too_long(ast.ClassDef, "stateremat/torch", MAX_CORE_CLASS_LINES) <= CORE_SPLIT_CLASSES
-
-
-@pytest.mark.xfail(strict=False, reason="torch core split in progress (issue 23)")
 def test_no_function_or_torch_class_is_too_long():
     assert _too_long((ast.FunctionDef, ast.AsyncFunctionDef), "stateremat", MAX_FUNCTION_LINES) == set()
     assert _too_long(ast.ClassDef, "stateremat/torch", MAX_CORE_CLASS_LINES) == set()
