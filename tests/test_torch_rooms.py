@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from test_layout import _core_file, _imports, _tree, import_cycles
+
 TORCH = Path(__file__).resolve().parents[1] / "src" / "stateremat" / "torch"
 MAX_CLASS_LINES = 250
 MAX_FUNCTION_LINES = 100
@@ -21,73 +23,20 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def import_graph() -> dict[str, set[str]]:
-    """Module -> the core modules it imports anywhere (top level or inside a function)."""
-    mods = _modules()
-    graph: dict[str, set[str]] = {}
-    for name, path in mods.items():
-        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
-        package = [p for p in package if p]
-        deps: set[str] = set()
-        for node in ast.walk(ast.parse(path.read_text())):
-            targets: list[str] = []
-            if isinstance(node, ast.ImportFrom) and node.level:
-                base = package[: len(package) - (node.level - 1)]
-                mod = base + (node.module.split(".") if node.module else [])
-                # `from . import _rng` imports the module _rng, not (for this check) the package
-                targets = ([".".join(mod)] if node.module else []) + [".".join(mod + [a.name]) for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("stateremat.torch."):
-                mod = node.module.split(".")[2:]
-                targets = [".".join(mod)] + [".".join(mod + [a.name]) for a in node.names]
-            elif isinstance(node, ast.Import):
-                targets = [a.name[len("stateremat.torch."):] for a in node.names
-                           if a.name.startswith("stateremat.torch.")]
-            deps.update(t for t in targets if t in mods and t != name)
-        graph[name] = deps
-    return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Strongly connected components of more than one module (each holds a cycle)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        for w in graph[v]:
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
-
-
 def test_the_torch_core_has_no_import_cycle():
-    assert cycles(import_graph()) == []
+    assert import_cycles(_tree(), _core_file) == []  # test_layout's finder, function-level imports counted
 
 
 def test_the_cycle_finder_sees_a_function_level_circle():
-    graph = {"_a": {"_b"}, "_b": {"_c"}, "_c": {"_a"}, "_d": {"_a"}}
-    assert cycles(graph) == [["_a", "_b", "_c"]]
+    fake = {"stateremat.torch._a": ("def f():\n    from ._b import x\n", False),
+            "stateremat.torch._b": ("from ._c import y\n", False),
+            "stateremat.torch._c": ("from stateremat.torch._a import z\n", False),
+            "stateremat.torch._d": ("from ._a import z\n", False)}
+    assert import_cycles(fake, _core_file) == [["stateremat.torch._a", "stateremat.torch._b", "stateremat.torch._c"]]
     # the registration that broke _mark → _mode → _preserve → _runtime → _mark
-    assert "_mark" not in import_graph()["_runtime"]
+    tree = _tree()
+    runtime = "stateremat.torch._runtime"
+    assert not any(t.startswith("stateremat.torch._mark") for t, _, _ in _imports(runtime, tree[runtime][0], False, set(tree)))
 
 
 def test_no_torch_class_or_function_outgrows_its_room():
