@@ -109,3 +109,28 @@ def test_builtin_options_cannot_be_removed_and_names_are_unique():
     with pytest.raises(ValueError, match="already registered"):
         OPTIONS.register(Option("region", replays=True, preserves="x", label="X"))
     assert [o.required for o in OPTIONS] == [True, True, False]
+
+
+def test_replays_and_journals_come_from_the_registry(offload):
+    """One predicate for 'does this option replay' (the card-only view included) and one for
+    'does it journal': the wrappers, apply_plan, the paper's profile and the profiler read them."""
+    assert [OPTIONS.replays(n) for n in ("eager", "whole", "region", "offload", "recompute_only")] == \
+        [False, True, True, True, True]
+    assert [OPTIONS.journals(n) for n in ("eager", "whole", "region", "offload", "recompute_only")] == \
+        [False, False, True, False, False]
+    with pytest.raises(ValueError, match="unknown checkpoint option 'nope'"):
+        OPTIONS.replays("nope")
+
+
+def test_no_module_outside_the_registry_tests_an_option_by_name_or_replays_flag():
+    """Option behaviour is read from the registry: no ``== "region"`` or ``.replays`` branch
+    is repeated in the torch core, the wrappers or the paper's profile (issue 23, item 4)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "src" / "stateremat"
+    files = [*(root / "torch").rglob("*.py"), *(root / "paper" / "profile").rglob("*.py")]
+    pattern = re.compile(r"""(==|!=)\s*["'](region|whole|eager)["']|["'](region|whole)["']\s+in\s+\w|\]\.replays\b""")
+    hits = [f"{p.relative_to(root)}:{i}: {line.strip()}" for p in files
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == []

@@ -125,3 +125,27 @@ def test_missing_private_symbol_fails_at_import_naming_the_versions():
     assert res.returncode == 0, res.stderr
     assert "stateremat.torch needs torch >=2.13,<2.14" in res.stdout
     assert "GraphExecGroup" in res.stdout and "torch==2.13.0" in res.stdout
+
+
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_preservation_counters_are_keyed_by_the_preservers_option(preserve):
+    """Each preserver charges what it keeps under its own option name (issue 23, item 4): a
+    64 KiB buffer (above the small-storage threshold) written at one element costs its whole
+    storage under ``whole`` and the written bytes under ``region``; both are freed after backward."""
+    import stateremat.torch as st
+
+    buf = torch.zeros(1 << 14)  # 64 KiB
+    w = torch.ones(3, requires_grad=True)
+
+    def seg(x):
+        buf.narrow(0, 7, 1).add_(1.0)  # one 4-byte write
+        return (x * w).sum()
+
+    st.reset_preservation_stats()
+    loss = st.checkpoint(seg, torch.ones(3), state=[buf], preserve=preserve)
+    held = st.preservation_stats().retained_by_option
+    assert held == ({"whole": buf.nbytes} if preserve == "whole" else {"region": 4})
+    assert st.preservation_stats().retained_state_bytes == sum(held.values())
+    loss.backward()
+    assert st.preservation_stats().retained_by_option == {}
+    assert buf[7].item() == 1.0 and w.grad.tolist() == [1.0, 1.0, 1.0]

@@ -26,6 +26,9 @@ class Option:
             ``"declared state, every byte"``, ``"written regions of declared state"``).
         label: human-readable name for tables and figures.
         required: every profile-card segment must carry a cost for this option.
+        journals: keeps the written regions in a journal shared by every segment that declares
+            the storage (R6): its retained bytes include later segments' writes, and a segment
+            without declared state gains nothing from it (the profiler skips it there).
 
     References:
         Paper §4 (per-segment options), Table 1 (preservation engines).
@@ -36,6 +39,7 @@ class Option:
     preserves: str
     label: str
     required: bool = False
+    journals: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.isidentifier():
@@ -90,6 +94,20 @@ class OptionRegistry:
         """Column of ``name`` in planner cost tables."""
         return self.names.index(self[name].name)
 
+    def replays(self, name: str) -> bool:
+        """True if ``name`` drops activations and replays in backward: a registered option's
+        :attr:`Option.replays`, and the card-only ``recompute_only`` view (a plain replay).
+
+        Raises:
+            ValueError: ``name`` is neither a registered option nor ``recompute_only``.
+        """
+        return name == RECOMPUTE_ONLY or self[name].replays
+
+    def journals(self, name: str) -> bool:
+        """True if ``name`` is a registered option whose preserver journals (``Option.journals``);
+        False for ``recompute_only`` and unknown names."""
+        return name in self and self[name].journals
+
     def __getitem__(self, key: int | str) -> Option:
         if isinstance(key, int):
             return self._options[key]
@@ -115,7 +133,8 @@ class OptionRegistry:
 EAGER = Option("eager", replays=False, preserves="activations", label="Eager", required=True)
 WHOLE = Option("whole", replays=True, preserves="declared state, every byte", label="Whole snapshots",
                required=True)
-REGION = Option("region", replays=True, preserves="written regions of declared state", label="Fixed regions")
+REGION = Option("region", replays=True, preserves="written regions of declared state", label="Fixed regions",
+                journals=True)
 _BUILTIN = ("eager", "whole", "region")
 
 #: Every per-segment option, in canonical order (lower index wins planner ties).

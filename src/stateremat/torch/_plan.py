@@ -101,7 +101,7 @@ def apply_plan(model: nn.Module, plan: Any, *, state: Any = "buffers", **segment
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, child, sub.block)
             sub = sub.block
-        if OPTIONS[option].replays:
+        if OPTIONS.replays(option):
             wrap_module(sub, option, name, state, **segment_options)
         else:
             unwrap_module(sub)

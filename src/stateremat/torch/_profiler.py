@@ -136,14 +136,14 @@ def _shares_state(model: nn.Module, name: str, state: Any) -> bool:
     return bool(inside & outside)
 
 
-def _chain_journal(runner: "_Runner", names: list[str], stateful: list[bool]) -> dict[int, int]:
+def _chain_journal(runner: "_Runner", names: list[str], stateful: list[bool], option: str) -> dict[int, int]:
     """Journal bytes of each region segment whose state others also write, held inside the chain
     after every forward (later segments eager, their writes journaled: R6, paper §3.1)."""
     out = {}
     for i, name in enumerate(names):
         if stateful[i] and _shares_state(runner.model, name, runner.state):
             plan = ["eager"] * len(names)
-            plan[i] = "region"
+            plan[i] = option
             out[i] = runner.step(plan, memory=True, journal=True).preserved_at_backward_bytes
     return out
 
@@ -282,7 +282,8 @@ def _measure(runner: "_Runner", model: nn.Module, state: Any, option_names: list
     names = runner.learn_order()
     mem = {o: runner.step(o, memory=True) for o in option_names}
     stateful = [_has_state(model.get_submodule(n), state) for n in names]
-    chain = _chain_journal(runner, names, stateful) if "region" in option_names else {}
+    journaled = [o for o in option_names if OPTIONS.journals(o)]
+    chain = _chain_journal(runner, names, stateful, journaled[0]) if journaled else {}
     secs: dict[str, list[list[float]]] = {o: [] for o in option_names}
     for rep in range(repeats + 1):
         for o in option_names:
@@ -301,11 +302,11 @@ def _card(model: nn.Module, names: list[str], option_names: list[str], mem: dict
     for i, name in enumerate(names):
         costs = {}
         for o in option_names:
-            if o == "region" and not stateful[i]:
+            if OPTIONS.journals(o) and not stateful[i]:
                 continue
             seg = mem[o].segments[i]
             r = seg.retained_bytes
-            if o == "region" and i in chain:  # its journal inside the chain, later writes included (R6)
+            if OPTIONS.journals(o) and i in chain:  # its journal inside the chain, later writes included (R6)
                 r = max(0, r - seg.preserved_bytes + chain[i])
             # The head and loss run right after the last segment's forward, with every segment's
             # r still live: charge them as that segment's temporary bytes (eq. 3 then covers them).

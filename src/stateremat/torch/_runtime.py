@@ -26,22 +26,40 @@ ON_FORGET: list[Callable[["DeclaredStorage"], None]] = []
 
 
 class Counters:
-    """Bytes held for preservation and replay counts of one runtime (``preservation_stats``)."""
+    """Bytes held for preservation and replay counts of one runtime (``preservation_stats``).
+
+    ``held`` is keyed by option name (``stateremat.contract.OPTIONS``): each preserver charges
+    what it keeps under its own option, so a new option needs no new counter.
+    """
 
     def __init__(self) -> None:
-        self.snapshot_bytes = 0
-        self.journal_bytes = 0
+        self.held: dict[str, int] = {}
         self.live_segments = 0
         self.peak_retained = 0
         self.peak_temporary = 0
         self.recompute_count = 0
 
+    def hold(self, option: str, n: int) -> None:
+        """Charge ``n`` bytes (negative: freed) to ``option`` and update the retained peak."""
+        self.held[option] = self.held.get(option, 0) + n
+        self.touch()
+
+    @property
+    def snapshot_bytes(self) -> int:
+        """Bytes of whole snapshots held now."""
+        return self.held.get("whole", 0)
+
+    @property
+    def journal_bytes(self) -> int:
+        """Bytes of region-journal entries held now."""
+        return self.held.get("region", 0)
+
     def retained(self) -> int:
-        return self.snapshot_bytes + self.journal_bytes
+        return sum(self.held.values())
 
     def touch(self) -> None:
         """Update the retained peak (after every change of held bytes)."""
-        r = self.snapshot_bytes + self.journal_bytes
+        r = self.retained()
         if r > self.peak_retained:
             self.peak_retained = r
 

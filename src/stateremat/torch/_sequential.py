@@ -60,7 +60,7 @@ def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentra
     if unknown:
         raise TypeError(f"stateremat.torch.checkpoint_sequential: unexpected keyword(s) {unknown}; expected "
                         f"preserve or {list(SEGMENT_OPTIONS)}. Tip: check the spelling.")
-    if preserve not in OPTIONS or not OPTIONS[preserve].replays:
+    if preserve not in OPTIONS or not OPTIONS.replays(preserve):
         raise ValueError(f"stateremat.torch.checkpoint_sequential: preserve must name an option that replays "
                          f"({[o.name for o in OPTIONS if o.replays]}), got {preserve!r}. "
                          "Tip: 'region' journals only the bytes written.")

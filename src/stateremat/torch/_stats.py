@@ -24,6 +24,8 @@ class PreservationStats:
             for reinstatement), since the last reset.
         live_segments: checkpointed segments whose forward ran and that may still replay.
         recompute_count: replays run since the last reset.
+        retained_by_option: bytes held now per option name (``"whole"``, ``"region"``, any
+            registered option), summing to ``retained_state_bytes``.
     """
 
     snapshot_bytes: int
@@ -33,6 +35,7 @@ class PreservationStats:
     peak_temporary_bytes: int
     live_segments: int
     recompute_count: int
+    retained_by_option: dict[str, int]
 
 
 def preservation_stats() -> PreservationStats:
@@ -45,15 +48,16 @@ def preservation_stats() -> PreservationStats:
         Paper §4 (retained bytes ``r``, temporary bytes ``q`` of a profile card).
     """
     c = runtime().counters
-    journal = c.journal_bytes
+    retained = c.retained()
     return PreservationStats(
         snapshot_bytes=c.snapshot_bytes,
-        journal_bytes=journal,
-        retained_state_bytes=c.snapshot_bytes + journal,
-        peak_retained_state_bytes=max(c.peak_retained, c.snapshot_bytes + journal),
+        journal_bytes=c.journal_bytes,
+        retained_state_bytes=retained,
+        peak_retained_state_bytes=max(c.peak_retained, retained),
         peak_temporary_bytes=c.peak_temporary,
         live_segments=c.live_segments,
         recompute_count=c.recompute_count,
+        retained_by_option={k: v for k, v in c.held.items() if v},
     )
 
 

@@ -284,7 +284,7 @@ class Transaction:
     @property
     def snapshot_bytes(self) -> int:
         """Whole-snapshot bytes this segment owns."""
-        return sum(p.retained_bytes for p in self.items.values() if p.name == "whole")
+        return sum(p.retained_bytes for p in self.items.values() if isinstance(p, WholePreserver))
 
     def release(self) -> None:
         """Free snapshots and stop consuming journals (the segment can no longer replay)."""

@@ -76,8 +76,7 @@ class SegmentForward:
         if unknown:
             raise TypeError(f"stateremat.torch: unknown segment option(s) {unknown}; expected a subset "
                             f"of {list(SEGMENT_OPTIONS)[1:]}. Tip: check the spelling.")
-        if option != RECOMPUTE_ONLY:
-            OPTIONS[option]  # raises naming the registered options
+        OPTIONS.replays(option)  # raises naming the registered options
         self.module = module
         self.option = option
         self.name = name
@@ -94,7 +93,7 @@ class SegmentForward:
 
     def replays(self) -> bool:
         """True if this option drops activations and replays the segment in backward."""
-        return self.option == RECOMPUTE_ONLY or OPTIONS[self.option].replays
+        return OPTIONS.replays(self.option)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fwd = self.original()

@@ -53,7 +53,7 @@ def wrap_segment(module: nn.Module, option: str, *, granularity_bytes: int | Non
     if option not in OPTIONS:
         raise ValueError(f"wrap_segment: option {option!r} is not one of {list(card_options())}. "
                          "Tip: plans use the options registered in stateremat.contract.OPTIONS.")
-    if not OPTIONS[option].replays:  # eager: activations kept, nothing to wrap
+    if not OPTIONS.replays(option):  # eager: activations kept, nothing to wrap
         return module
     from stateremat.torch import StatefulCheckpoint
 

@@ -77,9 +77,7 @@ class Journal:
     def _grow(self, n: int, meta: int) -> None:
         self.bytes += n
         self.meta_bytes += meta
-        c = self.storage.rt.counters
-        c.journal_bytes += n
-        c.touch()
+        self.storage.rt.counters.hold(RegionPreserver.name, n)  # a journal is charged to its option
 
     def restore(self, start_seq: int) -> Restored | None:
         """Put back the bytes the storage had at ``start_seq``; return what was visible.

@@ -26,9 +26,7 @@ class WholePreserver(Preserver):
 
     def begin(self) -> None:
         self.snapshot = self.storage.snapshot()
-        c = self.storage.rt.counters
-        c.snapshot_bytes += self.storage.nbytes
-        c.touch()
+        self.storage.rt.counters.hold(self.name, self.storage.nbytes)
 
     def restore(self, segment_name: str) -> Restored:
         st = self.storage
@@ -43,7 +41,7 @@ class WholePreserver(Preserver):
 
     def release(self) -> None:
         if self.owned and self.snapshot is not None:
-            self.storage.rt.counters.snapshot_bytes -= self.storage.nbytes
+            self.storage.rt.counters.hold(self.name, -self.storage.nbytes)
         self.snapshot = None
 
     def adopt(self, segment_id: int) -> "WholePreserver":
