@@ -26,6 +26,7 @@ from torch import nn
 from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops
 from ._errors import UnsupportedError
 from ._framework import framework_swap
+from ._plain import PlainBindings, plain_starts
 from ._scan import Declared, Reach, slot_starts, tensor_bound, tensor_slots
 
 
@@ -241,7 +242,10 @@ class ModuleState:
         r: what the segment's forward reaches.
     """
 
-    def __init__(self, declared: Declared, r: Reach) -> None:
+    def __init__(self, declared: Declared, r: Reach, replay_queries: int = 0) -> None:
+        self._queries = replay_queries  # the runtime's is_replaying() count as the forward began
+        #: Python scalars and container-bound tensors the forward reaches (``_plain``)
+        self.plain = PlainBindings(plain_starts(r))
         declared_mods = {id(m) for _, mod in declared.modules for m in mod.modules()}
         declared_ids = {id(t) for _, t, _ in declared.tensors}
         # a declared tensor held by an undeclared module: its slot is replayed as of the forward's start
@@ -256,16 +260,19 @@ class ModuleState:
         # what the replay reads
         self.views = view_records(t for i, (_, t) in r.tensors.items() if i not in declared_ids)
         self.end_bindings: list = []  # reached modules' bindings after the forward
-        self.adopted: list[tuple[Bindings | None, list, list]] = []  # (bindings, modes, views) of nested segments
+        #: (bindings, modes, views, plain bindings) of nested segments
+        self.adopted: list[tuple[Bindings | None, list, list, PlainBindings | None]] = []
 
-    def end_forward(self, modules: list[tuple[str, nn.Module]]) -> None:
-        """After the forward: note the reached ``modules``' bindings (once) and what the forward rebound."""
+    def end_forward(self, modules: list[tuple[str, nn.Module]], replay_queries: int = 0) -> None:
+        """After the forward: note the reached ``modules``' bindings (once) and what the forward
+        rebound; ``replay_queries``: the runtime's ``is_replaying()`` count now."""
         self.end_bindings = note_end_bindings(modules)
         self.bindings.settle({id(m): slots for _, m, slots, _ in self.end_bindings})
+        self.plain.settle(guarded=replay_queries != self._queries)
 
     def adopt(self, inner: "ModuleState") -> None:
         """A nested segment ended: its start bindings, flags and views are replayed by us too."""
-        self.adopted.append((inner.bindings, inner.modes, inner.views))
+        self.adopted.append((inner.bindings, inner.modes, inner.views, inner.plain))
 
     @contextlib.contextmanager
     def as_of_forward(self) -> Iterator[None]:
@@ -273,7 +280,7 @@ class ModuleState:
         training flags and the views of declared and reached tensors — ours and those of the
         segments nested in ours, which the replay runs again without replaying them itself."""
         with end_bindings_as_of(self.end_bindings), contextlib.ExitStack() as stack:
-            for bindings, modes, views in [*self.adopted, (self.bindings, self.modes, self.views)]:
+            for bindings, modes, views, plain in [*self.adopted, (self.bindings, self.modes, self.views, self.plain)]:
                 # entered last, our own (the earliest start) win
                 if modes:
                     stack.enter_context(_modes_as_of(modes))
@@ -282,4 +289,6 @@ class ModuleState:
                     stack.enter_context(views_as_of(moved))
                 if bindings is not None:
                     stack.enter_context(bindings.as_of_forward_start())
+                if plain is not None:
+                    stack.enter_context(plain.as_of_forward())
             yield

@@ -155,6 +155,7 @@ class Runtime:
         self.replay: list[Any] = []  # ReplayLog of replays running on this thread, innermost last
         self.storages: dict[StorageKey, DeclaredStorage] = {}
         self.strict_depth = 0  # a global write-interception mode is pushed on this thread
+        self.replay_queries = 0  # calls of is_replaying(): a forward that asks guards its side effects
         self.counters = Counters()
         self._seq = itertools.count(1)
 
@@ -203,7 +204,13 @@ def replaying() -> bool:
             if not stateremat.torch.is_replaying():
                 seen.append(output.detach())
 
+    A forward that asks is taken to guard its Python side effects itself: a Python scalar
+    attribute it rebinds (``self.t = self.t + 1``) is then replayed with the value it holds at
+    backward, not the forward's start value (see ``stateremat.torch._bindings``).
+
     Returns:
         bool.
     """
-    return bool(_LOCAL.rt.replay)
+    rt = _LOCAL.rt
+    rt.replay_queries += 1
+    return bool(rt.replay)

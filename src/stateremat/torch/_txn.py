@@ -216,7 +216,7 @@ class Transaction:
             self.whole_keys = {storage_key(t) for t in norm_buffers if has_storage(t)}
         try:
             self._preserve_bytes()
-            self.modules = ModuleState(self.declared, r)
+            self.modules = ModuleState(self.declared, r, self.runtime.replay_queries)
             self.autocast = autocast_of(args, kwargs)
         except BaseException:
             self.release()  # no frame owns us yet
@@ -263,7 +263,7 @@ class Transaction:
     def end_forward(self, modules: list[tuple[str, Any]], scan: list[tuple[Any, torch.Tensor, int]]) -> None:
         """After the forward: note the reached ``modules``' bindings and the versions of the
         reachable parameters among ``scan`` (checked at replay)."""
-        self.modules.end_forward(modules)
+        self.modules.end_forward(modules, self.runtime.replay_queries)
         with DisableTorchFunctionSubclass():
             self.param_versions = [(n, t, t._version) for n, t, _ in scan if t.requires_grad and t.is_leaf]
 

@@ -32,6 +32,7 @@ from ._compat import DisableTorchFunctionSubclass, library_ops
 from ._framework import framework_swap
 from ._errors import UndeclaredStateError, UnsupportedError
 from ._mode import StrictMode, warn_undeclared
+from ._plain import slot_id
 from ._pystate import cache_fingerprint, cache_message, python_state_arguments
 from ._runtime import Runtime
 from ._scan import Declared, Reach, describe, reachable, rebound, tensor_slots
@@ -286,7 +287,8 @@ class Watch:
                     kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
                     full = f"{path}.{k}" if path else k
                     found.setdefault(f"{kind} {full!r} (rebound to another tensor)", "binding")
-        for name in rebound(self.plain_slots):
+        replayed = self.txn.modules.plain.keys  # rebound slots the replay binds as of the forward
+        for name in rebound([s for s in self.plain_slots if slot_id(s[1], s[2]) not in replayed]):
             found.setdefault(name, "binding")
         return list(found)
 

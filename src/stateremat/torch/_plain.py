@@ -1,0 +1,151 @@
+"""Python bindings the replay must read as of the forward: the Transaction's third room.
+
+A forward may rebind what a dict, a plain object, a class, a module's globals or a module
+attribute holds: a Python scalar (``self.t = self.t + 1``, a spiking neuron's step), a tensor in
+a container (``ctx.key = k``, a Megatron-style RNG tracker's ``states[name] =
+torch.get_rng_state()``). Its replay would read the new value and, for an update, make it a
+second time. In data-flow order:
+
+- forward: :func:`plain_starts` records, as the forward begins, every such slot the segment
+  reaches that holds a tensor or a Python scalar; at the forward's end
+  :meth:`PlainBindings.settle` keeps the slots that were rebound (to a tensor, a scalar or
+  nothing);
+- restore: :meth:`PlainBindings.as_of_forward` binds each to its value at the forward's start;
+- reinstate: each gets back the value it held before the replay.
+
+A forward that calls ``stateremat.torch.is_replaying()`` guards its own updates (``if not
+is_replaying(): self.t += 1``): its slots are bound to the forward's *end* value instead (what an
+update guarded before its use leaves for the computation), and a replay that rebinds one anyway
+is refused with :class:`ReplayError` (it may have computed with a value the forward did not
+see). An update after the value's last use needs no guard.
+
+A slot is ``(holder, key)``: the holder is a dict (a container, a module's ``__dict__``, an
+object's ``vars()``, module globals) or a class. List entries are not replayed here (an insert
+moves every index): the watch refuses their rebinding.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator
+
+import torch
+
+from ._errors import ReplayError
+from ._scan import Reach
+
+_ABSENT = object()  # a slot that is not bound at all
+
+#: Immutable Python values a slot may hold as state (a step counter, a scale, a flag).
+SCALARS = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _table(holder: Any) -> Any:
+    """The dict (or a class's mapping) a slot of ``holder`` lives in."""
+    return holder if isinstance(holder, (dict, type, list)) else vars(holder)
+
+
+def slot_id(holder: Any, key: Any) -> tuple[int, Any]:
+    """Identity of the slot ``holder[key]`` / ``holder.key`` (objects by their ``vars()``)."""
+    return id(_table(holder)), key
+
+
+def _get(holder: Any, key: Any) -> Any:
+    return (vars(holder) if isinstance(holder, type) else _table(holder)).get(key, _ABSENT)
+
+
+def _put(holder: Any, key: Any, value: Any) -> None:
+    if isinstance(holder, type):  # a class's mapping is read-only: go through the class
+        if value is not _ABSENT:
+            setattr(holder, key, value)
+        elif key in vars(holder):
+            delattr(holder, key)
+    elif value is _ABSENT:
+        holder.pop(key, None)
+    else:
+        holder[key] = value
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same binding: the same object, or an equal scalar of the same type (``1`` is not ``1.0``)."""
+    return a is b or (isinstance(a, SCALARS) and type(a) is type(b) and a == b)
+
+
+def _replayable(v: Any) -> bool:
+    return v is _ABSENT or isinstance(v, (torch.Tensor, *SCALARS))
+
+
+def plain_starts(r: Reach) -> list[tuple[Any, Any, Any]]:
+    """``(holder, key, value)`` of every slot the segment reaches that holds a tensor or a Python
+    scalar as the forward begins: tensors bound in dicts, plain objects, classes and module globals
+    (:attr:`Reach.slots`), and the scalars of reached dicts, plain objects and module attributes."""
+    out: dict[tuple[int, Any], tuple[Any, Any, Any]] = {}
+    for _, holder, key, t in r.slots:
+        if not isinstance(holder, list):
+            table = holder if isinstance(holder, type) else _table(holder)
+            out[(id(table), key)] = (table, key, t)
+    tables = [m.__dict__ for _, m in r.modules]
+    tables += [c if isinstance(c, dict) else vars(c) for c in r.mutables if not isinstance(c, (list, set))]
+    for table in tables:
+        for k, v in table.items():
+            if isinstance(v, SCALARS) and k != "training":  # modules' flags: ModuleState's
+                out.setdefault((id(table), k), (table, k, v))
+    return list(out.values())
+
+
+class PlainBindings:
+    """Slots of :func:`plain_starts` a segment's forward rebound, replayed as of the forward.
+
+    Args:
+        starts: :func:`plain_starts` taken as the forward began.
+
+    Attributes:
+        bound: ``(holder, key, value the replay reads)`` of each rebound slot.
+        keys: :func:`slot_id` of those slots (the watch does not refuse them).
+        guarded: the forward called ``is_replaying()`` (values as of its end; replay rebinding refused).
+    """
+
+    def __init__(self, starts: list[tuple[Any, Any, Any]]) -> None:
+        self.starts = starts
+        self.bound: list[tuple[Any, Any, Any]] = []
+        self.keys: set[tuple[int, Any]] = set()
+        self.guarded = False
+
+    def settle(self, guarded: bool) -> None:
+        """After the forward: keep the slots it rebound (``guarded``: it called ``is_replaying()``)."""
+        changed = [(h, k, v, e) for h, k, v in self.starts if not _same(v, e := _get(h, k)) and _replayable(e)]
+        self.bound = [(h, k, e if guarded else v) for h, k, v, e in changed]
+        self.keys = {(id(h), k) for h, k, _, _ in changed}
+        self.guarded = guarded
+        self.starts = []
+
+    @contextlib.contextmanager
+    def as_of_forward(self) -> Iterator[None]:
+        """Bind each rebound slot as of the forward for the replay; reinstate the current values after.
+
+        Raises:
+            ReplayError: a guarded forward's replay rebound a slot the forward had rebound too.
+        """
+        if not self.bound:
+            yield
+            return
+        before = [(h, k, _get(h, k)) for h, k, _ in self.bound]
+        for h, k, v in self.bound:
+            _put(h, k, v)
+        again: list[tuple[Any, Any, Any]] = []
+        try:
+            yield
+            if self.guarded:
+                again = [(h, k, v) for h, k, v in self.bound if not _same(_get(h, k), v)]
+        finally:
+            for h, k, v in before:
+                _put(h, k, v)
+        if again:
+            _, k, v = again[0]
+            raise ReplayError(
+                f"stateremat.torch.checkpoint: the replay rebound {k!r} (it held a {type(v).__name__} at the "
+                "forward's end) although the forward guards its updates with is_replaying(): the "
+                "recomputation may have used a value the forward did not see, so its gradients cannot be "
+                f"trusted (expected the replay to leave {k!r} as the forward left it, got a new value; it is "
+                f"put back as it was before the replay). Tip: guard this update with 'if not "
+                "stateremat.torch.is_replaying():' too, or drop the guards (an unguarded update replays "
+                f"with its value at the forward's start), or keep {k!r} in a tensor buffer updated in place.")
