@@ -14,8 +14,9 @@ frame re-runs the segment in. It refuses, then puts back, in this order:
    buffers, tensor attributes and submodules (a rebinding between forward and backward must not
    change what the replay reads);
 3. training flags, then the views of reached tensors, then the declared modules' bindings and
-   the declared tensors' storages and views, as of the forward's start — of each segment nested
-   in this one and then of this one (entered last, the earliest start wins); before the bytes,
+   the declared tensors' storages and views, and the Python bindings the forward rebound (scalar
+   attributes, entries of dicts and plain objects: ``_plain``), as of the forward's start — of
+   each segment nested in this one and then of this one (entered last, the earliest start wins); before the bytes,
    since a declared tensor the forward rebound to another storage must be back on its
    forward-start storage when its bytes are restored;
 4. declared bytes ``B0`` through the preservers (R2), with the replay's own writes journaled;
@@ -25,7 +26,7 @@ Nested adoption (:meth:`Transaction.adopt`, when a segment nested in this one en
 halves: the inner segment's declared storages join step 4, its flags, views and bindings step 3.
 On exit everything is reinstated in reverse: autocast and RNG; the replay's writes undone and
 the visible bytes and version counters put back exactly (R5); bindings, views and flags as they
-were before the replay. The module-side helpers live in ``_bindings``.
+were before the replay. The module-side helpers live in ``_bindings``, the Python-binding ones in ``_plain``.
 """
 from __future__ import annotations
 
