@@ -142,7 +142,7 @@ def test_enable_checks_every_argument_before_switching_timms_checkpointing_off()
     for bad, error in [({"preserve": "eager"}, "preserve must be one of"), ({"preserve": "bogus"}, "preserve must be"),
                        ({"granularity_bytes": 0}, "granularity_bytes must be"),
                        ({"on_undeclared": "ignore"}, "on_undeclared must be"),
-                       ({"state": "everything"}, "state must be 'buffers'")]:
+                       ({"state": "everything"}, "state must be 'auto', 'buffers'")]:
         model = resnet()
         model.set_grad_checkpointing(True)
         with pytest.raises(ValueError, match=error):

@@ -379,7 +379,7 @@ def test_every_replay_error_is_a_torch_checkpoint_error():
         y.sum().backward()
     assert issubclass(stateremat.torch._errors.UndeclaredStateError, tuc.CheckpointError)
     with pytest.raises(tuc.CheckpointError):
-        checkpoint(lambda t: Dict0["t"].add_(1) * t, x)
+        checkpoint(lambda t: Dict0["t"].add_(1) * t, x, state=None)
     assert isinstance(UndeclaredStateError("x"), stateremat.ReplayError)
 
 
@@ -492,7 +492,7 @@ def test_undeclared_writes_through_data_are_refused_at_any_size(n, how):
     x = torch.full((n,), 3.0, dtype=D)
     m = _EMA(n, how)
     with pytest.raises(UndeclaredStateError, match=r"buffer 'ema'"):
-        checkpoint(m, x)
+        checkpoint(m, x, state=None)  # strict mode
     assert m.ema[0].item() == 2.0  # made once, as eager would
     ok = _EMA(n, how)  # declared: exact
     checkpoint(ok, x, state="buffers").backward()
@@ -770,7 +770,10 @@ _PATHS = ["underscore", "plain_object", "underscore_plain_object", "global_objec
 @pytest.mark.parametrize("op", ["write", "rebind", "draw"])
 @pytest.mark.parametrize("preserve", PRESERVERS)
 @pytest.mark.parametrize("nested", [False, True])
-def test_state_reached_by_any_path_is_replayed_or_refused(path, op, preserve, nested):
+@pytest.mark.parametrize("state", [None, "auto"])
+def test_state_reached_by_any_path_is_replayed_or_refused(path, op, preserve, nested, state):
+    """Strict mode (``state=None``) refuses every write it did not declare; the default
+    (``state="auto"``) preserves it and replays exactly, as eager, at every path."""
     if op == "draw" and path in ("list_in_object", "class_tensor", "unregistered_module"):
         pytest.skip("no generator on this path")
     x = torch.arange(1.0, 4.0, dtype=D)
@@ -781,8 +784,9 @@ def test_state_reached_by_any_path_is_replayed_or_refused(path, op, preserve, ne
     m = make()
     def run():
         if nested:
-            return checkpoint(lambda x: checkpoint(m, x, preserve=preserve), x, preserve=preserve)
-        return checkpoint(m, x, preserve=preserve)
+            return checkpoint(lambda x: checkpoint(m, x, preserve=preserve, state=state), x, preserve=preserve,
+                              state=state)
+        return checkpoint(m, x, preserve=preserve, state=state)
 
     if op == "draw":  # generators are captured and replayed: exactly eager
         run().backward()
@@ -790,20 +794,22 @@ def test_state_reached_by_any_path_is_replayed_or_refused(path, op, preserve, ne
         assert torch.equal(getattr(m._get()[0], m._get()[2]).get_state(),
                            getattr(want[1][0], want[1][2]).get_state())
         return
-    if op == "rebind" and path in _REBIND_REPLAYED:  # bound as of the forward's start for the replay
+    if state == "auto" or (op == "rebind" and path in _REBIND_REPLAYED):  # preserved / bound as of the forward
         run().backward()
         obj, name, _ = m._get()
         assert torch.equal(m.w.grad, want[0])
-        assert torch.equal(getattr(obj, name), getattr(want[1][0], want[1][1]))  # rebound once, as eager
+        now = obj[name] if isinstance(obj, list) else getattr(obj, name)
+        ref_now = want[1][0][name] if isinstance(want[1][0], list) else getattr(want[1][0], name)
+        assert torch.equal(now, ref_now)  # written / rebound once, as eager
         return
     with pytest.raises(UndeclaredStateError, match=r"not declared state|rebound|rebinds|bound"):
         run().backward()
 
 
-#: Paths whose tensor rebinding the replay binds as of the forward's start (issue 25, item 2):
-#: dicts, plain objects, classes and globals; a module's own tensor attribute, a list entry and
-#: a buffer of an unregistered module are still refused.
-_REBIND_REPLAYED = {"plain_object", "underscore_plain_object", "global_object", "class_object", "class_tensor",
+#: Paths whose tensor rebinding the replay binds as of the forward's start even in strict mode
+#: (issue 25, item 2): lists, dicts, plain objects, classes and globals; a module's own tensor
+#: attribute and a buffer of an unregistered module are refused there (replayed under "auto").
+_REBIND_REPLAYED = {"list_in_object", "plain_object", "underscore_plain_object", "global_object", "class_object", "class_tensor",
                     "helper_closure", "callable_object", "bound_method", "global_function"}
 
 

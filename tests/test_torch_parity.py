@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointError, CheckpointPolicy, create_selective_checkpoint_contexts
 
-from stateremat.torch import Checkpointer
+from stateremat.torch import Checkpointer, UndeclaredStateError
 
 F64 = torch.float64
 
@@ -1609,18 +1609,31 @@ def test_meta_device_inputs(ckpt):
 # =============================================================================================
 # 6. Intentional differences: state written by the segment (what stateremat exists for)
 # =============================================================================================
-@impls(xfail=ours_xfail(
-    "intentional: an in-place write to pre-existing state that is not declared (BatchNorm's running "
-    "statistics) is refused with UndeclaredStateError (R7) instead of being repeated at replay; "
-    "declare it (state='buffers') or pass on_undeclared='warn'"))
+@impls()
 def test_undeclared_buffer_writes_run(ckpt):
+    # torch: runs, and the running statistics are updated twice; ours (state="auto", the
+    # default) finds them and updates them once, as eager
     bn = nn.BatchNorm1d(3).to(F64)
     ref = deepcopy(bn)
     x = torch.randn(4, 3, dtype=F64, requires_grad=True)
-    ckpt(bn, x).pow(2).sum().backward()  # torch: runs; the running statistics are updated twice
-    got, x.grad = x.grad, None
-    ref(x).pow(2).sum().backward()
-    assert torch.equal(got, x.grad)
+    for _ in range(2):  # the first step watches every op, the second declares what it found
+        x.grad = None
+        ckpt(bn, x).pow(2).sum().backward()
+        got, x.grad = x.grad, None
+        ref(x).pow(2).sum().backward()
+        assert torch.equal(got, x.grad)
+    once = torch.equal(bn.running_mean, ref.running_mean) and torch.equal(bn.num_batches_tracked, ref.num_batches_tracked)
+    assert once == (not isinstance(ckpt, functools.partial))
+
+
+@impls(only=OURS)
+def test_undeclared_buffer_writes_are_refused_in_strict_mode(ckpt):
+    # strict mode (state=None): an undeclared write is refused (R7) instead of repeated at replay
+    bn = nn.BatchNorm1d(3).to(F64)
+    x = torch.randn(4, 3, dtype=F64, requires_grad=True)
+    strict = Checkpointer(state=None, preserve=ckpt.preserve)
+    with pytest.raises(UndeclaredStateError, match="running_mean"):
+        strict(bn, x).pow(2).sum().backward()
 
 
 def _stateful(ckpt):

@@ -96,7 +96,7 @@ def test_batch_norm_on_undeclared_captured_stats_is_refused_not_doubled(dtype, o
 
     rm, rv = torch.zeros(3, dtype=dtype), torch.ones(3, dtype=dtype)
     # Nothing declared, or something else declared with a whole snapshot (no forward mode).
-    opts = {"state": [torch.zeros(2)], "preserve": "whole"} if other_state else {}
+    opts = {"state": [torch.zeros(2)], "preserve": "whole"} if other_state else {"state": None}
     # native_batch_norm bumps no version: the stats are compared byte for byte after the forward.
     with pytest.raises(UndeclaredStateError, match=r"captured variable 'r[mv]'.*after the forward.*state="):
         checkpoint(_bn_fn(rm, rv), x, **opts)
@@ -134,7 +134,7 @@ class _Counter(nn.Module):
 def test_unregistered_module_tensor_attribute_is_named():
     x = torch.ones(2, requires_grad=True)
     with pytest.raises(UndeclaredStateError, match=r"tensor attribute 'count' \(not a registered buffer\)"):
-        checkpoint(_Counter(), x)
+        checkpoint(_Counter(), x, state=None)
     m = _Counter()
     checkpoint(m, x, state=[m.count]).sum().backward()
     assert m.count.item() == 1.0
@@ -145,7 +145,7 @@ def test_tensor_in_captured_list_and_plain_object(dtype):
     x = torch.ones(2, dtype=dtype, requires_grad=True)
     held = [torch.zeros(1, dtype=dtype)]
     with pytest.raises(UndeclaredStateError, match=r"captured variable 'held'\[0\]"):
-        checkpoint(lambda t: held[0].add_(1) * t, x)
+        checkpoint(lambda t: held[0].add_(1) * t, x, state=None)
 
     class Box:
         pass
@@ -153,7 +153,7 @@ def test_tensor_in_captured_list_and_plain_object(dtype):
     box = Box()
     box.t = torch.zeros(1, dtype=dtype)
     with pytest.raises(UndeclaredStateError, match=r"captured variable 'box'\.t"):
-        checkpoint(lambda t: box.t.add_(1) * t, x)
+        checkpoint(lambda t: box.t.add_(1) * t, x, state=None)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -161,7 +161,7 @@ def test_deeply_hidden_tensor_write_is_refused(dtype):
     x = torch.ones(2, dtype=dtype, requires_grad=True)
     deep = {"a": [{"b": torch.zeros(2, dtype=dtype)}]}  # three levels into a captured value
     with pytest.raises(UndeclaredStateError, match=r"captured variable 'deep'\['a'\]\[0\]\['b'\].*after the forward"):
-        checkpoint(lambda t: (t * deep["a"][0]["b"].add_(1)).exp(), x)
+        checkpoint(lambda t: (t * deep["a"][0]["b"].add_(1)).exp(), x, state=None)
     assert torch.equal(deep["a"][0]["b"], torch.ones(2, dtype=dtype))  # once
 
     # Deeper than the scan reaches: refused at recomputation when every op is watched (verify).

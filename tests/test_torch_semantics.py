@@ -188,7 +188,7 @@ class Counter(nn.Module):
 def test_undeclared_buffer_write_raises_naming_it():
     m = Counter()
     with pytest.raises(UndeclaredStateError, match=r"buffer 'hits'.*Tip: declare it"):
-        checkpoint(m, torch.randn(4, 3, requires_grad=True))
+        checkpoint(m, torch.randn(4, 3, requires_grad=True), state=None)
 
 
 def test_undeclared_write_is_refused_after_the_forward_made_it_once():
@@ -225,7 +225,7 @@ def test_undeclared_input_and_captured_tensor_writes():
         checkpoint(lambda t, w: t.mul_(2) * w, a, torch.ones(3, requires_grad=True))
     cap = torch.zeros(3)
     with pytest.raises(UndeclaredStateError, match="captured variable 'cap'"):
-        checkpoint(lambda w: cap.add_(1) * w, torch.ones(3, requires_grad=True))
+        checkpoint(lambda w: cap.add_(1) * w, torch.ones(3, requires_grad=True), state=None)
 
 
 def test_tensors_created_inside_the_segment_may_be_mutated():

@@ -196,7 +196,7 @@ def test_apply_plan_and_profile_refuse_bad_segment_options_before_wrapping_anyth
             apply_plan(model, plan_, **bad)
         assert all("forward" not in vars(m) for m in model.modules())  # refused at apply time, nothing wrapped
     calls = []
-    with pytest.raises(ValueError, match="state must be 'buffers'"):
+    with pytest.raises(ValueError, match="state must be 'auto', 'buffers'"):
         profile(model, None, lambda m: calls.append(1), state="everything", repeats=1)
     assert calls == []  # refused before any step ran
     apply_plan(model, plan_, state="buffers", granularity_bytes=64)

@@ -240,12 +240,16 @@ class ModuleState:
     Args:
         declared: the segment's declared state.
         r: what the segment's forward reaches.
+        replay_queries: the runtime's ``is_replaying()`` count as the forward begins.
+        module_tensors: replay the reached modules' buffer and tensor-attribute rebindings as of
+            the forward (``state="auto"``; strict mode refuses them for undeclared modules).
     """
 
-    def __init__(self, declared: Declared, r: Reach, replay_queries: int = 0) -> None:
+    def __init__(self, declared: Declared, r: Reach, replay_queries: int = 0, module_tensors: bool = False) -> None:
         self._queries = replay_queries  # the runtime's is_replaying() count as the forward began
-        #: Python scalars and container-bound tensors the forward reaches (``_plain``)
-        self.plain = PlainBindings(plain_starts(r))
+        #: Python scalars and container-bound tensors the forward reaches (``_plain``); with
+        #: ``module_tensors`` (``state="auto"``) the reached modules' tensor slots too
+        self.plain = PlainBindings(plain_starts(r, module_tensors))
         declared_mods = {id(m) for _, mod in declared.modules for m in mod.modules()}
         declared_ids = {id(t) for _, t, _ in declared.tensors}
         # a declared tensor held by an undeclared module: its slot is replayed as of the forward's start

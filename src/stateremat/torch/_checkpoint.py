@@ -19,7 +19,7 @@ import torch
 
 from stateremat.contract import rule
 
-from . import _rng
+from . import _learn, _rng
 from ._compat import (
     DisableTorchFunctionSubclass,
     debug_override,
@@ -102,7 +102,8 @@ class Checkpointer:
     framework hooks expect (a model's ``gradient_checkpointing_func``, ``checkpoint_seq``).
 
     Args:
-        state: declared state, as in :func:`checkpoint`; ``"buffers"`` means every buffer of the
+        state: ``"auto"`` (default: the state the segment writes is found and preserved), or
+            declared state, as in :func:`checkpoint`; ``"buffers"`` means every buffer of the
             module ``fn`` belongs to (``fn`` a module, a bound method such as ``layer.__call__``,
             or a ``functools.partial`` of one).
         preserve: ``"region"`` (journal written bytes) or ``"whole"`` (snapshot every byte).
@@ -121,7 +122,7 @@ class Checkpointer:
         Paper §3.1, §5.
     """
 
-    def __init__(self, *, state: Any = None, preserve: str = "region", granularity_bytes: int | None = None,
+    def __init__(self, *, state: Any = "auto", preserve: str = "region", granularity_bytes: int | None = None,
                  on_undeclared: str = "raise", verify: bool = False, name: str | None = None) -> None:
         _validate_options(preserve, granularity_bytes, on_undeclared)
         check_state(state)
@@ -153,7 +154,7 @@ class Checkpointer:
 
 
 @eager_only
-def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "region",
+def checkpoint(fn: Callable, *args: Any, state: Any = "auto", preserve: str = "region",
                granularity_bytes: int | None = None, on_undeclared: str = "raise", verify: bool = False,
                use_reentrant: bool | None = None, context_fn: Callable[[], tuple[Any, Any]] | None = None,
                determinism_check: str = "default", debug: bool = False, early_stop: bool = True,
@@ -172,8 +173,16 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
     Args:
         fn: the segment; a function or ``nn.Module``.
         *args: positional arguments of ``fn`` (tensors of any shape and dtype, or other objects).
-        state: declared state: a tensor, an ``nn.Module`` (all its buffers), a list of them, or
-            ``"buffers"`` (every buffer of ``fn``, which must then be an ``nn.Module``).
+        state: ``"auto"`` (default): every pre-existing tensor the segment writes in place is
+            found and preserved, and every Python binding it rebinds replayed as of the forward,
+            with no declaration (on a segment's first step every op is watched and a tensor is
+            snapshotted before its first write; later steps declare the tensors found before up
+            front, and a forward that writes a new one keeps its activations that step instead
+            of replaying: see ``stateremat.torch._learn``). Strict mode, for those who want
+            declarations: a tensor, an ``nn.Module`` (all its buffers), a ``torch.Generator``, a
+            list of them, ``"buffers"`` (every buffer of ``fn``, which must then be an
+            ``nn.Module``) or ``None`` (nothing); then an undeclared write is handled by
+            ``on_undeclared``.
         preserve: ``"region"`` journals only the bytes written (default) or ``"whole"``
             snapshots, when the forward begins, every byte of each declared tensor's storage
             (a declared view of a larger tensor costs the whole storage: its other bytes may be
@@ -181,9 +190,11 @@ def checkpoint(fn: Callable, *args: Any, state: Any = None, preserve: str = "reg
         granularity_bytes: region journal rounding: ``None`` (default) keeps exactly the bytes
             each write changes (runs closer than 16 bytes merged); an int rounds every write out
             to multiples of that many bytes.
-        on_undeclared: an in-place write inside the segment to a pre-existing tensor that is not
-            declared: ``"raise"`` :class:`UndeclaredStateError`, ``"warn"`` (the replay repeats
-            the write) or ``"declare"`` (snapshot it whole before the first write).
+        on_undeclared: strict mode: an in-place write inside the segment to a pre-existing tensor
+            that is not declared: ``"raise"`` :class:`UndeclaredStateError`, ``"warn"`` (the
+            replay repeats the write) or ``"declare"`` (snapshot it whole before the first
+            write). With ``state="auto"``, ``"warn"`` and ``"declare"`` ask for that mode with
+            nothing declared (``state=None``).
         verify: debugging mode: every op of the forward and the replay is watched, so undeclared
             writes are refused before they happen even through aliases the scan does not reach,
             and every recomputed saved tensor is compared with the forward's bit for bit (keeps
@@ -249,7 +260,9 @@ def _run(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, 
     if determinism_check not in DETERMINISM_CHECKS:
         raise ValueError(f"stateremat.torch.checkpoint: determinism_check must be one of {DETERMINISM_CHECKS}, "
                          f"got {determinism_check!r}. Tip: verify=True compares recomputed values bit for bit.")
-    if isinstance(state, str):
+    if isinstance(state, str) and state == "auto" and on_undeclared != "raise":
+        state = None  # an explicit on_undeclared mode asks for strict mode with nothing declared
+    if isinstance(state, str) and state != "auto":
         owner = root_module(fn)
         if state != "buffers" or owner is None:
             raise ValueError(f"stateremat.torch.checkpoint: state='buffers' needs fn to be an nn.Module, a bound "
@@ -295,25 +308,32 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     """
     name = name or _segment_name(fn)
     _refuse_transforms(name)
+    auto = declared is None and isinstance(state, str) and state == _learn.AUTO
     if declared is None:
-        declared = resolve_state(state, root_module(fn), module_prefix)
+        declared = Declared() if auto else resolve_state(state, root_module(fn), module_prefix)
     rt = runtime()
     if _runs_eagerly(rt, name, declared):
         return _run_eagerly(fn, args, kwargs, declared)
     cuda_before = _rng.cuda_ready()
     r = reach(fn, args, kwargs, module_prefix)
     _refuse_lazy(r, name)
+    if auto:  # the state it wrote before, declared up front (_learn)
+        declared, on_undeclared = _learn.begin(rt, r.tensors)
     txn = Transaction(rt, declared, preserve, granularity_bytes)
+    txn.auto = auto
     txn.begin(r, args, kwargs, preserve_rng_state)
     frame = Frame(rt, fn, name, txn, args, kwargs, verify=verify, sink=sink, debug=debug,
                   early_stop=early_stop and not r.replay_to_end,  # see Reach.replay_to_end
-                  check_metadata=check_metadata, recompute_context=recompute_context)
+                  check_metadata=check_metadata, recompute_context=recompute_context,
+                  keep=auto and on_undeclared == "learn")
     watch = Watch(rt, fn, name, txn, r, args, kwargs, on_undeclared=on_undeclared, verify=verify)
     try:
         with watch.observing():
             out = frame.run(watch, args, kwargs)
             txn.end_forward(r.modules, watch.scan)
             watch.end_forward()
+            if auto:
+                _learn.end(rt, r.tensors, on_undeclared, watch, frame)
     except BaseException:
         txn.release()
         raise

@@ -50,10 +50,12 @@ from ._watch import Watch
 
 
 class _Holder:
-    __slots__ = ("handles", "__weakref__")
+    __slots__ = ("handles", "kept", "__weakref__")
 
     def __init__(self) -> None:
         self.handles: dict[Any, _Handle | None] = {}
+        #: ``(tensor, version)`` kept by a forward that may fall back to eager (``state="auto"``)
+        self.kept: tuple[torch.Tensor, int] | None = None
 
 
 class _Handle:
@@ -72,6 +74,18 @@ def _copier(store: weakref.WeakKeyDictionary, handle: _Handle) -> Callable[[], i
         return store[h].numel() * store[h].element_size()
 
     return copy
+
+
+def _unpack_kept(kept: tuple[torch.Tensor, int]) -> torch.Tensor:
+    """A kept saved tensor, refused as eager's autograd refuses it if written in place since."""
+    x, version = kept
+    if x._version != version:
+        raise RuntimeError(
+            "one of the variables needed for gradient computation has been modified by an inplace "
+            f"operation: [{x.type()} {list(x.shape)}] is at version {x._version}; expected version "
+            f"{version} instead (a segment that ran eagerly under state='auto' keeps its saved tensors "
+            "as eager does). Tip: make the later write out-of-place, as without checkpointing.")
+    return x
 
 
 class _StopRecomputation(Exception):
@@ -119,12 +133,16 @@ class Frame:
         debug: record the ops of the forward and recomputation for error messages.
         check_metadata: compare shape/dtype/device of recomputed saved tensors.
         recompute_context: entered around the recomputation (``context_fn``'s second).
+        keep: keep the saved tensors until :meth:`settle` decides (``state="auto"`` after its
+            first step: a write found only at the forward's end makes this forward eager).
     """
 
     def __init__(self, rt: Runtime, fn: Callable, name: str, txn: Transaction, args: tuple, kwargs: dict, *,
                  verify: bool, sink: RecomputeSink | None, early_stop: bool = True, debug: bool = False,
-                 check_metadata: bool = True, recompute_context: Any = None) -> None:
+                 check_metadata: bool = True, recompute_context: Any = None, keep: bool = False) -> None:
         self.rt = rt
+        self.keep = keep
+        self.eager = False  # settle(eager=True): the saved tensors are kept, nothing replays
         self.fn = fn
         self.name = name
         self.txn = txn
@@ -191,6 +209,20 @@ class Frame:
         self.forward_completed = True
         return out
 
+    def settle(self, eager: bool) -> None:
+        """After the forward (``keep``): hand the saved tensors to backward as they are
+        (``eager``: the segment wrote state it did not preserve, so it must not replay), or drop
+        them (activations freed, as a checkpoint does)."""
+        self.keep = False
+        self.eager = eager
+        if eager:
+            self.txn.release()
+            return
+        for ref in self.weak_holders:
+            holder = ref()
+            if holder is not None:
+                holder.kept = None
+
     def undeclared_at_replay(self, w: torch.Tensor, func: Any, what: str) -> None:
         """The replay is about to write undeclared ``w``: the watch decides, naming it from our inputs."""
         self.watch.undeclared_at_replay(w, func, what, self.inputs)
@@ -203,12 +235,16 @@ class Frame:
             holder = _Holder()
             seg.weak_holders.append(weakref.ref(holder))
             seg.metas.append((tuple(x.shape), x.dtype, x.device))
+            if seg.keep:
+                holder.kept = (x, x._version)
             if seg.verify:
                 with library_ops():
                     seg.originals.append(x.detach().clone())
             return holder
 
         def unpack(holder: _Holder) -> torch.Tensor:
+            if holder.kept is not None:
+                return _unpack_kept(holder.kept)
             gid: Any = current_graph_id()
             if gid is None:
                 gid = int(uuid.uuid4())
@@ -246,14 +282,14 @@ class Frame:
                 seg.ignore_saved_mismatch = True
                 return x
             if idx >= len(seg.weak_holders):
-                raise ReplayError(seg._debug_text(
+                raise ReplayError(_debug_text(seg, 
                     f"stateremat.torch.checkpoint: segment {seg.name!r}: trying to save more tensors during "
                     f"recomputation than during the original forward pass (expected {len(seg.weak_holders)}). Tip: "
                     "make the segment's control flow depend only on its inputs and declared state."))
             holder = seg.weak_holders[idx]()
             if holder is not None:
                 if seg.verify:
-                    seg._compare(gid, idx, x)
+                    _compare(seg, gid, idx, x)
                 handle = holder.handles[gid] = _Handle()
                 p = None
                 if declared_ptrs and has_storage(x):
@@ -302,54 +338,59 @@ class Frame:
         if self.sink is not None:
             self.sink.recompute_count += 1
         self.watch.report_replay_writes(versions)
-        self._check(gid)
-
-    def _compare(self, gid: Any, idx: int, x: torch.Tensor) -> None:
-        ref = self.originals[idx]
-        if ref.shape != x.shape or ref.dtype != x.dtype:
-            return  # reported by the metadata check
-        with library_ops():
-            a, b = ref.reshape(-1), x.detach().reshape(-1)
-            same = torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)) \
-                if a.dtype != torch.bool else torch.equal(a, b)
-            if not same:
-                diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-                self.mismatch[gid].append(f"saved tensor #{idx} shape {tuple(x.shape)} {x.dtype}: "
-                                          f"max |difference| {diff:.6g}")
-
-    def _debug_text(self, msg: str) -> str:
-        if self.debug_ops is None:
-            return msg + " (set debug=True for the operators of the forward and the recomputation)"
-        fwd, rec = self.debug_ops
-        return (f"{msg}\nOperators of the original forward ({len(fwd)}):\n  " + "\n  ".join(fwd)
-                + f"\nOperators of the recomputation ({len(rec)}):\n  " + "\n  ".join(rec))
-
-    def _check(self, gid: Any) -> None:
-        n, got = len(self.weak_holders), self.recomp_counter[gid]
-        if got != n and not self.ignore_saved_mismatch:
-            raise ReplayError(self._debug_text(
-                f"stateremat.torch.checkpoint: segment {self.name!r}: A different number of tensors was saved "
-                f"during the original forward and recomputation (expected {n}, got {got}). Tip: make the segment's "
-                "control flow depend only on its inputs and declared state."))
-        for idx, ref in enumerate(self.weak_holders if self.check_metadata else ()):
-            holder = ref()
-            if holder is None or holder.handles.get(gid) is None:
-                continue
-            x = self.recomputed[gid][holder.handles[gid]]
-            meta = (tuple(x.shape), x.dtype, x.device)
-            if meta != self.metas[idx]:
-                raise ReplayError(self._debug_text(
-                    f"stateremat.torch.checkpoint: segment {self.name!r}: Recomputed values for the following tensors "
-                    f"have different metadata than during the forward pass: saved tensor #{idx} has different metadata at recomputation (expected {self.metas[idx]}, got {meta}). "
-                    "Tip: declare the state the segment reads and mutates (state=...)."))
-        if self.mismatch.get(gid):
-            raise ReplayDivergenceError(
-                f"stateremat.torch.checkpoint(verify=True): segment {self.name!r} recomputed saved "
-                f"tensors that differ from the forward's bit for bit ({rule('R4')}): "
-                + "; ".join(self.mismatch[gid])
-                + ". Tip: declare the state the segment mutates and keep preserve_rng_state=True."
-            )
+        _check(self, gid)
 
     def oplog(self) -> Any:
         """Context recording the forward's operators when ``debug=True``."""
         return _OpLog(self.debug_ops[0]) if self.debug_ops is not None else contextlib.nullcontext()
+
+
+# -- the recomputation's checks (functions of the frame) ------------------------------------
+def _compare(self: "Frame", gid: Any, idx: int, x: torch.Tensor) -> None:
+    """``verify``: note a recomputed saved tensor that differs from the forward's bit for bit (R4)."""
+    ref = self.originals[idx]
+    if ref.shape != x.shape or ref.dtype != x.dtype:
+        return  # reported by the metadata check
+    with library_ops():
+        a, b = ref.reshape(-1), x.detach().reshape(-1)
+        same = torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)) \
+            if a.dtype != torch.bool else torch.equal(a, b)
+        if not same:
+            diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+            self.mismatch[gid].append(f"saved tensor #{idx} shape {tuple(x.shape)} {x.dtype}: "
+                                      f"max |difference| {diff:.6g}")
+
+def _debug_text(self: "Frame", msg: str) -> str:
+    """``msg`` with the operators of the forward and the recomputation (``debug=True``)."""
+    if self.debug_ops is None:
+        return msg + " (set debug=True for the operators of the forward and the recomputation)"
+    fwd, rec = self.debug_ops
+    return (f"{msg}\nOperators of the original forward ({len(fwd)}):\n  " + "\n  ".join(fwd)
+            + f"\nOperators of the recomputation ({len(rec)}):\n  " + "\n  ".join(rec))
+
+def _check(self: "Frame", gid: Any) -> None:
+    """After a recomputation: the number, metadata and (``verify``) bytes of its saved tensors."""
+    n, got = len(self.weak_holders), self.recomp_counter[gid]
+    if got != n and not self.ignore_saved_mismatch:
+        raise ReplayError(_debug_text(self, 
+            f"stateremat.torch.checkpoint: segment {self.name!r}: A different number of tensors was saved "
+            f"during the original forward and recomputation (expected {n}, got {got}). Tip: make the segment's "
+            "control flow depend only on its inputs and declared state."))
+    for idx, ref in enumerate(self.weak_holders if self.check_metadata else ()):
+        holder = ref()
+        if holder is None or holder.handles.get(gid) is None:
+            continue
+        x = self.recomputed[gid][holder.handles[gid]]
+        meta = (tuple(x.shape), x.dtype, x.device)
+        if meta != self.metas[idx]:
+            raise ReplayError(_debug_text(self, 
+                f"stateremat.torch.checkpoint: segment {self.name!r}: Recomputed values for the following tensors "
+                f"have different metadata than during the forward pass: saved tensor #{idx} has different metadata at recomputation (expected {self.metas[idx]}, got {meta}). "
+                "Tip: declare the state the segment reads and mutates (state=...)."))
+    if self.mismatch.get(gid):
+        raise ReplayDivergenceError(
+            f"stateremat.torch.checkpoint(verify=True): segment {self.name!r} recomputed saved "
+            f"tensors that differ from the forward's bit for bit ({rule('R4')}): "
+            + "; ".join(self.mismatch[gid])
+            + ". Tip: declare the state the segment mutates and keep preserve_rng_state=True."
+        )

@@ -34,7 +34,8 @@ class StatefulCheckpoint(nn.Module):
     Args:
         block: the module to checkpoint (registered as ``.block``; ``state_dict`` keys, attribute
             access and indexing are those of the unwrapped block).
-        state: ``"buffers"`` (all buffers of ``block``, the default), ``None`` (nothing), or a
+        state: ``"buffers"`` (all buffers of ``block``, the default), ``"auto"`` (the state the
+            block writes, found without a declaration: see :func:`checkpoint`), ``None`` (nothing), or a
             tensor / module / list of them.
         preserve: ``"region"`` or ``"whole"`` (snapshots every byte of each declared storage).
         granularity_bytes: region journal rounding: ``None`` (default) keeps exactly the bytes
@@ -113,23 +114,25 @@ class StatefulCheckpoint(nn.Module):
         prefix = self.segment_name if self.segment_name != type(self.block).__name__ else ""
         if self.state == "buffers":
             return resolve_state(self.block, self.block, prefix)
-        return resolve_state(self.state, self.block, prefix)
+        return resolve_state(None if self.state == "auto" else self.state, self.block, prefix)
 
     @eager_only
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.block(*args, **kwargs)
         captured: dict[str, int] = {}
+        auto = self.state == "auto" and self.on_undeclared == "raise"  # found by the segment (_learn)
         out = run_segment(
-            self.block, args, kwargs, state=None, preserve=self.preserve,
+            self.block, args, kwargs, state="auto" if auto else None, preserve=self.preserve,
             granularity_bytes=self.granularity_bytes, on_undeclared=self.on_undeclared,
             verify=self.verify, preserve_rng_state=self.preserve_rng_state, name=self.segment_name,
             module_prefix=self.segment_name if self.segment_name != type(self.block).__name__ else "",
-            sink=self._sink, declared=self._declared(), on_done=captured,
+            sink=self._sink, declared=None if auto else self._declared(), on_done=captured,
         )
         self.snapshot_bytes = captured.get("snapshot_bytes", 0)
         self.journal_bytes = captured.get("journal_bytes", 0)
         return out
 
     def extra_repr(self) -> str:
-        return f"preserve={self.preserve!r}, state={'buffers' if self.state == 'buffers' else '...'}"
+        state = repr(self.state) if isinstance(self.state, str) else "..."
+        return f"preserve={self.preserve!r}, state={state}"

@@ -19,9 +19,8 @@ update guarded before its use leaves for the computation), and a replay that reb
 is refused with :class:`ReplayError` (it may have computed with a value the forward did not
 see). An update after the value's last use needs no guard.
 
-A slot is ``(holder, key)``: the holder is a dict (a container, a module's ``__dict__``, an
-object's ``vars()``, module globals) or a class. List entries are not replayed here (an insert
-moves every index): the watch refuses their rebinding.
+A slot is ``(holder, key)``: the holder is a dict (a container, a module's ``__dict__`` or
+``_buffers``, an object's ``vars()``, module globals), a list (an entry by index) or a class.
 """
 from __future__ import annotations
 
@@ -50,11 +49,16 @@ def slot_id(holder: Any, key: Any) -> tuple[int, Any]:
 
 
 def _get(holder: Any, key: Any) -> Any:
+    if isinstance(holder, list):
+        return holder[key] if key < len(holder) else _ABSENT
     return (vars(holder) if isinstance(holder, type) else _table(holder)).get(key, _ABSENT)
 
 
 def _put(holder: Any, key: Any, value: Any) -> None:
-    if isinstance(holder, type):  # a class's mapping is read-only: go through the class
+    if isinstance(holder, list):
+        if value is not _ABSENT and key < len(holder):
+            holder[key] = value
+    elif isinstance(holder, type):  # a class's mapping is read-only: go through the class
         if value is not _ABSENT:
             setattr(holder, key, value)
         elif key in vars(holder):
@@ -74,15 +78,22 @@ def _replayable(v: Any) -> bool:
     return v is _ABSENT or isinstance(v, (torch.Tensor, *SCALARS))
 
 
-def plain_starts(r: Reach) -> list[tuple[Any, Any, Any]]:
+def plain_starts(r: Reach, module_tensors: bool = False) -> list[tuple[Any, Any, Any]]:
     """``(holder, key, value)`` of every slot the segment reaches that holds a tensor or a Python
-    scalar as the forward begins: tensors bound in dicts, plain objects, classes and module globals
-    (:attr:`Reach.slots`), and the scalars of reached dicts, plain objects and module attributes."""
+    scalar as the forward begins: tensors bound in lists, dicts, plain objects, classes and module
+    globals (:attr:`Reach.slots`), and the scalars of reached dicts, plain objects and module
+    attributes; with ``module_tensors`` (``state="auto"``) also the reached modules' buffers and
+    tensor attributes (parameters are the framework's: FSDP swaps them)."""
     out: dict[tuple[int, Any], tuple[Any, Any, Any]] = {}
     for _, holder, key, t in r.slots:
-        if not isinstance(holder, list):
-            table = holder if isinstance(holder, type) else _table(holder)
-            out[(id(table), key)] = (table, key, t)
+        table = _table(holder)
+        out[(id(table), key)] = (table, key, t)
+    if module_tensors:
+        for _, m in r.modules:
+            for table in (m._buffers, m.__dict__):
+                for k, v in table.items():
+                    if isinstance(v, torch.Tensor):
+                        out[(id(table), k)] = (table, k, v)
     tables = [m.__dict__ for _, m in r.modules]
     tables += [c if isinstance(c, dict) else vars(c) for c in r.mutables if not isinstance(c, (list, set))]
     for table in tables:

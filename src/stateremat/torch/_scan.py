@@ -24,6 +24,7 @@ Danger:
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import types
 from dataclasses import dataclass, field
@@ -213,11 +214,22 @@ def check_state(state: Any, api: str = "stateremat.torch.checkpoint") -> None:
         UnsupportedError: a nested, sparse, meta or quantized tensor.
     """
     if isinstance(state, str):
-        if state != "buffers":
-            raise ValueError(f"stateremat.torch: state must be 'buffers', None, or tensors/modules, got "
-                             f"{state!r}. Tip: state='buffers' declares every buffer of the checkpointed module.")
+        if state not in ("auto", "buffers"):
+            raise ValueError(f"stateremat.torch: state must be 'auto', 'buffers', None, or tensors/modules, got "
+                             f"{state!r}. Tip: state='auto' (the default) finds the state the segment writes; "
+                             "state='buffers' declares every buffer of the checkpointed module.")
         return
     resolve_state(state, None, api=api)
+
+
+#: A scan name of an input of the segment: an argument itself or an element of a container argument
+#: (not an attribute of an object passed in, which is state that object holds).
+_INPUT_NAME = re.compile(r"(partial |keyword )?argument (\d+|'[^']*')(\[[^\]]*\])*")
+
+
+def is_input_name(name: str) -> bool:
+    """Is ``name`` (a raw scan name) an input of the segment rather than state it reaches?"""
+    return _INPUT_NAME.fullmatch(name) is not None
 
 
 def describe(name: Any) -> str:

@@ -200,6 +200,7 @@ class Transaction:
         self.modules: ModuleState | None = None
         self.autocast: tuple = ()
         self.param_versions: list[tuple[Any, torch.Tensor, int]] = []
+        self.auto = False  # state="auto": reached modules' tensor rebindings are replayed, not refused
 
     # -- forward -------------------------------------------------------------------------
     def begin(self, r: Reach, args: tuple, kwargs: dict, preserve_rng_state: bool) -> None:
@@ -217,7 +218,7 @@ class Transaction:
             self.whole_keys = {storage_key(t) for t in norm_buffers if has_storage(t)}
         try:
             self._preserve_bytes()
-            self.modules = ModuleState(self.declared, r, self.runtime.replay_queries)
+            self.modules = ModuleState(self.declared, r, self.runtime.replay_queries, self.auto)
             self.autocast = autocast_of(args, kwargs)
         except BaseException:
             self.release()  # no frame owns us yet

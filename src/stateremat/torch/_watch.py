@@ -20,7 +20,6 @@ The watch keeps no state it would put back: that is the transaction's (``_txn``)
 from __future__ import annotations
 
 import contextlib
-import re
 from typing import Any, Callable, Iterator
 
 import torch
@@ -35,7 +34,7 @@ from ._mode import StrictMode, warn_undeclared
 from ._plain import slot_id
 from ._pystate import cache_fingerprint, cache_message, python_state_arguments
 from ._runtime import Runtime
-from ._scan import Declared, Reach, describe, reachable, rebound, tensor_slots
+from ._scan import Declared, Reach, describe, is_input_name, reachable, rebound, tensor_slots
 from ._storage import fingerprint, storage_key
 from ._txn import Transaction
 
@@ -53,16 +52,13 @@ def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
-#: A scan name of an input of the segment: an argument itself or an element of a container argument
-#: (not an attribute of an object passed in, which is state that object holds).
-_INPUT_NAME = re.compile(r"(partial |keyword )?argument (\d+|'[^']*')(\[[^\]]*\])*")
 
 
 def _written_inputs(written: Any) -> list[str]:
     """Names of written tensors that are inputs of the segment: the replay needs them as they were
     at the forward, and autograd refuses a saved input written in place ('modified by an inplace
     operation'), so declaring them with on_undeclared='declare' cannot help."""
-    return [describe(n) for n, _ in written if isinstance(n, str) and _INPUT_NAME.fullmatch(n)]
+    return [describe(n) for n, _ in written if isinstance(n, str) and is_input_name(n)]
 
 
 def _leave_to_replay(slots: list, keys: set[tuple[int, str, str]]) -> list:
@@ -112,7 +108,8 @@ class Watch:
         txn: the segment's transaction, begun (its declared storages are not watched).
         r: what the forward reaches.
         args, kwargs: the forward's arguments (Python-state caches among them are refused if updated).
-        on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"``.
+        on_undeclared: ``"raise"``, ``"warn"``, ``"declare"`` (written tensors in :attr:`promoted`)
+            or ``"learn"`` (``state="auto"``, ``_learn``: those found at the end in :attr:`gaps`).
         verify: watch every op of the forward and the replay.
     """
 
@@ -124,6 +121,8 @@ class Watch:
         self.txn = txn
         self.on_undeclared = on_undeclared
         self._candidates: dict | None = None
+        self.promoted: list[torch.Tensor] = []
+        self.gaps: list[torch.Tensor] = []
         self._hook_only = r.hook_only  # a hook's own tensors: refused only if the replay writes them again
         self._scan_reached(r, txn.declared, txn.modules.held_keys, txn.modules.declared_modules)
         self._mark_reachable_aliases()
@@ -220,11 +219,14 @@ class Watch:
         if entry is None:
             return
         name, t = describe(entry[0]), entry[1]
-        if self.on_undeclared == "raise":
+        # state="auto" never declares the segment's own input: the replay needs it as it was and
+        # autograd refuses a saved input written in place (the error's tip says what to do)
+        if self.on_undeclared == "raise" or (self.txn.auto and _written_inputs([(entry[0], t)])):
             raise UndeclaredStateError(undeclared_message(self, name, f"by {func} (not applied)",
                                                           written=[(entry[0], t)]))
         if self.on_undeclared == "declare":
             self.txn.promote(name, t)
+            self.promoted.append(t)
             self.candidates.pop(key, None)
             self.scan = [s for s in self.scan if s[1] is not t]
 
@@ -232,7 +234,7 @@ class Watch:
                              inputs: Callable[[], tuple[tuple, dict]]) -> None:
         """Called before ``func`` writes pre-existing undeclared state during the replay (R7);
         ``inputs``: the frame's saved inputs (the scan names ``w`` from them)."""
-        raw = self._raw_name_of(w, inputs)
+        raw = _raw_name_of(self, w, inputs)
         name = describe(raw) if raw is not None else \
             f"a tensor of shape {tuple(w.shape)} {w.dtype} the scan cannot name"
         written = [(raw, w)] if raw is not None else []
@@ -243,17 +245,6 @@ class Watch:
         raise UndeclaredStateError(undeclared_message(
             self, name, f"at recomputation by {func} to {what} (not applied; the forward already made "
             "this write once, the replay would make it twice)", reachable=raw is not None, written=written))
-
-    def _raw_name_of(self, w: torch.Tensor, inputs: Callable[[], tuple[tuple, dict]]) -> Any:
-        """The scan's name of the reachable tensor sharing ``w``'s storage, or ``None``."""
-        try:
-            args, kwargs = inputs()
-        except RuntimeError:  # an input changed since the forward: name from fn alone
-            args, kwargs = (), {}
-        with DisableTorchFunctionSubclass():
-            key = storage_key(w)
-            names = [n for n, t in reachable(self.fn, args, kwargs) if storage_key(t) == key]
-        return names[0] if names else None
 
     def undeclared_writes(self, skip: set[int] = frozenset()) -> list[str]:
         """Reachable undeclared tensors written since the forward began (versions and norm bytes),
@@ -280,14 +271,16 @@ class Watch:
                         and fingerprint(t) != fp):
                     found.setdefault(describe(n), "bytes (written through .data or another alias)")
         ends = {id(m): slots for _, m, slots, _ in self.txn.modules.end_bindings}  # taken at this forward's end
+        replayed = self.txn.modules.plain.keys  # rebound slots the replay binds as of the forward
         for path, m, before, held in self.slots:
             now = ends.get(id(m)) if id(m) in ends else tensor_slots(m)
             for (d, k) in (set(before) | set(now)) - held:
+                if (id(getattr(m, d)), k) in replayed:
+                    continue
                 if before.get((d, k)) is not now.get((d, k)) and not framework_swap(d, before.get((d, k)), now.get((d, k))):
                     kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
                     full = f"{path}.{k}" if path else k
                     found.setdefault(f"{kind} {full!r} (rebound to another tensor)", "binding")
-        replayed = self.txn.modules.plain.keys  # rebound slots the replay binds as of the forward
         for name in rebound([s for s in self.plain_slots if slot_id(s[1], s[2]) not in replayed]):
             found.setdefault(name, "binding")
         return list(found)
@@ -296,9 +289,13 @@ class Watch:
         """Raise (or warn) about undeclared writes seen after the fact, all of them in one message."""
         if not names:
             return
-        listed = ", ".join(names)
         wanted = set(names)
         written = [(n, t) for n, t, _ in self.scan if describe(n) in wanted]
+        if self.on_undeclared == "learn" and when == "after the forward":
+            self.gaps, names, written = _split_gaps(names, written)
+            if not names:
+                return
+        listed = ", ".join(names)
         if self.on_undeclared == "warn":
             warn_undeclared(undeclared_message(self, listed, f"seen {when}", written=written))
             return
@@ -348,3 +345,24 @@ class Watch:
             again = [describe(n) for n, t, v in versions if t._version != v]
         self.report_undeclared(again, "at recomputation by its version counter (the forward already wrote it "
                                       "once; the replay wrote it again)")
+
+
+def _split_gaps(names: list[str], written: list) -> tuple[list[torch.Tensor], list[str], list]:
+    """``state="auto"`` after its first step: the written tensors the default learns (gaps), and
+    the names (with their ``written`` pairs) no default can help — inputs and bindings."""
+    inputs = set(_written_inputs(written))
+    tensors = {describe(n): t for n, t in written if describe(n) not in inputs}
+    rest = [n for n in names if n not in tensors]
+    return list(tensors.values()), rest, [(n, t) for n, t in written if describe(n) in set(rest)]
+
+
+def _raw_name_of(self: "Watch", w: torch.Tensor, inputs: Callable[[], tuple[tuple, dict]]) -> Any:
+    """The scan's name of the reachable tensor sharing ``w``'s storage, or ``None``."""
+    try:
+        args, kwargs = inputs()
+    except RuntimeError:  # an input changed since the forward: name from fn alone
+        args, kwargs = (), {}
+    with DisableTorchFunctionSubclass():
+        key = storage_key(w)
+        names = [n for n, t in reachable(self.fn, args, kwargs) if storage_key(t) == key]
+    return names[0] if names else None

@@ -1,0 +1,278 @@
+"""``state="auto"``, the default: correct with no declaration (issue 25, item 1).
+
+Every kind of state strict mode refuses (tests/test_torch_review.py, test_torch_semantics.py)
+is here run with no declaration and compared bit for bit with eager over several steps, both
+preservers, nesting and the module forms: the first step watches every op, later steps declare
+what it found, and a write found only at a forward's end makes that one forward eager.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+import types
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from stateremat.torch import (
+    Checkpointer, StatefulCheckpoint, UndeclaredStateError, checkpoint, checkpoint_sequential,
+    preservation_stats, reset_preservation_stats,
+)
+
+D = torch.float64
+PRESERVERS = ["whole", "region"]
+STEPS = 3
+
+
+class Queue(nn.Module):
+    """A dense queue (64 KiB: above the whole-snapshot threshold, so region journals it), a
+    token counter, a BatchNorm and dropout: the contrastive application's kinds of state."""
+
+    def __init__(self, rebind: bool = False):
+        super().__init__()
+        self.l, self.bn, self.rebind = nn.Linear(8, 8).to(D), nn.BatchNorm1d(8).to(D), rebind
+        self.register_buffer("queue", torch.randn(1024, 8, dtype=D, generator=torch.Generator().manual_seed(3)))
+        self.register_buffer("ptr", torch.zeros((), dtype=torch.long))
+        self.register_buffer("ema", torch.zeros(8, dtype=D))
+
+    def forward(self, x):
+        h = F.dropout(self.bn(self.l(x)), 0.2)
+        logits = h @ self.queue[:64].T.clone()  # read before the enqueue (eager refuses a saved view written later)
+        i = int(self.ptr)
+        self.queue[i:i + x.shape[0]] = h.detach()
+        self.ptr += x.shape[0]
+        if self.rebind:  # rebinding a buffer, not writing it
+            self.ema = self.ema * 0.9 + h.detach().mean(0)
+        else:
+            self.ema.mul_(0.9).add_(h.detach().mean(0))
+        return logits.logsumexp(-1).sum()
+
+
+def _steps(model, call, n=STEPS, seed=0):
+    out = []
+    for step in range(n):
+        torch.manual_seed(seed + step)
+        x = torch.randn(4, 8, dtype=D, generator=torch.Generator().manual_seed(100 + step))
+        loss = call(model, x)
+        torch.rand(2)  # draws between forward and backward
+        rng = torch.get_rng_state()
+        loss.backward()
+        assert torch.equal(torch.get_rng_state(), rng)
+        out.append((loss.detach(), [p.grad.clone() for p in model.parameters()],
+                    [b.clone() for b in model.buffers()]))
+        model.zero_grad()
+    return out
+
+
+def _equal(a, b):
+    for (la, ga, ba), (lb, gb, bb) in zip(a, b):
+        assert torch.equal(la, lb)
+        assert all(torch.equal(x, y) for x, y in zip(ga, gb))
+        assert all(torch.equal(x, y) for x, y in zip(ba, bb))
+
+
+CALLS = {
+    "checkpoint": lambda preserve: lambda m, x: checkpoint(m, x, preserve=preserve),
+    "Checkpointer": lambda preserve: lambda m, x: Checkpointer(preserve=preserve)(m, x),
+    "nested": lambda preserve: lambda m, x: checkpoint(lambda z: checkpoint(m, z, preserve=preserve) * 1.0, x,
+                                                       preserve=preserve),
+}
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("form", [*CALLS, "StatefulCheckpoint"])
+@pytest.mark.parametrize("rebind", [False, True])
+def test_undeclared_state_is_preserved_by_default_as_eager(preserve, form, rebind):
+    torch.manual_seed(0)
+    ref = Queue(rebind)
+    got = copy.deepcopy(ref)
+    want = _steps(ref, lambda m, x: m(x))
+    if form == "StatefulCheckpoint":
+        wrapped = StatefulCheckpoint(got, state="auto", preserve=preserve)
+        res = _steps(got, lambda m, x: wrapped(x))
+    else:
+        res = _steps(got, CALLS[form](preserve))
+    _equal(want, res)
+    assert int(got.ptr) == 4 * STEPS  # updated once per step
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_later_steps_declare_what_the_first_found_and_replay(preserve):
+    """Step 1 watches every op (whole snapshots before each first write); from step 2 the found
+    tensors are declared up front with the segment's preserver: region journals the 64 KiB queue."""
+    torch.manual_seed(0)
+    m = Queue()
+    reset_preservation_stats()
+    held = []
+    for step in range(3):
+        loss = checkpoint(m, torch.randn(4, 8, dtype=D), preserve=preserve)
+        held.append(preservation_stats().retained_by_option)
+        loss.backward()
+    assert preservation_stats().recompute_count == 3
+    assert held[0]["whole"] >= m.queue.nbytes  # first step: snapshotted whole on first write
+    if preserve == "region":
+        assert 0 < held[2]["region"] < m.queue.nbytes  # the queue's written rows only
+    else:
+        assert held[2]["whole"] >= m.queue.nbytes
+
+
+class Sometimes(nn.Module):
+    """Writes its buffer only on some steps: a branch taken for the first time after step 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(4, 4).to(D)
+        self.register_buffer("hits", torch.zeros(4, dtype=D))
+        self.step = 0
+
+    def forward(self, x):
+        self.step += 1
+        y = (self.l(x) * (1 + self.hits)).tanh()
+        if self.step % 2 == 0:
+            self.hits.add_(y.detach().mean(0))
+        return y.sum()
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_a_write_first_seen_at_a_later_forward_makes_that_forward_eager(preserve):
+    """No replay against state it did not preserve: the forward that first writes ``hits``
+    after step 1 keeps its activations (no recomputation), later ones declare it and replay."""
+    torch.manual_seed(0)
+    ref = Sometimes()
+    got = copy.deepcopy(ref)
+    counts = []
+    for step in range(4):
+        x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(step))
+        ref(x).backward()
+        reset_preservation_stats()
+        checkpoint(got, x, preserve=preserve).backward()
+        counts.append(preservation_stats().recompute_count)
+        assert torch.equal(got.hits, ref.hits) and torch.equal(got.l.weight.grad, ref.l.weight.grad)
+    assert counts == [1, 0, 1, 1]  # step 2 wrote hits for the first time: that forward ran eagerly
+
+
+def test_a_forward_that_ran_eagerly_refuses_a_later_write_to_a_saved_tensor_as_eager_does():
+    """A forward that fell back to eager keeps its saved tensors with eager's version check."""
+    buf = torch.zeros(4, dtype=D)
+    w = torch.ones(4, dtype=D, requires_grad=True)
+    step = types.SimpleNamespace(n=0)  # a Python counter: replayed as of the forward
+
+    def seg(x):
+        step.n += 1
+        if step.n == 2:
+            buf.add_(1)  # first written at the second forward: that forward runs eagerly
+        return (w * x).mul(buf).sum()  # saves buf (mul's other operand)
+
+    checkpoint(seg, torch.ones(4, dtype=D)).backward()
+    y = checkpoint(seg, torch.ones(4, dtype=D))
+    buf.add_(1)  # written after the forward saved it
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+    y = seg(torch.ones(4, dtype=D))  # eager refuses the same
+    buf.add_(1)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
+
+
+def test_activations_are_freed_after_a_forward_without_gaps_and_kept_after_one():
+    saved = []
+
+    def seg(x):
+        h = x.exp()
+        saved.append(weakref.ref(h))
+        return h.sin().sum()
+
+    x = torch.ones(1000, dtype=D, requires_grad=True)
+    for _ in range(2):  # the first step watches; the second keeps tensors until its end, then frees them
+        y = checkpoint(seg, x)
+        gc.collect()
+        assert saved[-1]() is None  # the saved activation is not held: it is recomputed
+        y.backward()
+
+    buf = torch.zeros(3, dtype=D)
+    step = types.SimpleNamespace(n=0)
+
+    def writes_late(x):
+        step.n += 1
+        h = x.exp()
+        saved.append(weakref.ref(h))
+        if step.n == 2:
+            buf.add_(1)
+        return h.sin().sum()
+
+    checkpoint(writes_late, x).backward()
+    y = checkpoint(writes_late, x)  # a gap: this forward keeps its activations, as eager
+    gc.collect()
+    assert saved[-1]() is not None
+    y.backward()
+
+
+def test_a_written_input_keeps_its_clear_error_and_the_tip_works():
+    lin = nn.Linear(8, 8).to(D)
+
+    def fn(x):
+        x.mul_(0.5)
+        return lin(x)
+
+    with pytest.raises(UndeclaredStateError, match=r"argument 0 is an input of the segment.*out-of-place"):
+        checkpoint(fn, torch.randn(4, 8, dtype=D)).sum().backward()
+
+    def fixed(x):  # the tip: out-of-place
+        return lin(x * 0.5)
+
+    x = torch.randn(4, 8, dtype=D)
+    checkpoint(fixed, x).sum().backward()
+    g = lin.weight.grad.clone()
+    lin.weight.grad = None
+    fixed(x).sum().backward()
+    assert torch.equal(g, lin.weight.grad)
+
+
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_hidden_state_kinds_are_exact_by_default(preserve):
+    """Captured functional batch-norm statistics, a tensor three levels into a captured dict, a
+    captured list and plain object, an unregistered module's tensor attribute: eager's result."""
+    deep = {"a": [{"b": torch.zeros(4, dtype=D)}]}
+    held = [torch.zeros(4, dtype=D)]
+    box = types.SimpleNamespace(t=torch.zeros(4, dtype=D))
+    rm, rv = torch.zeros(2, dtype=D), torch.ones(2, dtype=D)
+
+    def seg(x):
+        deep["a"][0]["b"].add_(1)
+        held[0].add_(x.detach())
+        box.t = box.t + 1
+        h = F.batch_norm(x.view(-1, 2), rm, rv, training=True, momentum=0.5).view(-1)
+        return (h * deep["a"][0]["b"] * held[0] * box.t).sum()
+
+    def state():
+        return [deep["a"][0]["b"], held[0], box.t, rm, rv]
+
+    results = []
+    for ck in (False, True):
+        for t in state():
+            t.zero_() if t is not rv else t.fill_(1)
+        box.t = torch.zeros(4, dtype=D)
+        grads = []
+        for step in range(3):
+            x = torch.arange(1.0, 5.0, dtype=D).requires_grad_() * (step + 1)
+            x.retain_grad()
+            (checkpoint(seg, x, preserve=preserve) if ck else seg(x)).backward()
+            grads.append(x.grad.clone())
+        results.append((grads, [t.clone() for t in state()]))
+    assert all(torch.equal(a, b) for a, b in zip(results[0][0], results[1][0]))
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))
+
+
+def test_checkpoint_sequential_defaults_to_buffers_and_is_exact():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 8), nn.BatchNorm1d(8)).to(D)
+    ref = copy.deepcopy(net)
+    for step in range(2):
+        x = torch.randn(4, 8, dtype=D, generator=torch.Generator().manual_seed(step))
+        checkpoint_sequential(net, 2, x, use_reentrant=False).sum().backward()
+        ref(x).sum().backward()
+    assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), ref.state_dict().values()))
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(net.parameters(), ref.parameters()))
