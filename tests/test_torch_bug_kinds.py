@@ -55,3 +55,114 @@ def test_a_tensor_reviewed_as_another_dtype_is_replayed_through_the_forwards_dty
         return x.grad, q.dtype, q.view(D).clone()
 
     assert _same(run(mode), run(None))
+
+
+# --- an nn.RReLU segment runs its replay to the end ----------------------------------------------
+
+@pytest.mark.parametrize("mode", ["whole", "region"])
+@pytest.mark.parametrize("after", ["last", "then_linear"])
+def test_an_rrelu_segment_replays_to_the_end(after, mode):
+    """rrelu saves its noise tensor before filling it: a replay stopped early (at the last saved
+    tensor) hands backward unfilled noise. The gradient must equal eager's, bit for bit."""
+    def run(ckpt):
+        torch.manual_seed(0)
+        layers = [nn.RReLU(0.1, 0.3)] + ([nn.Linear(16, 16)] if after == "then_linear" else [])
+        m = nn.Sequential(nn.Linear(16, 16), *layers).to(D).train()
+        x = torch.randn(32, 16, dtype=D, requires_grad=True)
+        c = torch.randn(32, 16, dtype=D)
+        torch.manual_seed(1)
+        y = m(x) if ckpt is None else checkpoint(m, x, state=[m], preserve=ckpt)
+        torch.rand(64)  # draws between forward and backward: the replay must use the forward's
+        (y * c).sum().backward()
+        return x.grad, m[0].weight.grad
+
+    assert _same(run(mode), run(None))
+
+
+# --- norm statistics are kept whole at any size -------------------------------------------------
+
+class _Log(torch.Tensor):
+    """Its own ``__torch_function__`` runs every call itself (past stateremat's marks)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **(kwargs or {}))
+        return out.as_subclass(cls) if type(out) is torch.Tensor else out
+
+
+@pytest.mark.parametrize("declare", ["module", "statistics"])
+def test_large_norm_statistics_updated_past_the_handler_are_kept_whole_under_region(declare):
+    """A handler-first subclass runs batch norm past the marks, and ``native_batch_norm`` bumps no
+    version: a journal never sees the update. Running statistics above SMALL_STORAGE_BYTES must be
+    kept by a whole snapshot under region too, or the replay updates them a second time."""
+    c = SMALL_STORAGE_BYTES // 8 + 16  # float64 channels: each statistic above the threshold
+
+    def run(mode):
+        torch.manual_seed(0)
+        bn = nn.BatchNorm1d(c).to(D)
+        x = torch.randn(4, c, dtype=D).as_subclass(_Log).requires_grad_()
+        state = [bn] if declare == "module" else [bn.running_mean, bn.running_var, bn.num_batches_tracked]
+        out = bn(x) if mode == "eager" else checkpoint(bn, x, state=state, preserve=mode)
+        (out.as_subclass(torch.Tensor) ** 2).sum().backward()
+        return bn.running_mean.clone(), bn.running_var.clone(), x.grad.as_subclass(torch.Tensor)
+
+    assert c * 8 > SMALL_STORAGE_BYTES
+    assert _same(run("region"), run("eager"))
+
+
+# --- a replay write outside the restored cover is undone -----------------------------------------
+
+@pytest.mark.parametrize("where", ["untouched", "partly_covered"])
+def test_a_replay_write_outside_the_restored_bytes_is_undone(where):
+    """Only the replay writes ``q[lo:hi]`` (guarded by ``is_replaying()``): outside (or partly
+    outside) the bytes the restore set aside, so the reinstatement does not overwrite it; the
+    replay log must undo it. Afterwards ``q`` is what eager leaves."""
+    lo, hi = (2000, 2010) if where == "untouched" else (105, 120)  # q[100:110] is written before backward
+
+    def run(mode):
+        q = torch.arange(BIG, dtype=D) / 7
+        x = torch.randn(8, dtype=D, generator=torch.Generator().manual_seed(0), requires_grad=True)
+
+        def seg(x):
+            if is_replaying():  # (before the saved tensors: an early-stopped replay runs it)
+                q[lo:hi].fill_(-5.0)  # scratch use of the buffer by the replay only
+            y = (x * q[:8].clone()).sin().sum()
+            q[:8].add_(1.0)
+            return y
+
+        y = seg(x) if mode == "eager" else checkpoint(seg, x, state=[q], preserve=mode)
+        q[100:110].mul_(2.0)  # a write between forward and backward (journaled too)
+        y.backward()
+        return x.grad, q
+
+    with JournalSpy() as spy:
+        got = run("region")
+    assert spy.entries > 0  # the journal was built (q is above SMALL_STORAGE_BYTES)
+    assert _same(got, run("eager"))
+
+
+# --- the direct-write fast path is not taken for a tensor that requires grad ---------------------
+
+@pytest.mark.parametrize("op", ["add_", "mul_", "zero_", "copy_"])
+def test_a_refused_write_to_a_declared_leaf_that_requires_grad_journals_nothing(op):
+    """autograd refuses ``p.add_()`` on a leaf that requires grad before any kernel runs: nothing
+    is written, so nothing may be journaled (the fast path records writes before the call)."""
+    p = nn.Parameter(torch.ones(BIG, dtype=D))  # journaled under region
+    x = torch.ones(3, dtype=D, requires_grad=True)
+    calls = {"add_": lambda: p.add_(1.0), "mul_": lambda: p.mul_(2.0), "zero_": lambda: p.zero_(),
+             "copy_": lambda: p.copy_(torch.zeros(BIG, dtype=D))}
+    held = {}
+
+    def f(x):
+        with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+            calls[op]()
+        held["journal"] = preservation_stats().journal_bytes
+        return (x * p[:3]).sum()
+
+    before = preservation_stats().journal_bytes
+    with JournalSpy() as spy:
+        y = checkpoint(f, x, state=[p], preserve="region")
+        assert held["journal"] == before and spy.entries == 0
+        y.backward()
+    assert torch.equal(p.detach(), torch.ones(BIG, dtype=D)) and torch.equal(x.grad, torch.ones(3, dtype=D))
