@@ -22,6 +22,7 @@ from stateremat.torch import _compat, _mode
 from stateremat.torch._scan import reach
 from stateremat.torch._storage import runs_within
 from stateremat.torch._txn import SMALL_STORAGE_BYTES
+from _journal import JournalSpy, journal_every_storage
 
 D = torch.float64
 #: rows of 6 float64 making a storage above SMALL_STORAGE_BYTES (journaled under region)
@@ -435,35 +436,47 @@ def _write_twice(kind: str):
                                       running_mean=q[:4], running_var=q[4:], use_input_stats=True)
 
 
+@pytest.mark.parametrize("journaled", [False, True])
 @pytest.mark.parametrize("kind", ["fill_diagonal", "instance_norm"])
 @pytest.mark.parametrize("first,second", [("region", "region"), ("whole", "region"), ("region", "whole"),
                                           ("whole", "whole")])
-def test_one_call_that_writes_twice_is_no_gap(kind, first, second):
+def test_one_call_that_writes_twice_is_no_gap(kind, first, second, journaled):
+    """``journaled``: the whole-snapshot threshold lowered to 0, so region journals ``q`` (8
+    float64) and a write the dispatch mode does not settle before the next one is a gap."""
     results = []
     for mode in ("eager", "checkpoint"):
         torch.manual_seed(0)
         q, write = _write_twice(kind)
-        l1, l2 = torch.nn.Linear(4, 4).to(D), torch.nn.Linear(4, 4).to(D)
-
-        def a(x):
-            write()
-            return torch.tanh(l1(x)) * q[:4].clone()
-
-        def b(x):
-            out = torch.tanh(l2(x)) * q[4:].clone()
-            q[4:].mul_(0.9)
-            return out
-
-        x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(2))
-        if mode == "eager":
-            ya, yb = a(x), b(x)
-        else:
-            ya = checkpoint(a, x, state=[q], preserve=first)
-            yb = checkpoint(b, x, state=[q], preserve=second)
-        ya.square().sum().backward()  # a replays first, then b
-        yb.square().sum().backward()
-        results.append((l1.weight.grad, l2.weight.grad, q))
+        if journaled and mode == "checkpoint":
+            with journal_every_storage(), JournalSpy() as spy:
+                results.append(_two_writes_run(q, write, first, second, mode))
+            assert spy.entries > 0 or "region" not in (first, second)
+            continue
+        results.append(_two_writes_run(q, write, first, second, mode))
     assert all(torch.equal(u, v) for u, v in zip(*results))
+
+
+def _two_writes_run(q, write, first, second, mode):
+    l1, l2 = torch.nn.Linear(4, 4).to(D), torch.nn.Linear(4, 4).to(D)
+
+    def a(x):
+        write()
+        return torch.tanh(l1(x)) * q[:4].clone()
+
+    def b(x):
+        out = torch.tanh(l2(x)) * q[4:].clone()
+        q[4:].mul_(0.9)
+        return out
+
+    x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(2))
+    if mode == "eager":
+        ya, yb = a(x), b(x)
+    else:
+        ya = checkpoint(a, x, state=[q], preserve=first)
+        yb = checkpoint(b, x, state=[q], preserve=second)
+    ya.square().sum().backward()  # a replays first, then b
+    yb.square().sum().backward()
+    return l1.weight.grad, l2.weight.grad, q
 
 
 class _Log(torch.Tensor):
