@@ -166,3 +166,49 @@ def test_a_refused_write_to_a_declared_leaf_that_requires_grad_journals_nothing(
         assert held["journal"] == before and spy.entries == 0
         y.backward()
     assert torch.equal(p.detach(), torch.ones(BIG, dtype=D)) and torch.equal(x.grad, torch.ones(3, dtype=D))
+
+
+# --- negative indices are wrapped when recording written runs ------------------------------------
+
+def _element_bytes(t: torch.Tensor, written: torch.Tensor) -> set[int]:
+    """Byte offsets of ``t``'s storage where ``written`` (a bool mask over ``t``) is true."""
+    item = t.element_size()
+    out = set()
+    for coord in torch.nonzero(written).tolist():
+        off = t.storage_offset() + sum(c * s for c, s in zip(coord, t.stride()))
+        out.update(range(off * item, off * item + item))
+    return out
+
+
+def _run_bytes(runs: np.ndarray) -> set[int]:
+    return {b for lo, hi in runs.tolist() for b in range(lo, hi)}
+
+
+_NEG_WRITES = {
+    "index_put_1d": (torch.ops.aten.index_put_.default,
+                     lambda t: (t, [torch.tensor([-1, -3])], torch.tensor(1.0, dtype=D))),
+    "index_put_2d": (torch.ops.aten.index_put_.default,
+                     lambda t: (t, [torch.tensor([-1, 0]), torch.tensor([-2, -1])], torch.tensor(1.0, dtype=D))),
+    "index_copy_neg_dim": (torch.ops.aten.index_copy_.default,
+                           lambda t: (t, -1, torch.tensor([2]), torch.ones(t.shape[0], 1, dtype=D))),
+    "index_fill_neg": (torch.ops.aten.index_fill_.int_Scalar, lambda t: (t, 0, torch.tensor([-2]), 3.0)),
+    "scatter_neg_dim": (torch.ops.aten.scatter_.value,
+                        lambda t: (t, -1, torch.tensor([[1], [0], [2], [1], [0]]), 2.0)),
+}
+
+
+@pytest.mark.parametrize("view", ["base", "offset_view"])
+@pytest.mark.parametrize("form", sorted(_NEG_WRITES))
+def test_written_runs_of_negative_indices_are_the_elements_written(form, view):
+    """``write_runs`` of index writes with negative indices (and a negative dim) names exactly the
+    bytes the op writes, wrapped as torch wraps them, on the base and on a view with an offset."""
+    from stateremat.torch._storage import write_runs
+
+    base = torch.zeros(8, 3, dtype=D)
+    t = base if view == "base" else base[2:7]  # storage offset 6 elements
+    op, make = _NEG_WRITES[form]
+    args = make(t)
+    runs = write_runs(op, args, {}, t)
+    probe = torch.zeros_like(t)
+    op(probe, *args[1:])  # the same write on a fresh tensor: which elements it touches
+    assert _run_bytes(runs) == _element_bytes(t, probe != 0)
