@@ -268,3 +268,38 @@ def test_overlapping_writes_through_an_offset_view_replay_exactly(mode):
         got = run(mode)
     assert spy.entries > 0 or mode == "whole"
     assert _same(got, run(None))
+
+
+# --- an adopted region preserver is a consumer of the journal (nested checkpoints) -----------------
+
+@pytest.mark.parametrize("inner_grad", [True, False])
+@pytest.mark.parametrize("outer_declares", [False, True])
+@pytest.mark.parametrize("outer", ["region", "whole"])
+def test_an_outer_segment_keeps_the_journal_of_an_inner_one_it_adopted(outer, outer_declares, inner_grad):
+    """The inner segment declares ``q`` (journaled) and ends inside the outer one, which adopts it.
+    Once the inner segment's own frame is gone (``inner_grad=False``: no graph keeps it, so it is
+    released as the inner forward returns), the outer one must still consume the journal: eager
+    writes before the backward are journaled, and the outer replay restores ``B0``."""
+    def run(ckpt):
+        q = torch.arange(BIG, dtype=D) / 5
+        x = torch.randn(4, dtype=D, generator=torch.Generator().manual_seed(1), requires_grad=True)
+
+        def inner(x):
+            y = (x * q[:4].clone()).sin()
+            q[:16].mul_(0.5)
+            return y
+
+        def f(x):
+            a = x if inner_grad else x.detach()
+            h = inner(a) if ckpt is None else checkpoint(inner, a, state=[q], preserve="region")
+            return (x * h * q[8:12].clone()).sum()
+
+        y = f(x) if ckpt is None else checkpoint(f, x, state=[q] if outer_declares else [], preserve=ckpt)
+        q[:32].add_(1.0)  # eager code between forward and backward
+        y.backward()
+        return x.grad, q
+
+    with JournalSpy() as spy:
+        got = run(outer)
+    assert spy.entries > 0
+    assert _same(got, run(None))
