@@ -303,3 +303,42 @@ def test_an_outer_segment_keeps_the_journal_of_an_inner_one_it_adopted(outer, ou
         got = run(outer)
     assert spy.entries > 0
     assert _same(got, run(None))
+
+
+# --- a global tensor is a binding slot --------------------------------------------------------------
+
+_G = torch.ones(3, dtype=D)
+
+
+def _rebinds_global(x):
+    global _G
+    y = (x * _G).sum()
+    _G = _G + 1.0  # a rebinding of module state, not an in-place write
+    return y
+
+
+class _UsesGlobal(nn.Module):
+    def forward(self, x):
+        return _rebinds_global(x) * 1.0
+
+
+class _RebindsGlobal(nn.Module):
+    def forward(self, x):
+        global _G
+        y = (x * _G).sum()
+        _G = _G * 2.0
+        return y
+
+
+@pytest.mark.parametrize("via", ["function", "module_helper", "submodule_forward"])
+@pytest.mark.parametrize("mode", ["whole", "region"])
+def test_a_global_tensor_rebound_by_the_forward_is_refused(mode, via):
+    """A segment's code rebinds a module global tensor: its replay would read the new tensor. The
+    global is a binding slot of the segment, so the rebinding is refused, naming the global."""
+    global _G
+    _G = torch.ones(3, dtype=D)
+    fn = {"function": lambda: _rebinds_global, "module_helper": _UsesGlobal,
+          "submodule_forward": lambda: nn.Sequential(_RebindsGlobal())}[via]()
+    x = torch.ones(3, dtype=D, requires_grad=True)
+    with pytest.raises(UndeclaredStateError, match=r"global '_G'.*rebound"):
+        checkpoint(fn, x, preserve=mode).backward()
