@@ -342,3 +342,54 @@ def test_a_global_tensor_rebound_by_the_forward_is_refused(mode, via):
     x = torch.ones(3, dtype=D, requires_grad=True)
     with pytest.raises(UndeclaredStateError, match=r"global '_G'.*rebound"):
         checkpoint(fn, x, preserve=mode).backward()
+
+
+# --- journal pruning ------------------------------------------------------------------------------------
+
+def test_journal_prune_drops_exactly_the_entries_older_than_the_oldest_consumer():
+    from stateremat.torch._preserve.region import Journal
+    from stateremat.torch._runtime import Runtime
+    from stateremat.torch._storage import storage_key
+
+    buf = torch.zeros(4096, dtype=torch.uint8)
+    rt = Runtime()
+    j = Journal(rt.acquire(storage_key(buf), buf), None)
+    for lo in (0, 100, 200, 300):
+        j.record(np.array([[lo, lo + 10]], dtype=np.int64))
+    seqs = [e.seq for e in j.entries]
+    assert j.bytes == 40 and rt.counters.journal_bytes == 40 and j.meta_bytes == 4 * 16
+    j.prune(seqs[0])  # the oldest consumer started before every entry: nothing to drop
+    assert [e.seq for e in j.entries] == seqs and j.bytes == 40
+    j.prune(seqs[2])  # entries from seqs[2] on are still needed
+    assert [e.seq for e in j.entries] == seqs[2:]
+    assert j.bytes == 20 and j.meta_bytes == 2 * 16 and rt.counters.journal_bytes == 20
+    j.prune(None)  # no consumer left
+    assert j.entries == [] and j.bytes == 0 and j.meta_bytes == 0 and rt.counters.journal_bytes == 0
+
+
+def test_a_released_segment_prunes_the_journal_to_what_later_segments_need(fresh_runtime):
+    import gc
+
+    q = torch.zeros(BIG, dtype=D)
+    x = torch.ones(4, dtype=D, requires_grad=True)
+
+    def seg(lo):
+        def f(x):
+            y = (x * q[lo:lo + 4].clone()).sum()
+            q[lo:lo + 100].add_(1.0)  # 800 bytes journaled
+            return y
+        return f
+
+    ya = checkpoint(seg(0), x, state=[q], preserve="region")
+    yb = checkpoint(seg(1000), x, state=[q], preserve="region")
+    assert preservation_stats().journal_bytes == 1600  # both segments' writes
+    ya.backward()
+    del ya
+    gc.collect()
+    # a's entry is older than b's start: dropped; b's own entry stays (b may still replay)
+    assert preservation_stats().journal_bytes == 800
+    yb.backward()
+    del yb
+    gc.collect()
+    assert preservation_stats().journal_bytes == 0
+    assert q[:100].eq(1).all() and q[1000:1100].eq(1).all()
