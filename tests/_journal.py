@@ -25,12 +25,13 @@ def journal_every_storage() -> Iterator[None]:
 
 
 class JournalSpy:
-    """Counts journal entries recorded (``Journal.record`` calls that kept bytes) in a block.
+    """Counts journals built and entries recorded (``Journal.record`` calls that kept bytes) in a block.
 
-    ``entries``: the entries recorded; ``bytes``: the old bytes they kept.
+    ``journals``: journals built; ``entries``: the entries recorded; ``bytes``: the old bytes they kept.
     """
 
     def __init__(self) -> None:
+        self.journals = 0  # journals built (one per declared storage preserved by region)
         self.entries = 0
         self.bytes = 0
         self._old = None
@@ -38,19 +39,23 @@ class JournalSpy:
     def __enter__(self) -> "JournalSpy":
         from stateremat.torch._preserve import region
 
-        self._old = old = region.Journal.record
+        self._old = old_record, old_init = region.Journal.record, region.Journal.__init__
 
         def record(journal, runs):
-            n = old(journal, runs)
+            n = old_record(journal, runs)
             if n:
                 self.entries += 1
                 self.bytes += n
             return n
 
-        region.Journal.record = record
+        def init(journal, *args, **kwargs):
+            self.journals += 1
+            old_init(journal, *args, **kwargs)
+
+        region.Journal.record, region.Journal.__init__ = record, init
         return self
 
     def __exit__(self, *exc) -> None:
         from stateremat.torch._preserve import region
 
-        region.Journal.record = self._old
+        region.Journal.record, region.Journal.__init__ = self._old
