@@ -121,19 +121,29 @@ def test_functional_batch_norm_keywords_and_modes(training, momentum, preserve):
     assert torch.equal(g, x.grad) and torch.equal(rm, erm) and torch.equal(rv, erv)
 
 
+@pytest.mark.parametrize("size", ["small", "journaled"])
 @pytest.mark.parametrize("preserve", ["whole", "region"])
-def test_a_write_to_a_declared_leaf_that_requires_grad_keeps_torchs_error(preserve):
-    p = torch.nn.Parameter(torch.ones(3, dtype=D))
+def test_a_write_to_a_declared_leaf_that_requires_grad_keeps_torchs_error(preserve, size):
+    """``journaled``: ``p`` above SMALL_STORAGE_BYTES, so region journals it; the journal bytes are
+    read inside the segment, after the refused write (once the segment fails, its journal is
+    pruned, so a check after it could not fail)."""
+    n = 3 if size == "small" else SMALL_STORAGE_BYTES // 8 + 3
+    p = torch.nn.Parameter(torch.ones(n, dtype=D))
     before = preservation_stats().journal_bytes
+    inside = []
 
     def f(x):
-        p.add_(1.0)
-        return (x * p).sum()
+        try:
+            p.add_(1.0)
+        finally:
+            inside.append(preservation_stats().journal_bytes)
+        return (x * p[:3]).sum()
 
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
         checkpoint(f, torch.ones(3, dtype=D, requires_grad=True), state=[p], preserve=preserve)
+    assert inside == [before]  # nothing written, nothing journaled
     assert preservation_stats().journal_bytes == before
-    assert torch.equal(p.detach(), torch.ones(3, dtype=D))
+    assert torch.equal(p.detach(), torch.ones(n, dtype=D))
 
 
 @pytest.mark.parametrize("preserve", ["whole", "region"])
