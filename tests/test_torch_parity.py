@@ -1009,11 +1009,17 @@ def test_dropout_mask_is_replayed(ckpt):
         inp = torch.randn(2000, dtype=F64, requires_grad=True)
         phase1, phase2 = nn.Dropout(), nn.Dropout()
         state = torch.get_rng_state()
-        ckpt(phase2, phase1(inp)).sum().backward()
+        out = ckpt(phase2, phase1(inp)).sum()
+        torch.rand(5)  # something draws between forward and backward
+        before_backward = torch.get_rng_state()
+        out.backward()
         got, inp.grad = inp.grad, None
         after = torch.get_rng_state()
+        assert torch.equal(after, before_backward)  # the replay's draws are not visible
         torch.set_rng_state(state)
-        phase2(phase1(inp)).sum().backward()
+        out = phase2(phase1(inp)).sum()
+        torch.rand(5)
+        out.backward()
         assert torch.equal(got, inp.grad)
         assert torch.equal(after, torch.get_rng_state())  # the replay's draws are not visible
 
@@ -1022,6 +1028,7 @@ def test_dropout_mask_is_replayed(ckpt):
 def test_rng_state_after_backward_is_the_callers(ckpt):
     x = torch.randn(100, dtype=F64, requires_grad=True)
     out = ckpt(lambda t: t * torch.rand_like(t), x)
+    torch.rand(3)  # something draws between forward and backward: the replay must not leave R0's end
     before = torch.get_rng_state()
     out.sum().backward()
     assert torch.equal(torch.get_rng_state(), before)
