@@ -393,3 +393,65 @@ def test_a_released_segment_prunes_the_journal_to_what_later_segments_need(fresh
     gc.collect()
     assert preservation_stats().journal_bytes == 0
     assert q[:100].eq(1).all() and q[1000:1100].eq(1).all()
+
+
+# --- the profile card: P's allowance for what runs outside the segments; the head in the last q ---
+
+class _StemHeavy(nn.Module):
+    """A stem whose temporary dwarfs everything the segments hold (it runs before the first
+    segment), two small segments, and an output the step's loss blows up (the head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(8, 32)
+        self.seg1 = nn.Sequential(nn.Linear(32, 32), nn.Tanh())
+        self.seg2 = nn.Sequential(nn.Linear(32, 32), nn.Tanh())
+
+    def forward(self, x):
+        h = self.stem(x)
+        h = h.detach().repeat(1, 256).view(h.shape[0], 256, 32).mean(1) + h  # 256x the stem's bytes, freed
+        return self.seg2(self.seg1(h))
+
+
+def _stem_heavy_card():
+    from stateremat.torch import profile
+
+    torch.manual_seed(0)
+    model = _StemHeavy().double()
+    x = torch.randn(16, 8, dtype=D, generator=torch.Generator().manual_seed(1))
+
+    def step(m):
+        (m(x).repeat(1, 16) ** 2).mean().backward()  # the head: a temporary 16x the output
+
+    return profile(model, ["seg1", "seg2"], step, repeats=1)
+
+
+@pytest.fixture(scope="module")
+def stem_heavy_card():
+    return _stem_heavy_card()
+
+
+def test_p_allows_for_the_peaks_outside_the_segments(stem_heavy_card):
+    """Eq. (3)'s ``P + Σ r + max q`` must bound the step's peak for every plan, also where the
+    peak is outside the segments (the stem's temporary): ``P`` = live bytes at the first segment's
+    entry + the allowance for those peaks."""
+    card = stem_heavy_card
+    parts = card.meta["persistent"]
+    outside = max(parts["before_first_segment_peak_bytes"], parts["after_backward_peak_bytes"])
+    r_min = sum(min(c.retained_bytes for c in s.options.values()) for s in card.segments)
+    q_min = max(min(c.temp_bytes for c in s.options.values()) for s in card.segments)
+    assert outside > parts["first_segment_entry_bytes"] + r_min + q_min  # the stem dominates
+    assert parts["outside_peak_allowance_bytes"] > 0
+    assert card.persistent_bytes == parts["first_segment_entry_bytes"] + parts["outside_peak_allowance_bytes"]
+    assert card.persistent_bytes + r_min + q_min >= outside  # eq. (3) of the cheapest plan covers it
+
+
+def test_the_head_and_loss_are_charged_to_the_last_segment(stem_heavy_card):
+    """The head and loss run right after the last segment's forward: their bytes belong in the
+    last segment's ``q`` under every option, not in the first segment's."""
+    card = stem_heavy_card
+    head = card.meta["persistent"]["head_bytes"]
+    first, last = card.segments[0], card.segments[-1]
+    assert head > max(c.temp_bytes for c in first.options.values())  # a head that dominates
+    assert all(c.temp_bytes >= head for c in last.options.values())
+    assert all(c.temp_bytes < head for c in first.options.values())
