@@ -310,13 +310,34 @@ def _check_part(path: Path, tbl: pa.Table, spec: TableSpec) -> pa.Table:
                                 f"has type {f.type}, not {want.type}", names)
         if not want.nullable and tbl.column(f.name).null_count:
             raise _schema_error(path, spec.name, f.name, "holds nulls (it may not)", names)
-    for want in declared:  # a key column is never missing; other columns may be (older
-        # writers, reduced rows): read as absent, or null where another part has them
+    absent = _absent_columns(tbl)
+    for want in declared:  # a key column is never missing; another column only when it is
+        # optional (added after older parts were written) or the writer said its rows did not
+        # give it (ABSENT_KEY): read as absent, or null where another part has it
         if want.name not in seen and want.name in spec.key:
             raise _schema_error(path, spec.name, want.name, "is missing (a key column)", names)
+        if want.name not in seen and want.name not in spec.optional and want.name not in absent:
+            raise _schema_error(path, spec.name, want.name, "is missing", names)
     cols = [tbl.column(f.name).cast(f.type) if f.name in seen else pa.nulls(tbl.num_rows, f.type)
             for f in declared]
     return pa.Table.from_arrays(cols, schema=declared)
+
+
+#: Parquet schema metadata key of a part written by :meth:`RecordStore.append`: the JSON list
+#: of declared columns its rows did not give (a part missing another column is refused).
+ABSENT_KEY = b"stateremat.absent_columns"
+
+
+def _absent_columns(tbl: pa.Table) -> set[str]:
+    """The declared columns the writer of part ``tbl`` said its rows did not give."""
+    raw = (tbl.schema.metadata or {}).get(ABSENT_KEY)
+    if raw is None:
+        return set()
+    try:
+        names = json.loads(raw)
+    except ValueError:
+        return set()
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
 
 
 def _plain(t: pa.DataType) -> pa.DataType:
@@ -325,9 +346,10 @@ def _plain(t: pa.DataType) -> pa.DataType:
 
 
 def _observed_spec(table: str, tbl: pa.Table, key: Sequence[str]) -> TableSpec:
-    """For a table nobody declared: the schema of its first part, every column nullable."""
+    """For a table nobody declared: the schema of its first part, every column nullable (and,
+    but for the key, optional: nothing says which columns another part must have)."""
     schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in tbl.schema])
-    return TableSpec(table, schema, tuple(key))
+    return TableSpec(table, schema, tuple(key), optional=frozenset(schema.names) - set(key))
 
 
 def _unreadable(p: Path, exc: BaseException) -> RecordsError:
@@ -447,6 +469,8 @@ class RecordStore:
                                    "caller, please report it.")
             have = {c for r in rows for c in r}
             schema = pa.schema([f for f in self.spec.schema if f.name in have])
+            absent = [f.name for f in self.spec.schema if f.name not in have and f.name not in self.spec.optional]
+            schema = schema.with_metadata({ABSENT_KEY: json.dumps(absent).encode()})
             tbl = pa.Table.from_pylist([dict(r) for r in rows], schema=schema)
             _check_part(self.dir / "(new part)", tbl, self.spec)
         if not self._has_rows:
