@@ -271,3 +271,48 @@ def test_report_without_out_on_a_read_only_folder_says_to_pass_out(alias_run, tm
     finally:
         src.chmod(0o755)
     assert res.exit_code == 2 and "--out" in res.output
+
+
+def _moco_row(seed: int, method: str, outcome: str, **kw) -> dict:
+    return {"seed": seed, "method": method, "outcome": outcome, **kw}
+
+
+def test_moco_rows_are_checked_for_duplicate_keys_attempts_told_apart(tmp_path):
+    """The moco table keeps every attempt of a (seed, method) (a failed run beside its retry),
+    told apart by ``attempt``: a part copied in is a duplicate and refused, naming both files."""
+    store = RecordStore(tmp_path, "moco", key=["seed", "method"], meta={})
+    store.append([_moco_row(1, "eager", "error", attempt=0)])
+    store.append([_moco_row(1, "eager", "ok", attempt=1)])
+    store.append([_moco_row(1, "whole", "ok", attempt=0)])
+    assert len(read_records(tmp_path, "moco")) == 3  # a retry is no duplicate
+    part = sorted((tmp_path / "moco").glob("part-*.parquet"))[1]
+    copy = part.with_name("part-zz-copy.parquet")
+    shutil.copy(part, copy)
+    with pytest.raises(RecordsError) as err:
+        read_records(tmp_path, "moco")
+    msg = str(err.value)
+    assert "duplicate key" in msg and str(part) in msg and str(copy) in msg
+    with pytest.raises(RecordsError, match="duplicate key"):  # a resume refuses it too
+        RecordStore(tmp_path, "moco", key=["seed", "method"], meta={}).done_keys()
+
+
+def test_older_moco_parts_without_attempts_keep_their_retries(tmp_path):
+    """Parts written before ``attempt`` existed: one row each, each part its own attempt."""
+    store = RecordStore(tmp_path, "moco", key=["seed", "method"], meta={})
+    store.append([_moco_row(1, "eager", "error")])
+    store.append([_moco_row(1, "eager", "ok")])
+    assert read_records(tmp_path, "moco")["outcome"].tolist() == ["error", "ok"]
+    part = next((tmp_path / "moco").glob("part-*.parquet"))
+    pq.write_table(pa.concat_tables([pq.read_table(part)] * 2), part)  # one part holding a row twice
+    with pytest.raises(RecordsError, match="duplicate key"):
+        read_records(tmp_path, "moco")
+
+
+def test_a_moco_retry_gets_the_next_attempt(tmp_path):
+    from stateremat.paper.moco._app import _next_attempts
+
+    store = RecordStore(tmp_path, "moco", key=["seed", "method"], meta={})
+    store.append([_moco_row(1, "eager", "error")])  # an older part: no attempt column
+    store.append([_moco_row(1, "eager", "error", attempt=1)])
+    store.append([_moco_row(2, "eager", "ok", attempt=0)])
+    assert _next_attempts(store) == {(1, "eager"): 2, (2, "eager"): 1}

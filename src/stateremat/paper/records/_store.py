@@ -228,6 +228,9 @@ class TableSpec:
         optional: columns added after parts were first written: an older part may lack them
             (read as null). Each is nullable.
         unique: no two rows share a key (False: a table that keeps every attempt of a unit).
+        distinct_by: further columns told apart in the duplicate check (an ``attempt`` column of
+            a table keeping every attempt of a unit): no two rows share key + these. Where an
+            older part lacks one (an optional column), each part counts as its own attempt.
     """
 
     name: str
@@ -235,6 +238,7 @@ class TableSpec:
     key: tuple[str, ...]
     optional: frozenset[str] = frozenset()
     unique: bool = True
+    distinct_by: tuple[str, ...] = ()
 
 
 #: table -> its declared spec (filled by :func:`declare_table` where each table's rows are
@@ -255,7 +259,7 @@ _DECLARED_IN = {
 
 def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Sequence[str], *,
                   required: Sequence[str] = (), optional: Sequence[str] = (),
-                  unique: bool = True) -> TableSpec:
+                  unique: bool = True, distinct_by: Sequence[str] = ()) -> TableSpec:
     """Declare table ``name``'s row schema: ``columns`` as ``(name, type)``; the ``key`` and
     ``required`` columns are not nullable, the others are. Returns the spec (also registered)."""
     key = tuple(key)
@@ -263,7 +267,8 @@ def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Se
     names = [c for c, _ in columns]
     assert set(key) <= set(names) and not strict & set(optional), (name, key, optional)
     schema = pa.schema([pa.field(c, t, nullable=c not in strict) for c, t in columns])
-    spec = TableSpec(name, schema, key, frozenset(optional), unique)
+    assert set(distinct_by) <= set(names) and not set(distinct_by) & set(key), (name, distinct_by)
+    spec = TableSpec(name, schema, key, frozenset(optional), unique, tuple(distinct_by))
     _SPECS[name] = spec
     return spec
 
@@ -569,13 +574,19 @@ def read_records(out_dir: str | os.PathLike, table: str, *, key: Sequence[str] |
         [n for n in spec.schema.names if n in present]).to_pandas()
     key = [k for k in key if k in df.columns]
     if key and spec.unique:
-        dup = df.duplicated(key, keep=False)
+        check, key = df, key + [c for c in spec.distinct_by if c not in key]
+        if spec.distinct_by:  # an older part without the column: each part its own attempt
+            part_no = pd.Series([-1 - i for i, t in enumerate(tables) for _ in range(t.num_rows)],
+                                index=df.index)
+            check = df.assign(**{c: (df[c].astype("Int64").fillna(part_no) if c in df else part_no)
+                                 for c in spec.distinct_by})
+        dup = check.duplicated(key, keep=False)
         if dup.any():
             where = [origin[i] for i, n in enumerate(t.num_rows for t in tables) for _ in range(n)]
-            idx = list(df.index[dup.to_numpy()])
-            first = tuple(df.loc[idx[0], key])
+            idx = list(check.index[dup.to_numpy()])
+            first = tuple(check.loc[idx[0], key])
             files = sorted({str(where[i]) for i in idx
-                            if tuple(df.loc[i, key]) == first})
+                            if tuple(check.loc[i, key]) == first})
             raise RecordsError(
                 f"stateremat records: table {table!r} holds {int(dup.sum())} rows with a "
                 f"duplicate key; e.g. {dict(zip(key, first))} in {', '.join(files)}. Tip: a run "
