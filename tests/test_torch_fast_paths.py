@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -86,20 +88,26 @@ def _run(op: str, part: bool, how: str, preserve: str, direct: bool, monkeypatch
     return params, [b.clone() for b in model.buffers()], journal
 
 
+@pytest.mark.parametrize("journaled", [False, True], ids=["small", "journaled"])
 @pytest.mark.parametrize("op", sorted(_SELF_OPS))
 @pytest.mark.parametrize("part", [False, True], ids=["whole_view", "slice"])
 @pytest.mark.parametrize("how", ["wrapped", "nested"])
 @pytest.mark.parametrize("preserve", ["whole", "region"])
-def test_direct_writes_equal_the_dispatch_path_and_eager(op, part, how, preserve, monkeypatch):
-    fast = _run(op, part, how, preserve, True, monkeypatch)
-    with monkeypatch.context() as m:
-        slow = _run(op, part, how, preserve, False, m)
+def test_direct_writes_equal_the_dispatch_path_and_eager(op, part, how, preserve, journaled, monkeypatch):
+    """``journaled``: the whole-snapshot threshold lowered to 0, so region journals the (12-element)
+    buffer and the journal bytes of both paths are compared for real (else both are 0)."""
+    with journal_every_storage() if journaled else contextlib.nullcontext():
+        fast = _run(op, part, how, preserve, True, monkeypatch)
+        with monkeypatch.context() as m:
+            slow = _run(op, part, how, preserve, False, m)
     eager = _run(op, part, "eager", preserve, True, monkeypatch)
     for a, b, c in zip(fast[0] + fast[1], slow[0] + slow[1], eager[0] + eager[1]):
         assert torch.equal(a, b) and torch.equal(a, c)
     assert fast[2] == slow[2]  # the same bytes journaled (none under whole)
-    if preserve == "whole":
+    if preserve == "whole" or not journaled:
         assert fast[2] == 0
+    else:
+        assert fast[2] > 0
 
 
 @pytest.mark.parametrize("training", [True, False])
