@@ -465,3 +465,32 @@ def test_the_head_and_loss_are_charged_to_the_last_segment(stem_heavy_card):
     assert head > max(c.temp_bytes for c in first.options.values())  # a head that dominates
     assert all(c.temp_bytes >= head for c in last.options.values())
     assert all(c.temp_bytes < head for c in first.options.values())
+
+
+# --- the whole-snapshot threshold, and lowering it for journal tests ----------------------------------
+
+def _tiny_region_step():
+    q = torch.zeros(8, dtype=D)
+    x = torch.ones(2, dtype=D, requires_grad=True)
+
+    def f(x):
+        y = (x * q[:2].clone()).sum()
+        q[:2].add_(1.0)
+        return y
+
+    y = checkpoint(f, x, state=[q], preserve="region")
+    during = preservation_stats()
+    y.backward()
+    return during
+
+
+def test_a_tiny_region_storage_is_kept_whole_by_default(fresh_runtime):
+    during = _tiny_region_step()
+    assert during.journal_bytes == 0 and during.snapshot_bytes == 64
+
+
+def test_the_lowered_threshold_makes_region_journal_a_tiny_storage(fresh_runtime, journal_every_storage):
+    """What the journal tests rely on (the ``journal_every_storage`` fixture): under it a tiny
+    region storage builds a journal, seen in the statistics during the step."""
+    during = _tiny_region_step()
+    assert during.journal_bytes == 16 and during.snapshot_bytes == 0
