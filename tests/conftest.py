@@ -20,3 +20,13 @@ def fresh_runtime():
         yield rt
     finally:
         _runtime._LOCAL.rt = old
+
+
+@pytest.fixture
+def journal_every_storage():
+    """Under ``region``, journal every declared storage of this test, however small (the
+    whole-snapshot threshold ``SMALL_STORAGE_BYTES`` lowered to 0 for the test)."""
+    from _journal import journal_every_storage as lowered
+
+    with lowered():
+        yield

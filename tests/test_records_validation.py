@@ -58,6 +58,37 @@ def test_a_part_with_the_right_names_but_string_types_is_refused(tmp_path):
         RecordStore(tmp_path, "cohort_processes", key=STATUS_KEY, meta={"k": 1}).done_keys()
 
 
+@pytest.mark.parametrize("column", ["wall_s", "hostname", "status"])
+def test_a_part_missing_a_non_key_column_is_refused_naming_file_and_column(tmp_path, column):
+    """A part whose columns are right but one (not a key, not optional) is missing: not one the
+    store wrote (it notes the columns its rows did not give), so it is refused by name."""
+    part = _status_run(tmp_path)
+    tbl = pq.read_table(part)
+    pq.write_table(tbl.drop_columns([column]).replace_schema_metadata(None), part)
+    with pytest.raises(RecordsError) as err:
+        read_records(tmp_path, "cohort_processes")
+    msg = str(err.value)
+    assert str(part) in msg and f"column {column!r} is missing" in msg
+    with pytest.raises(RecordsError, match=f"column {column!r} is missing"):  # resume refuses it too
+        RecordStore(tmp_path, "cohort_processes", key=STATUS_KEY, meta={"k": 1}).done_keys()
+
+
+def test_rows_that_do_not_give_a_column_read_back_without_it(tmp_path):
+    """The store's own part of rows lacking some columns (a reduced row) says so and is read;
+    an optional column added later may be missing from an older part."""
+    store = RecordStore(tmp_path, "cohort_processes", key=STATUS_KEY, meta={})
+    store.append([{"process": 0, "attempt": 0, "status": "failed"}])
+    df = read_records(tmp_path, "cohort_processes")
+    assert len(df) == 1 and "wall_s" not in df and df["status"].tolist() == ["failed"]
+    part = next((tmp_path / "cohort_processes").glob("part-*.parquet"))
+    full = RecordStore(tmp_path / "b", "cohort_processes", key=STATUS_KEY, meta={})
+    full.append([{k: v for k, v in r.items() if k != "requested_processes"} for r in _status_rows(1)])
+    older = next((tmp_path / "b" / "cohort_processes").glob("part-*.parquet"))
+    pq.write_table(pq.read_table(older).replace_schema_metadata(None), older)  # an older writer's part
+    assert read_records(tmp_path / "b", "cohort_processes")["process"].tolist() == [0]
+    assert part.exists()
+
+
 def test_a_part_of_another_table_is_refused_and_named(tmp_path):
     timing = RecordStore(tmp_path / "a", "cohort_timing", key=TIMING_KEY, meta={})
     timing.append([{"process": 0, "cell": "c", "method": "m", "step": s, "attempt": 0,
@@ -240,3 +271,48 @@ def test_report_without_out_on_a_read_only_folder_says_to_pass_out(alias_run, tm
     finally:
         src.chmod(0o755)
     assert res.exit_code == 2 and "--out" in res.output
+
+
+def _moco_row(seed: int, method: str, outcome: str, **kw) -> dict:
+    return {"seed": seed, "method": method, "outcome": outcome, **kw}
+
+
+def test_moco_rows_are_checked_for_duplicate_keys_attempts_told_apart(tmp_path):
+    """The moco table keeps every attempt of a (seed, method) (a failed run beside its retry),
+    told apart by ``attempt``: a part copied in is a duplicate and refused, naming both files."""
+    store = RecordStore(tmp_path, "moco", key=["seed", "method"], meta={})
+    store.append([_moco_row(1, "eager", "error", attempt=0)])
+    store.append([_moco_row(1, "eager", "ok", attempt=1)])
+    store.append([_moco_row(1, "whole", "ok", attempt=0)])
+    assert len(read_records(tmp_path, "moco")) == 3  # a retry is no duplicate
+    part = sorted((tmp_path / "moco").glob("part-*.parquet"))[1]
+    copy = part.with_name("part-zz-copy.parquet")
+    shutil.copy(part, copy)
+    with pytest.raises(RecordsError) as err:
+        read_records(tmp_path, "moco")
+    msg = str(err.value)
+    assert "duplicate key" in msg and str(part) in msg and str(copy) in msg
+    with pytest.raises(RecordsError, match="duplicate key"):  # a resume refuses it too
+        RecordStore(tmp_path, "moco", key=["seed", "method"], meta={}).done_keys()
+
+
+def test_older_moco_parts_without_attempts_keep_their_retries(tmp_path):
+    """Parts written before ``attempt`` existed: one row each, each part its own attempt."""
+    store = RecordStore(tmp_path, "moco", key=["seed", "method"], meta={})
+    store.append([_moco_row(1, "eager", "error")])
+    store.append([_moco_row(1, "eager", "ok")])
+    assert read_records(tmp_path, "moco")["outcome"].tolist() == ["error", "ok"]
+    part = next((tmp_path / "moco").glob("part-*.parquet"))
+    pq.write_table(pa.concat_tables([pq.read_table(part)] * 2), part)  # one part holding a row twice
+    with pytest.raises(RecordsError, match="duplicate key"):
+        read_records(tmp_path, "moco")
+
+
+def test_a_moco_retry_gets_the_next_attempt(tmp_path):
+    from stateremat.paper.moco._app import _next_attempts
+
+    store = RecordStore(tmp_path, "moco", key=["seed", "method"], meta={})
+    store.append([_moco_row(1, "eager", "error")])  # an older part: no attempt column
+    store.append([_moco_row(1, "eager", "error", attempt=1)])
+    store.append([_moco_row(2, "eager", "ok", attempt=0)])
+    assert _next_attempts(store) == {(1, "eager"): 2, (2, "eager"): 1}

@@ -6,6 +6,7 @@ nesting and other write ops. A pattern ends either exactly right or in a clear e
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import types
 import warnings
@@ -17,6 +18,7 @@ import torch.utils.checkpoint as tuc
 from torch import nn
 
 import stateremat
+from _journal import JournalSpy, journal_every_storage
 from stateremat.torch import (
     Checkpointer,
     ReplayError,
@@ -191,18 +193,24 @@ def test_nested_stateful_segments_update_once(outer_preserve, inner_preserve):
 
 
 # ---- 4. writes that bump no version counter, outside any segment ----------------------------
+@pytest.mark.parametrize("journaled", [False, True])
 @pytest.mark.parametrize("preserve", PRESERVERS)
-def test_batch_norm_outside_any_segment_is_journaled(preserve):
-    W = torch.ones((), dtype=D, requires_grad=True)
-    rm, rv = torch.zeros((), dtype=D).reshape(1), torch.ones(1, dtype=D)
-    x = torch.tensor([3.0], dtype=D)
-    y = checkpoint(lambda x: W * x * (1 + rm), x, state=[rm, rv], preserve=preserve)
-    z = torch.tensor([[5.0], [7.0]], dtype=D)
-    F.batch_norm(z, rm, rv, training=True, momentum=1.0)  # sets rm = 6 without a version bump
-    assert rm.item() == 6.0
-    y.sum().backward()
+def test_batch_norm_outside_any_segment_is_journaled(preserve, journaled):
+    """``journaled``: the whole-snapshot threshold lowered to 0 (the statistics are 8 bytes), so
+    under region the update outside the segment must really be journaled (asserted)."""
+    with journal_every_storage() if journaled else contextlib.nullcontext(), JournalSpy() as spy:
+        W = torch.ones((), dtype=D, requires_grad=True)
+        rm, rv = torch.zeros((), dtype=D).reshape(1), torch.ones(1, dtype=D)
+        x = torch.tensor([3.0], dtype=D)
+        y = checkpoint(lambda x: W * x * (1 + rm), x, state=[rm, rv], preserve=preserve)
+        z = torch.tensor([[5.0], [7.0]], dtype=D)
+        F.batch_norm(z, rm, rv, training=True, momentum=1.0)  # sets rm = 6 without a version bump
+        assert rm.item() == 6.0
+        y.sum().backward()
     assert W.grad.item() == 3.0
     assert rm.item() == 6.0
+    if journaled and preserve == "region":
+        assert spy.entries >= 2  # both statistics' old bytes
 
 
 # ---- 5. the region journal below the default granularity ------------------------------------
@@ -601,8 +609,10 @@ class _Sub(torch.Tensor):  # a plain subclass (torch's own __torch_function__)
     pass
 
 
+@pytest.mark.parametrize("journaled", [False, True])
 @pytest.mark.parametrize("preserve", PRESERVERS)
-def test_a_plain_tensor_subclass_buffer_journals_writes_after_the_forward(preserve):
+def test_a_plain_tensor_subclass_buffer_journals_writes_after_the_forward(preserve, journaled):
+    """``journaled``: the whole-snapshot threshold lowered to 0, so region journals the buffer."""
     def run(wrap):
         m = nn.Module()
         m.register_buffer("q", torch.arange(24.0, dtype=D).reshape(8, 3).as_subclass(_Sub))
@@ -620,7 +630,10 @@ def test_a_plain_tensor_subclass_buffer_journals_writes_after_the_forward(preser
         return w.grad, m.q.clone()
 
     ref = run(lambda f, x, m: f(x))
-    got = run(lambda f, x, m: checkpoint(f, x, state=[m], preserve=preserve))
+    with journal_every_storage() if journaled else contextlib.nullcontext(), JournalSpy() as spy:
+        got = run(lambda f, x, m: checkpoint(f, x, state=[m], preserve=preserve))
+    if journaled and preserve == "region":
+        assert spy.entries >= 2  # the segment's write and the one after the forward
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1].as_subclass(torch.Tensor),
                                                        ref[1].as_subclass(torch.Tensor))
 

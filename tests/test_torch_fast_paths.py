@@ -11,6 +11,8 @@
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +24,7 @@ from stateremat.torch import _compat, _mode
 from stateremat.torch._scan import reach
 from stateremat.torch._storage import runs_within
 from stateremat.torch._txn import SMALL_STORAGE_BYTES
+from _journal import JournalSpy, journal_every_storage
 
 D = torch.float64
 #: rows of 6 float64 making a storage above SMALL_STORAGE_BYTES (journaled under region)
@@ -85,20 +88,26 @@ def _run(op: str, part: bool, how: str, preserve: str, direct: bool, monkeypatch
     return params, [b.clone() for b in model.buffers()], journal
 
 
+@pytest.mark.parametrize("journaled", [False, True], ids=["small", "journaled"])
 @pytest.mark.parametrize("op", sorted(_SELF_OPS))
 @pytest.mark.parametrize("part", [False, True], ids=["whole_view", "slice"])
 @pytest.mark.parametrize("how", ["wrapped", "nested"])
 @pytest.mark.parametrize("preserve", ["whole", "region"])
-def test_direct_writes_equal_the_dispatch_path_and_eager(op, part, how, preserve, monkeypatch):
-    fast = _run(op, part, how, preserve, True, monkeypatch)
-    with monkeypatch.context() as m:
-        slow = _run(op, part, how, preserve, False, m)
+def test_direct_writes_equal_the_dispatch_path_and_eager(op, part, how, preserve, journaled, monkeypatch):
+    """``journaled``: the whole-snapshot threshold lowered to 0, so region journals the (12-element)
+    buffer and the journal bytes of both paths are compared for real (else both are 0)."""
+    with journal_every_storage() if journaled else contextlib.nullcontext():
+        fast = _run(op, part, how, preserve, True, monkeypatch)
+        with monkeypatch.context() as m:
+            slow = _run(op, part, how, preserve, False, m)
     eager = _run(op, part, "eager", preserve, True, monkeypatch)
     for a, b, c in zip(fast[0] + fast[1], slow[0] + slow[1], eager[0] + eager[1]):
         assert torch.equal(a, b) and torch.equal(a, c)
     assert fast[2] == slow[2]  # the same bytes journaled (none under whole)
-    if preserve == "whole":
+    if preserve == "whole" or not journaled:
         assert fast[2] == 0
+    else:
+        assert fast[2] > 0
 
 
 @pytest.mark.parametrize("training", [True, False])
@@ -120,19 +129,29 @@ def test_functional_batch_norm_keywords_and_modes(training, momentum, preserve):
     assert torch.equal(g, x.grad) and torch.equal(rm, erm) and torch.equal(rv, erv)
 
 
+@pytest.mark.parametrize("size", ["small", "journaled"])
 @pytest.mark.parametrize("preserve", ["whole", "region"])
-def test_a_write_to_a_declared_leaf_that_requires_grad_keeps_torchs_error(preserve):
-    p = torch.nn.Parameter(torch.ones(3, dtype=D))
+def test_a_write_to_a_declared_leaf_that_requires_grad_keeps_torchs_error(preserve, size):
+    """``journaled``: ``p`` above SMALL_STORAGE_BYTES, so region journals it; the journal bytes are
+    read inside the segment, after the refused write (once the segment fails, its journal is
+    pruned, so a check after it could not fail)."""
+    n = 3 if size == "small" else SMALL_STORAGE_BYTES // 8 + 3
+    p = torch.nn.Parameter(torch.ones(n, dtype=D))
     before = preservation_stats().journal_bytes
+    inside = []
 
     def f(x):
-        p.add_(1.0)
-        return (x * p).sum()
+        try:
+            p.add_(1.0)
+        finally:
+            inside.append(preservation_stats().journal_bytes)
+        return (x * p[:3]).sum()
 
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
         checkpoint(f, torch.ones(3, dtype=D, requires_grad=True), state=[p], preserve=preserve)
+    assert inside == [before]  # nothing written, nothing journaled
     assert preservation_stats().journal_bytes == before
-    assert torch.equal(p.detach(), torch.ones(3, dtype=D))
+    assert torch.equal(p.detach(), torch.ones(n, dtype=D))
 
 
 @pytest.mark.parametrize("preserve", ["whole", "region"])
@@ -435,35 +454,47 @@ def _write_twice(kind: str):
                                       running_mean=q[:4], running_var=q[4:], use_input_stats=True)
 
 
+@pytest.mark.parametrize("journaled", [False, True])
 @pytest.mark.parametrize("kind", ["fill_diagonal", "instance_norm"])
 @pytest.mark.parametrize("first,second", [("region", "region"), ("whole", "region"), ("region", "whole"),
                                           ("whole", "whole")])
-def test_one_call_that_writes_twice_is_no_gap(kind, first, second):
+def test_one_call_that_writes_twice_is_no_gap(kind, first, second, journaled):
+    """``journaled``: the whole-snapshot threshold lowered to 0, so region journals ``q`` (8
+    float64) and a write the dispatch mode does not settle before the next one is a gap."""
     results = []
     for mode in ("eager", "checkpoint"):
         torch.manual_seed(0)
         q, write = _write_twice(kind)
-        l1, l2 = torch.nn.Linear(4, 4).to(D), torch.nn.Linear(4, 4).to(D)
-
-        def a(x):
-            write()
-            return torch.tanh(l1(x)) * q[:4].clone()
-
-        def b(x):
-            out = torch.tanh(l2(x)) * q[4:].clone()
-            q[4:].mul_(0.9)
-            return out
-
-        x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(2))
-        if mode == "eager":
-            ya, yb = a(x), b(x)
-        else:
-            ya = checkpoint(a, x, state=[q], preserve=first)
-            yb = checkpoint(b, x, state=[q], preserve=second)
-        ya.square().sum().backward()  # a replays first, then b
-        yb.square().sum().backward()
-        results.append((l1.weight.grad, l2.weight.grad, q))
+        if journaled and mode == "checkpoint":
+            with journal_every_storage(), JournalSpy() as spy:
+                results.append(_two_writes_run(q, write, first, second, mode))
+            assert spy.entries > 0 or "region" not in (first, second)
+            continue
+        results.append(_two_writes_run(q, write, first, second, mode))
     assert all(torch.equal(u, v) for u, v in zip(*results))
+
+
+def _two_writes_run(q, write, first, second, mode):
+    l1, l2 = torch.nn.Linear(4, 4).to(D), torch.nn.Linear(4, 4).to(D)
+
+    def a(x):
+        write()
+        return torch.tanh(l1(x)) * q[:4].clone()
+
+    def b(x):
+        out = torch.tanh(l2(x)) * q[4:].clone()
+        q[4:].mul_(0.9)
+        return out
+
+    x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(2))
+    if mode == "eager":
+        ya, yb = a(x), b(x)
+    else:
+        ya = checkpoint(a, x, state=[q], preserve=first)
+        yb = checkpoint(b, x, state=[q], preserve=second)
+    ya.square().sum().backward()  # a replays first, then b
+    yb.square().sum().backward()
+    return l1.weight.grad, l2.weight.grad, q
 
 
 class _Log(torch.Tensor):

@@ -15,12 +15,15 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
+from _journal import JournalSpy, journal_every_storage
 from stateremat.torch import checkpoint, preservation_stats, reset_preservation_stats
 from stateremat.torch._preserve.region import Journal
 from stateremat.torch._runtime import Runtime
 from stateremat.torch._storage import gather, storage_key
 
 D = torch.float64
+#: patterns whose random mask may select no element
+MAY_WRITE_NOTHING = {"mask_put", "masked_fill"}
 PATTERNS = ["rows", "strided", "index_copy", "index_fill", "index_put", "index_put2", "mask_put",
             "scatter", "scatter_add", "masked_fill", "view"]
 
@@ -83,9 +86,18 @@ def _run(plan, shape, wrap, granularity):
        st.sampled_from([(5, 3), (8, 4), (3, 7)]),
        st.sampled_from([None, 1, 3, 8, 64, 4096]))
 def test_region_replay_equals_eager_for_any_write_pattern_and_granularity(plan, shape, granularity):
+    """Run twice: as is (the buffer, at most SMALL_STORAGE_BYTES, kept by a whole snapshot) and with
+    the threshold lowered to 0, where the journal itself is built and replayed (asserted)."""
     g_ref, buf_ref = _run(plan, shape, None, None)
     wrap = lambda seg, w, buf, gran: checkpoint(seg, w, state=[buf], preserve="region", granularity_bytes=gran)
     g, buf = _run(plan, shape, wrap, granularity)
+    assert torch.equal(g, g_ref)
+    assert torch.equal(buf, buf_ref)
+    with journal_every_storage(), JournalSpy() as spy:
+        g, buf = _run(plan, shape, wrap, granularity)
+    assert spy.journals > 0
+    if any(p not in MAY_WRITE_NOTHING for p, _, _ in plan):
+        assert spy.entries > 0
     assert torch.equal(g, g_ref)
     assert torch.equal(buf, buf_ref)
 

@@ -34,7 +34,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import CheckpointError, CheckpointPolicy, create_selective_checkpoint_contexts
 
-from stateremat.torch import Checkpointer, UndeclaredStateError
+from stateremat.torch import Checkpointer, ReplayError, UndeclaredStateError
 
 F64 = torch.float64
 
@@ -46,18 +46,26 @@ _IMPLS = {
 OURS = ("region", "whole")
 
 
-def impls(*, xfail: dict[str, str] | None = None, only: tuple[str, ...] = tuple(_IMPLS)):
-    """Parametrize ``ckpt`` over the implementations, marking ours xfail(strict) where given."""
+def impls(*, xfail: dict[str, tuple[str, type[BaseException]]] | None = None,
+          only: tuple[str, ...] = tuple(_IMPLS)):
+    """Parametrize ``ckpt`` over the implementations, marking ours xfail(strict) where given:
+    ``xfail`` maps an implementation to ``(reason, exception type)``, and the xfail holds only
+    when the test fails with that exception (another failure is a failure)."""
     params = []
     for name in only:
-        reason = (xfail or {}).get(name)
-        marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+        why = (xfail or {}).get(name)
+        marks = [_strict_xfail(*why)] if why else []
         params.append(pytest.param(name, marks=marks, id=name))
     return pytest.mark.parametrize("ckpt", params, indirect=True)
 
 
-def ours_xfail(reason: str) -> dict[str, str]:
-    return {name: reason for name in OURS}
+def _strict_xfail(reason: str, raises: type[BaseException]):
+    assert isinstance(raises, type) and issubclass(raises, BaseException), raises
+    return pytest.mark.xfail(strict=True, reason=reason, raises=raises)
+
+
+def ours_xfail(reason: str, raises: type[BaseException]) -> dict[str, tuple[str, type[BaseException]]]:
+    return {name: (reason, raises) for name in OURS}
 
 
 @pytest.fixture
@@ -352,7 +360,7 @@ def test_explicit_use_reentrant_false_does_not_warn(ckpt):
 
 
 @impls(xfail=ours_xfail("intentional: ours supports only the non-reentrant implementation and refuses "
-                        "use_reentrant=True with a ValueError"))
+                        "use_reentrant=True with a ValueError", ValueError))
 def test_use_reentrant_true_runs(ckpt):
     a = torch.randn(3, dtype=F64, requires_grad=True)
     ckpt(torch.exp, a, use_reentrant=True).sum().backward()
@@ -490,13 +498,14 @@ def _g_inner_backward(x):
 
 
 def _nested_params(bugs):
-    """(fn, early_stop, impl) params; ``bugs(fn_id, early_stop)`` gives the reason ours fails, or None."""
+    """(fn, early_stop, impl) params; ``bugs(fn_id, early_stop)`` gives ``(reason, exception type)``
+    of how ours fails, or None."""
     params = []
     for fn_id, fn in (("plain", _f_plain), ("inner_backward", _g_inner_backward)):
         for early_stop in (True, False):
             for impl in _IMPLS:
-                reason = bugs(fn_id, early_stop) if impl in OURS else None
-                marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
+                why = bugs(fn_id, early_stop) if impl in OURS else None
+                marks = [_strict_xfail(*why)] if why else []
                 params.append(pytest.param(fn, early_stop, impl, marks=marks, id=f"{fn_id}-{early_stop}-{impl}"))
     return pytest.mark.parametrize("fn,early_stop,ckpt", params, indirect=["ckpt"])
 
@@ -1012,11 +1021,17 @@ def test_dropout_mask_is_replayed(ckpt):
         inp = torch.randn(2000, dtype=F64, requires_grad=True)
         phase1, phase2 = nn.Dropout(), nn.Dropout()
         state = torch.get_rng_state()
-        ckpt(phase2, phase1(inp)).sum().backward()
+        out = ckpt(phase2, phase1(inp)).sum()
+        torch.rand(5)  # something draws between forward and backward
+        before_backward = torch.get_rng_state()
+        out.backward()
         got, inp.grad = inp.grad, None
         after = torch.get_rng_state()
+        assert torch.equal(after, before_backward)  # the replay's draws are not visible
         torch.set_rng_state(state)
-        phase2(phase1(inp)).sum().backward()
+        out = phase2(phase1(inp)).sum()
+        torch.rand(5)
+        out.backward()
         assert torch.equal(got, inp.grad)
         assert torch.equal(after, torch.get_rng_state())  # the replay's draws are not visible
 
@@ -1025,6 +1040,7 @@ def test_dropout_mask_is_replayed(ckpt):
 def test_rng_state_after_backward_is_the_callers(ckpt):
     x = torch.randn(100, dtype=F64, requires_grad=True)
     out = ckpt(lambda t: t * torch.rand_like(t), x)
+    torch.rand(3)  # something draws between forward and backward: the replay must not leave R0's end
     before = torch.get_rng_state()
     out.sum().backward()
     assert torch.equal(torch.get_rng_state(), before)
@@ -1644,7 +1660,7 @@ def _stateful(ckpt):
 @impls(xfail=ours_xfail(
     "intentional: a segment that declares state is refused (ReplayError, a CheckpointError) when "
     "torch.utils.checkpoint recomputes it, which would write that state a second time outside any "
-    "transaction; checkpoint the enclosing code with stateremat instead (they nest)"))
+    "transaction; checkpoint the enclosing code with stateremat instead (they nest)", ReplayError))
 def test_stateful_segment_recomputed_by_torch_checkpoint(ckpt):
     inner = _stateful(ckpt)
     bn = nn.BatchNorm1d(3).to(F64)

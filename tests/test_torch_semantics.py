@@ -2,11 +2,14 @@
 kwargs, version gaps (R6, R8), undeclared writes (R7), verify (R4), apply_plan."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 import torch.utils.checkpoint as tuc
 from torch import nn
 
+from _journal import JournalSpy, journal_every_storage
 from stateremat.torch import (
     ReplayDivergenceError,
     ReplayError,
@@ -54,13 +57,19 @@ def _shared_run(method, order, preserve="region"):
     return x.grad, queue
 
 
+@pytest.mark.parametrize("journaled", [False, True])
 @pytest.mark.parametrize("order", ["forward", "reverse"])
 @pytest.mark.parametrize("preserve", ["region", "whole", "region_then_whole", "whole_then_region"])
-def test_segments_sharing_one_buffer_backward_in_any_order(order, preserve):
+def test_segments_sharing_one_buffer_backward_in_any_order(order, preserve, journaled):
+    """``journaled``: the whole-snapshot threshold lowered to 0, so region journals the (tiny)
+    queue instead of keeping it whole, and the journal is asserted built."""
     g_ref, q_ref = _shared_run("eager", order)
     reset_preservation_stats()
-    g, q = _shared_run("ours", order, preserve)
+    with journal_every_storage() if journaled else contextlib.nullcontext(), JournalSpy() as spy:
+        g, q = _shared_run("ours", order, preserve)
     assert preservation_stats().recompute_count == 2
+    if journaled and preserve != "whole":
+        assert spy.journals > 0 and spy.entries > 0
     torch.testing.assert_close(g, g_ref)
     torch.testing.assert_close(q, q_ref)
     g_t, q_t = _shared_run("torch", order)
@@ -159,12 +168,17 @@ def test_write_through_an_unmarked_alias_is_refused_by_a_region_journal():
         y.backward()
 
 
+@pytest.mark.parametrize("journaled", [False, True])
 @pytest.mark.parametrize("preserve", ["region", "whole"])
-def test_outside_write_is_recovered(preserve):
+def test_outside_write_is_recovered(preserve, journaled):
     # region: the declared tensor is marked while its journal lives, so the later outside
     # write is journaled (R6); whole: the snapshot holds B0 whatever happens later.
-    x, y, queue = _outside_write(preserve)
-    y.backward()
+    # journaled: the whole-snapshot threshold lowered to 0 (the queue is tiny), journal asserted built
+    with journal_every_storage() if journaled else contextlib.nullcontext(), JournalSpy() as spy:
+        x, y, queue = _outside_write(preserve)
+        y.backward()
+    if journaled and preserve == "region":
+        assert spy.entries >= 2  # the segment's own write and the outside one
     q0 = torch.arange(6.0, dtype=torch.float64).reshape(3, 2)
     torch.testing.assert_close(x.grad, ((q0 @ x).exp()[:, None] * q0).sum(0).detach())
     expected = q0.clone()

@@ -148,15 +148,23 @@ def test_dropout_rng_preserved_and_not(dtype):
     x = torch.randn(16, 8, dtype=dtype, generator=torch.Generator().manual_seed(2))
     ref = _dropout_net().to(dtype)
     torch.manual_seed(100)
-    ref(x).sum().backward()
+    out = ref(x).sum()
+    torch.rand(7)  # something draws between forward and backward
+    out.backward()
     rng_after_ref = torch.get_rng_state()
     grads_ref = [p.grad for p in ref.parameters()]
 
-    def grads_with(run):
+    def grads_with(run, preserves_rng=True):
         net = _dropout_net().to(dtype)
         torch.manual_seed(100)
-        run(net)(x).sum().backward()
-        return [p.grad for p in net.parameters()], torch.get_rng_state()
+        out = run(net)(x).sum()
+        torch.rand(7)  # as in the reference: the replay must not start from (or leave) this state
+        before_backward = torch.get_rng_state()
+        out.backward()
+        after = torch.get_rng_state()
+        if preserves_rng:  # (without RNG preservation the replay draws from the caller's generator)
+            assert torch.equal(after, before_backward)  # the replay's draws are not visible
+        return [p.grad for p in net.parameters()], after
 
     ours, rng_ours = grads_with(lambda n: (lambda x: checkpoint(n, x)))
     for a, b in zip(ours, grads_ref):
@@ -168,8 +176,8 @@ def test_dropout_rng_preserved_and_not(dtype):
         torch.testing.assert_close(a, b)
 
     # Negative control: without RNG preservation the replay draws a new mask, in both.
-    ours_nr, _ = grads_with(lambda n: (lambda x: checkpoint(n, x, preserve_rng_state=False)))
+    ours_nr, _ = grads_with(lambda n: (lambda x: checkpoint(n, x, preserve_rng_state=False)), False)
     theirs_nr, _ = grads_with(lambda n: (lambda x: tuc.checkpoint(n, x, use_reentrant=False,
-                                                                  preserve_rng_state=False)))
+                                                                  preserve_rng_state=False)), False)
     assert not torch.allclose(ours_nr[0], grads_ref[0])
     assert not torch.allclose(theirs_nr[0], grads_ref[0])

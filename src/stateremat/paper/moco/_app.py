@@ -273,6 +273,20 @@ def _done(store: RecordStore) -> tuple[set[tuple], set[tuple]]:
     return done, damaged
 
 
+def _next_attempts(store: RecordStore) -> dict[tuple, int]:
+    """``(seed, method) -> attempt`` number the unit's next row gets: one past its rows' highest
+    (a row of an older part without the column counts as one attempt)."""
+    df = store.read()
+    if df.empty:
+        return {}
+    out = {}
+    for key, g in df.groupby(list(KEY), sort=False):
+        key = tuple(k.item() if hasattr(k, "item") else k for k in key)
+        known = g["attempt"].dropna() if "attempt" in g else []
+        out[key] = max(len(g), int(known.max()) + 1) if len(known) else len(g)
+    return out
+
+
 def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
              data: str | os.PathLike | None = None, device: str | None = None,
              methods: tuple[str, ...] = METHODS, progress: Progress | None = None,
@@ -334,6 +348,7 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
         store = RecordStore(out_dir, TABLE, key=list(KEY), meta=config,
                             launch={"seeds": [int(x) for x in seeds], "methods": list(methods)})
         done, damaged = _done(store)
+        attempts = _next_attempts(store)
         todo = [(s, m) for s in seeds for m in methods if (s, m) not in done]
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
@@ -343,6 +358,8 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
         for seed, method in todo:
             stepbar.update(completed=0, description=f"seed {seed} {method}")
             row = _run_row(preset, split, seed, method, dev, out_dir, stepbar.advance)
+            row["attempt"] = attempts.get((seed, method), 0)
+            attempts[(seed, method)] = row["attempt"] + 1
             store.append([row])
             if (seed, method) in damaged and row["outcome"] == "ok":
                 # the unit's earlier finished rows point at a missing or changed score file:

@@ -34,9 +34,12 @@ COLUMNS = [
     ("predicted_peak_bytes", pa.int64()), ("predicted_time_s", pa.float64()),
     ("outcome", pa.string()), ("error_type", pa.string()), ("error", pa.string()),
     ("loadavg", pa.string()), ("scores_file", pa.string()), ("scores_sha256", pa.string()),
+    ("attempt", pa.int64()),
 ]
-# Not unique: a failed unit's row is kept beside its retry's (every record is kept).
-declare_table(TABLE, COLUMNS, KEY, required=("outcome",), unique=False)
+# A failed unit's row is kept beside its retry's (every record is kept): rows are told apart by
+# their attempt (``attempt`` came later: an older part, one row each, counts as its own), so a
+# part copied or moved in is refused as a duplicate.
+declare_table(TABLE, COLUMNS, KEY, required=("outcome",), optional=("attempt",), distinct_by=("attempt",))
 #: The seven methods of paper §12, in Table 9's row order (torch-free, so importing is cheap).
 METHODS = ("eager", "whole", "regions", "functional", "deferred", "state_agnostic", "joint")
 

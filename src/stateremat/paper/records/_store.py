@@ -228,6 +228,9 @@ class TableSpec:
         optional: columns added after parts were first written: an older part may lack them
             (read as null). Each is nullable.
         unique: no two rows share a key (False: a table that keeps every attempt of a unit).
+        distinct_by: further columns told apart in the duplicate check (an ``attempt`` column of
+            a table keeping every attempt of a unit): no two rows share key + these. Where an
+            older part lacks one (an optional column), each part counts as its own attempt.
     """
 
     name: str
@@ -235,6 +238,7 @@ class TableSpec:
     key: tuple[str, ...]
     optional: frozenset[str] = frozenset()
     unique: bool = True
+    distinct_by: tuple[str, ...] = ()
 
 
 #: table -> its declared spec (filled by :func:`declare_table` where each table's rows are
@@ -255,7 +259,7 @@ _DECLARED_IN = {
 
 def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Sequence[str], *,
                   required: Sequence[str] = (), optional: Sequence[str] = (),
-                  unique: bool = True) -> TableSpec:
+                  unique: bool = True, distinct_by: Sequence[str] = ()) -> TableSpec:
     """Declare table ``name``'s row schema: ``columns`` as ``(name, type)``; the ``key`` and
     ``required`` columns are not nullable, the others are. Returns the spec (also registered)."""
     key = tuple(key)
@@ -263,7 +267,8 @@ def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Se
     names = [c for c, _ in columns]
     assert set(key) <= set(names) and not strict & set(optional), (name, key, optional)
     schema = pa.schema([pa.field(c, t, nullable=c not in strict) for c, t in columns])
-    spec = TableSpec(name, schema, key, frozenset(optional), unique)
+    assert set(distinct_by) <= set(names) and not set(distinct_by) & set(key), (name, distinct_by)
+    spec = TableSpec(name, schema, key, frozenset(optional), unique, tuple(distinct_by))
     _SPECS[name] = spec
     return spec
 
@@ -310,13 +315,34 @@ def _check_part(path: Path, tbl: pa.Table, spec: TableSpec) -> pa.Table:
                                 f"has type {f.type}, not {want.type}", names)
         if not want.nullable and tbl.column(f.name).null_count:
             raise _schema_error(path, spec.name, f.name, "holds nulls (it may not)", names)
-    for want in declared:  # a key column is never missing; other columns may be (older
-        # writers, reduced rows): read as absent, or null where another part has them
+    absent = _absent_columns(tbl)
+    for want in declared:  # a key column is never missing; another column only when it is
+        # optional (added after older parts were written) or the writer said its rows did not
+        # give it (ABSENT_KEY): read as absent, or null where another part has it
         if want.name not in seen and want.name in spec.key:
             raise _schema_error(path, spec.name, want.name, "is missing (a key column)", names)
+        if want.name not in seen and want.name not in spec.optional and want.name not in absent:
+            raise _schema_error(path, spec.name, want.name, "is missing", names)
     cols = [tbl.column(f.name).cast(f.type) if f.name in seen else pa.nulls(tbl.num_rows, f.type)
             for f in declared]
     return pa.Table.from_arrays(cols, schema=declared)
+
+
+#: Parquet schema metadata key of a part written by :meth:`RecordStore.append`: the JSON list
+#: of declared columns its rows did not give (a part missing another column is refused).
+ABSENT_KEY = b"stateremat.absent_columns"
+
+
+def _absent_columns(tbl: pa.Table) -> set[str]:
+    """The declared columns the writer of part ``tbl`` said its rows did not give."""
+    raw = (tbl.schema.metadata or {}).get(ABSENT_KEY)
+    if raw is None:
+        return set()
+    try:
+        names = json.loads(raw)
+    except ValueError:
+        return set()
+    return {n for n in names if isinstance(n, str)} if isinstance(names, list) else set()
 
 
 def _plain(t: pa.DataType) -> pa.DataType:
@@ -325,9 +351,10 @@ def _plain(t: pa.DataType) -> pa.DataType:
 
 
 def _observed_spec(table: str, tbl: pa.Table, key: Sequence[str]) -> TableSpec:
-    """For a table nobody declared: the schema of its first part, every column nullable."""
+    """For a table nobody declared: the schema of its first part, every column nullable (and,
+    but for the key, optional: nothing says which columns another part must have)."""
     schema = pa.schema([pa.field(f.name, f.type, nullable=True) for f in tbl.schema])
-    return TableSpec(table, schema, tuple(key))
+    return TableSpec(table, schema, tuple(key), optional=frozenset(schema.names) - set(key))
 
 
 def _unreadable(p: Path, exc: BaseException) -> RecordsError:
@@ -447,6 +474,8 @@ class RecordStore:
                                    "caller, please report it.")
             have = {c for r in rows for c in r}
             schema = pa.schema([f for f in self.spec.schema if f.name in have])
+            absent = [f.name for f in self.spec.schema if f.name not in have and f.name not in self.spec.optional]
+            schema = schema.with_metadata({ABSENT_KEY: json.dumps(absent).encode()})
             tbl = pa.Table.from_pylist([dict(r) for r in rows], schema=schema)
             _check_part(self.dir / "(new part)", tbl, self.spec)
         if not self._has_rows:
@@ -545,13 +574,19 @@ def read_records(out_dir: str | os.PathLike, table: str, *, key: Sequence[str] |
         [n for n in spec.schema.names if n in present]).to_pandas()
     key = [k for k in key if k in df.columns]
     if key and spec.unique:
-        dup = df.duplicated(key, keep=False)
+        check, key = df, key + [c for c in spec.distinct_by if c not in key]
+        if spec.distinct_by:  # an older part without the column: each part its own attempt
+            part_no = pd.Series([-1 - i for i, t in enumerate(tables) for _ in range(t.num_rows)],
+                                index=df.index)
+            check = df.assign(**{c: (df[c].astype("Int64").fillna(part_no) if c in df else part_no)
+                                 for c in spec.distinct_by})
+        dup = check.duplicated(key, keep=False)
         if dup.any():
             where = [origin[i] for i, n in enumerate(t.num_rows for t in tables) for _ in range(n)]
-            idx = list(df.index[dup.to_numpy()])
-            first = tuple(df.loc[idx[0], key])
+            idx = list(check.index[dup.to_numpy()])
+            first = tuple(check.loc[idx[0], key])
             files = sorted({str(where[i]) for i in idx
-                            if tuple(df.loc[i, key]) == first})
+                            if tuple(check.loc[i, key]) == first})
             raise RecordsError(
                 f"stateremat records: table {table!r} holds {int(dup.sum())} rows with a "
                 f"duplicate key; e.g. {dict(zip(key, first))} in {', '.join(files)}. Tip: a run "

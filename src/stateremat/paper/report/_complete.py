@@ -69,17 +69,21 @@ def _status(out_dir: Path, table: str) -> TableStatus:
     st = TableStatus(table)
     try:
         doc = read_sidecar(out_dir / f"{table}.json")
-        rows = read_records(out_dir, table)
     except RecordsError as exc:
         st.problem = str(exc)
         return st
-    st.rows = len(rows)
-    if not isinstance(doc.get("config"), dict):
+    if not isinstance(doc.get("config"), dict):  # said first: without it no row can be judged
         st.problem = (f"sidecar {out_dir / (table + '.json')} holds no run config (is it a "
                       "summary written over it?), so its rows cannot be checked or described. "
                       "Tip: restore the sidecar from a copy; rerunning the run's command with "
                       "the same --out cannot resume without it")
         return st
+    try:
+        rows = read_records(out_dir, table)
+    except RecordsError as exc:
+        st.problem = str(exc)
+        return st
+    st.rows = len(rows)
     if table not in EXPECTED:  # no rows at all: incomplete (message above), never rendered
         return st
     try:
