@@ -276,3 +276,37 @@ def test_checkpoint_sequential_defaults_to_buffers_and_is_exact():
         ref(x).sum().backward()
     assert all(torch.equal(a, b) for a, b in zip(net.state_dict().values(), ref.state_dict().values()))
     assert all(torch.equal(a.grad, b.grad) for a, b in zip(net.parameters(), ref.parameters()))
+
+
+class Hits(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(3, 3).to(D)
+        self.register_buffer("hits", torch.zeros(3, dtype=D))
+
+    def forward(self, x):
+        y = self.l(x)
+        self.hits.add_(y.detach().mean(0))
+        return (y * (1 + self.hits)).sum()
+
+
+@pytest.mark.parametrize("tip", ["default", "state=[tensor]", "buffers", "on_undeclared='declare'"])
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_every_fix_the_strict_refusal_names_gives_eagers_result(tip, preserve):
+    """Strict mode's UndeclaredStateError lists its fixes; each one, followed, gives eager's
+    gradients and buffers over three steps."""
+    torch.manual_seed(0)
+    ref = Hits()
+    got = copy.deepcopy(ref)
+    strict = copy.deepcopy(ref)
+    with pytest.raises(UndeclaredStateError) as info:
+        checkpoint(strict, torch.ones(2, 3, dtype=D), state=None, preserve=preserve)
+    text = str(info.value)
+    assert "leave state= at its default" in text and "state=[tensor_or_module]" in text
+    assert "state='buffers'" in text and "on_undeclared='declare'" in text
+    fixes = {"default": lambda m, x: checkpoint(m, x, preserve=preserve),
+             "state=[tensor]": lambda m, x: checkpoint(m, x, state=[m.hits], preserve=preserve),
+             "buffers": lambda m, x: StatefulCheckpoint(m, state="buffers", preserve=preserve)(x),
+             "on_undeclared='declare'": lambda m, x: checkpoint(m, x, state=None, on_undeclared="declare",
+                                                                preserve=preserve)}
+    _equal(_steps(ref, lambda m, x: m(x[:, :3])), _steps(got, lambda m, x: fixes[tip](m, x[:, :3])))

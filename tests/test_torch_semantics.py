@@ -201,7 +201,7 @@ class Counter(nn.Module):
 
 def test_undeclared_buffer_write_raises_naming_it():
     m = Counter()
-    with pytest.raises(UndeclaredStateError, match=r"buffer 'hits'.*Tip: declare it"):
+    with pytest.raises(UndeclaredStateError, match=r"buffer 'hits'.*Tip: leave state= at its default.*or declare it"):
         checkpoint(m, torch.randn(4, 3, requires_grad=True), state=None)
 
 

@@ -92,9 +92,11 @@ def undeclared_message(seg: Any, names: str, when: str, reachable: bool = True, 
         " (on_undeclared='declare' cannot help: the forward's scan does not reach this tensor; "
         "pass it as an argument, register it as a buffer, or declare it)")
     return (
-        f"{head} Tip: declare "
-        "it, e.g. checkpoint(fn, ..., state=[tensor_or_module]) or StatefulCheckpoint(block, "
-        f"state='buffers'){alt}."
+        f"{head} Tip: "
+        + ("leave state= at its default (state='auto' finds and preserves what the segment writes), or "
+           if reachable else "")
+        + "declare it, e.g. checkpoint(fn, ..., state=[tensor_or_module]) or "
+        f"StatefulCheckpoint(block, state='buffers'){alt}."
     )
 
 
