@@ -14,6 +14,7 @@ import contextlib
 import functools
 import sys
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -62,7 +63,7 @@ except (ImportError, AttributeError) as _exc:  # pragma: no cover - depends on t
 __all__ = [
     "CheckpointError", "DisableTorchFunction", "DisableTorchFunctionSubclass", "GraphExecGroup", "SavedTensor", "TorchDispatchMode",
     "as_eager_class", "torch_function_kind", "autocast_kwargs", "eager_only", "current_graph_id", "early_stop_override", "debug_override", "has_storage",
-    "in_foreign_recompute", "infer_device_type", "library_ops", "make_saved_tensor", "queue_backward_callback", "reset_versions",
+    "dtensor_local", "dtensor_of", "in_foreign_recompute", "infer_device_type", "is_dtensor", "library_ops", "make_saved_tensor", "queue_backward_callback", "reset_versions",
     "tree_flatten", "tree_unflatten", "is_traceable_wrapper_subclass",
 ]
 
@@ -197,6 +198,49 @@ def has_storage(t: torch.Tensor) -> bool:
     if t.layout != torch.strided or t.is_meta:
         return False
     return type(t) in PLAIN_TENSOR_TYPES or not is_traceable_wrapper_subclass(t)
+
+
+def is_dtensor(t: Any) -> bool:
+    """Is ``t`` a ``torch.distributed.tensor.DTensor``? (Looked up only once something imported
+    ``torch.distributed.tensor``: without it no tensor can be one, and nothing is loaded.)"""
+    mod = sys.modules.get("torch.distributed.tensor")
+    return mod is not None and isinstance(t, mod.DTensor)
+
+
+#: id(local shard) -> (weak local shard, weak DTensor): the DTensors whose shards the scan took.
+_SHARD_OWNERS: dict[int, tuple[Any, Any]] = {}
+
+
+def dtensor_local(t: Any) -> torch.Tensor | None:
+    """The local shard of a ``DTensor`` ``t`` (the plain tensor its bytes live in on this rank,
+    the very object the DTensor's in-place ops write), or None when ``t`` is not a DTensor.
+
+    A DTensor is a wrapper subclass without storage of its own: its state is its local shard,
+    which the scan reaches, the watch fingerprints and the preservers snapshot or journal. Its
+    ops run the shard's kernels inside the DTensor's dispatch, below ``__torch_function__`` and
+    without bumping the shard's version counter (the DTensor's own counter is bumped): so the
+    shard is remembered with its DTensor (:func:`dtensor_of`), which watches its writes."""
+    if not is_dtensor(t):
+        return None
+    local = getattr(t, "_local_tensor", None)
+    if not isinstance(local, torch.Tensor):  # pragma: no cover - another torch's layout
+        with torch.no_grad():
+            local = t.to_local()
+    known = _SHARD_OWNERS.get(id(local))
+    if known is None or known[0]() is not local or known[1]() is not t:
+        if len(_SHARD_OWNERS) > 4096:  # drop the dead
+            for k in [k for k, (a, b) in _SHARD_OWNERS.items() if a() is None or b() is None]:
+                del _SHARD_OWNERS[k]
+        _SHARD_OWNERS[id(local)] = (weakref.ref(local), weakref.ref(t))
+    return local
+
+
+def dtensor_of(local: torch.Tensor) -> torch.Tensor | None:
+    """The live ``DTensor`` whose local shard :func:`dtensor_local` found ``local`` to be, or None."""
+    known = _SHARD_OWNERS.get(id(local))
+    if known is None or known[0]() is not local:
+        return None
+    return known[1]()
 
 
 def in_functorch_transform() -> bool:
