@@ -80,19 +80,87 @@ def eager_only(fn: Callable[..., Any]) -> Callable[..., Any]:
     spawned rank), so it is applied on the first call made once ``torch._dynamo`` is loaded:
     before that nothing can be compiling. The wrapper itself is never traced (its frame is
     skipped, and callers that dynamo traces break the graph at it, as at a disabled function).
+
+    At a graph break of a model compiled with ``backend="inductor"`` whose random ops draw
+    inductor's own random numbers (``torch._inductor.config.fallback_random`` off, the default), a
+    segment that draws random numbers (dropout) is refused after its forward, before any
+    backward: eagerly it draws torch's, so its masks would differ silently from the model compiled
+    without the checkpoint (:func:`_refusing_eager_random`).
     """
     disabled: list[Callable[..., Any]] = []
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        return _refusing_eager_random(fn, args, kwargs)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         if not disabled:
             if "torch._dynamo" not in sys.modules:
                 return fn(*args, **kwargs)
-            disabled.append(torch.compiler.disable(fn, recursive=True))
+            disabled.extend(torch.compiler.disable(f, recursive=True) for f in (fn, checked))
+        if _inductor_draws_its_own():
+            return disabled[1](*args, **kwargs)
         return disabled[0](*args, **kwargs)
 
     call._torchdynamo_disable = True  # type: ignore[attr-defined]  # dynamo does not inline it
     return call
+
+
+def compiling_backend() -> str | None:
+    """Name of the ``torch.compile`` backend (``"inductor"``, ``"aot_eager"``, ...) whose compiled
+    frame is running the caller at a graph break, or None outside any compiled frame."""
+    get = getattr(_eval_frame, "get_eval_frame_callback", None)
+    cb = get() if get is not None else None
+    if cb is None or cb is False or not callable(cb):
+        return None
+    b = cb
+    for _ in range(6):  # CatchErrorsWrapper -> ConvertFrame -> the backend (wrapped for debugging)
+        b = getattr(b, "_torchdynamo_orig_backend", None)
+        if b is None:
+            return "unknown"
+        name = getattr(b, "compiler_name", None) or getattr(b, "__name__", None)
+        if isinstance(name, str):
+            return name
+    return "unknown"  # pragma: no cover - another torch's wrapping
+
+
+def _inductor_draws_its_own() -> bool:
+    """Is the caller run at a graph break of an inductor-compiled frame whose random ops draw
+    inductor's own random numbers (``torch._inductor.config.fallback_random`` off)?"""
+    if compiling_backend() != "inductor":
+        return False
+    config = sys.modules.get("torch._inductor.config")
+    return not (config is not None and config.fallback_random)
+
+
+def _rng_states() -> list[torch.Tensor]:
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states += torch.cuda.get_rng_state_all()
+    return states
+
+
+def _refusing_eager_random(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Run ``fn`` (a segment, eagerly at a graph break of an inductor-compiled model) and refuse
+    it if it drew random numbers: eagerly they come from torch's generator, where the same model
+    compiled without the checkpoint draws inductor's own (other dropout masks, other generator
+    states), a silent difference from the compiled model without checkpointing."""
+    before = _rng_states()
+    out = fn(*args, **kwargs)
+    after = _rng_states()
+    if len(before) != len(after) or any(not torch.equal(a, b) for a, b in zip(before, after)):
+        from ._errors import UnsupportedError
+
+        raise UnsupportedError(
+            f"stateremat.torch: {getattr(fn, '__qualname__', fn)!r} ran a checkpointed segment that draws random "
+            "numbers (dropout) inside a model compiled with torch.compile(backend='inductor'): the segment runs "
+            "eagerly at a graph break and draws torch's random numbers, where inductor draws its own for the "
+            "model compiled without the checkpoint, so dropout masks and the generator's state would differ "
+            "silently from it (expected no random op in the segment, or inductor drawing torch's random "
+            "numbers). Tip: set torch._inductor.config.fallback_random = True before compiling (inductor then "
+            "draws torch's random numbers: results equal the compiled model without checkpointing to "
+            "rounding), or compile with backend='aot_eager' (bitwise equal).")
+    return out
 
 
 def _skip_frames_of(fn: Callable[..., Any]) -> None:
@@ -102,6 +170,8 @@ def _skip_frames_of(fn: Callable[..., Any]) -> None:
 
 
 _skip_frames_of(eager_only(len))  # every eager_only wrapper shares this code object
+for _f in (compiling_backend, _inductor_draws_its_own):  # run at the graph break: never compiled
+    _skip_frames_of(_f)
 
 
 _DEFAULT_TORCH_FUNCTION = torch.Tensor.__torch_function__.__func__
