@@ -16,8 +16,10 @@ cannot be supported is refused at its first forward with an error naming the com
 fix, and the test asserts the refusal: ``inductor_rng`` (inductor drawing its own random numbers).
 
 One spawn per engine (``tests/_dist.py``), many cells per spawn, run on first use and shared by the
-engine's cells. Wall time: about 2 minutes on 2 cores; the Llama is compiled in two engines and
-inductor runs in two (``STATEREMAT_PARITY_FULL=1`` runs every cell of every engine, ~5 minutes).
+engine's cells. Every compile mode runs in every engine; to keep the wall time near 1.5 minutes on
+2 cores, the Llama is compiled (aot_eager) in two engines only and never under inductor, which
+runs the counter block everywhere and the BatchNorm block in ``single`` (``STATEREMAT_PARITY_FULL=1``
+runs every model under every compile mode in every engine: 66 cells, all pass, 2 min 16 s here).
 """
 from __future__ import annotations
 
@@ -85,4 +87,4 @@ def test_every_axis_is_covered():
     assert {c for _, _, c in cells} >= {"none", "aot_eager", "inductor", "inductor_rng"}
     for e in ENGINES:
         assert {m for e2, m, c in cells if e2 == e} == {"llama", "counter", "bn"}, e
-        assert {c for e2, m, c in cells if e2 == e} >= {"none", "aot_eager"}, e
+        assert {c for e2, m, c in cells if e2 == e} >= {"none", "aot_eager", "inductor"}, e
