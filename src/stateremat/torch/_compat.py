@@ -133,6 +133,10 @@ def _inductor_draws_its_own() -> bool:
     return not (config is not None and config.fallback_random)
 
 
+#: ``stateremat.torch.UnsupportedError``, registered by ``_errors`` (which imports this module).
+UNSUPPORTED: list[type[Exception]] = []
+
+
 def _rng_states() -> list[torch.Tensor]:
     states = [torch.get_rng_state()]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -149,9 +153,7 @@ def _refusing_eager_random(fn: Callable[..., Any], args: tuple, kwargs: dict) ->
     out = fn(*args, **kwargs)
     after = _rng_states()
     if len(before) != len(after) or any(not torch.equal(a, b) for a, b in zip(before, after)):
-        from ._errors import UnsupportedError
-
-        raise UnsupportedError(
+        raise UNSUPPORTED[0](
             f"stateremat.torch: {getattr(fn, '__qualname__', fn)!r} ran a checkpointed segment that draws random "
             "numbers (dropout) inside a model compiled with torch.compile(backend='inductor'): the segment runs "
             "eagerly at a graph break and draws torch's random numbers, where inductor draws its own for the "
