@@ -1,8 +1,9 @@
 """DTensor state on 2 gloo ranks, used by tests/test_torch_dtensor_state.py (``python this.py OUT``).
 
 Each cell trains, for :data:`STEPS` SGD steps in float64, a block whose ``DTensor`` buffer is read
-and written in forward (strided partial writes through the DTensor, one through its local shard), without checkpointing and with stateremat's checkpoint, and records whether
-losses, parameters and the buffer's local shards are bitwise equal. Sizes straddle the
+and written in forward (strided partial writes through the DTensor, one through its local shard),
+without checkpointing and with stateremat's checkpoint, and records whether losses, parameters
+and the buffer's local shards are bitwise equal. Sizes straddle the
 16 KiB small-storage threshold per rank (``region`` keeps small storages whole and journals the
 others). ``undeclared`` cells write a DTensor the segment does not declare (refused, naming it);
 ``outside`` cells write the declared DTensor between the forward and the backward, outside any

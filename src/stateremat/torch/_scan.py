@@ -16,9 +16,10 @@ way). Reachable ``torch.Generator`` objects are captured and replayed like the d
 generators (R3). Running statistics of reachable normalization layers in training are compared
 byte for byte, because ``native_batch_norm`` updates them without bumping a version.
 
-A ``DTensor`` (tensor parallelism's buffers, FSDP2's sharded parameters) has no storage of its
-own: it is declared, reached and watched through its local shard on each rank, which its
-in-place ops write (an undeclared write to one is named like any other).
+A ``DTensor`` buffer or state tensor (tensor parallelism's replicated or sharded state) has no
+storage of its own: it is declared, reached and watched through its local shard on each rank,
+which its in-place ops write (an undeclared write to one is named like any other). ``DTensor``
+parameters (FSDP2's sharded ones, tensor parallelism's) are left to their framework.
 
 Danger:
     Tensors reachable only through deeper object graphs (or past :data:`MAX_OBJECTS` objects),
@@ -454,7 +455,10 @@ def reach(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") -> R
         else:
             _add_value(r, a, f"keyword argument {k!r}", 0)
     if "torch.distributed.tensor" in sys.modules:  # a reached DTensor is watched through its local shard
-        r.tensors = {id(t): (n, t) for n, t in ((n, _local(t)) for n, t in r.tensors.values())}
+        # (DTensor parameters — FSDP2's sharded ones, tensor parallelism's — are the framework's to
+        # swap and write, see _framework: left out as before, like every tensor without storage)
+        shards = ((n, t if t.requires_grad else _local(t)) for n, t in r.tensors.values())
+        r.tensors = {id(t): (n, t) for n, t in shards}
         r.norm_stats = {id(t): (n, t) for n, t in ((n, _local(t)) for n, t in r.norm_stats.values())}
         r.norm_counters = [_local(t) for t in r.norm_counters]
     r.tensors = {i: v for i, v in r.tensors.items() if has_storage(v[1])}
