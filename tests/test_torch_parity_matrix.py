@@ -33,8 +33,28 @@ ENGINES = ("single", "ddp", "fsdp_inside", "fsdp_around", "tp")
 #: cell -> (exception type name, text the message must hold): refused up front, by design.
 REFUSED = {"inductor_rng": ("UnsupportedError", ("backend='inductor'", "fallback_random = True", "aot_eager"))}
 
-#: (engine, cell) -> reason: real bugs left open as strict xfails (none today).
-XFAIL: dict[tuple[str, str], str] = {}
+#: (engine, cell) -> (exception class, reason): real bugs left open as strict xfails (none today);
+#: a cell's recorded exception is raised again here as its own class (``_raise_recorded``).
+XFAIL: dict[tuple[str, str], tuple[type[BaseException], str]] = {}
+
+
+def _raise_recorded(r: dict) -> None:
+    """Raise the exception a worker cell recorded, as its own class where it can be found."""
+    import builtins
+
+    import torch._dynamo.exc as dynamo_exc
+
+    import stateremat.torch as srt
+
+    kind = r.get("error_type", "RuntimeError")
+    cls = getattr(srt, kind, None) or getattr(builtins, kind, None) or getattr(dynamo_exc, kind, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        cls = RuntimeError
+    try:
+        exc = cls(r["error"])
+    except Exception:  # noqa: BLE001 - a class that wants other arguments
+        exc = RuntimeError(f"{kind}: {r['error']}")
+    raise exc
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +75,8 @@ def _cells():
     for engine in ENGINES:
         for model, compile_, preserve in CELLS[engine]:
             name = f"{model}/{compile_}/{preserve}"
-            marks = [pytest.mark.xfail(strict=True, reason=XFAIL[(engine, name)])] if (engine, name) in XFAIL else []
+            bug = XFAIL.get((engine, name))
+            marks = [pytest.mark.xfail(strict=True, raises=bug[0], reason=bug[1])] if bug else []
             yield pytest.param(engine, name, id=f"{engine}-{name}", marks=marks)
 
 
@@ -70,7 +91,8 @@ def test_cell_equals_the_setup_without_checkpointing(matrix, engine, name):
             assert r.get("error_type") == kind, (rank, r)
             assert all(p in r["error_message"] for p in phrases), r["error_message"]
             continue
-        assert "error" not in r, f"{engine} rank {rank} {name}:\n{r.get('error')}"
+        if "error" in r:  # a crash (in backward, or anywhere): the cell's own exception
+            _raise_recorded(r)
         where = (engine, rank, name, r)
         assert r["rng_equal"], where  # the default generator's state after every step
         assert r["replays"] == 2 * STEPS, where  # each of the 2 checkpointed blocks/layers once per backward
