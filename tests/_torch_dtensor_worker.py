@@ -85,6 +85,16 @@ def _state_arg(model: nn.Module, declare: str):
     return "buffers" if declare == "buffers" else [model.state]
 
 
+def promoted(n: int, rank: int) -> dict:
+    """``on_undeclared="declare"``: the undeclared DTensor is snapshotted before its first write."""
+    mesh = _mesh()
+    ref, ours = Block(mesh, n, "shard"), Block(mesh, n, "shard")
+    ref_losses = _train(ref, None, rank)
+    losses = _train(ours, {"on_undeclared": "declare"}, rank)
+    pairs = list(zip(ref.parameters(), ours.parameters())) + list(zip(ref.buffers(), ours.buffers()))
+    return {"equal": all(bits_equal(a, b) for a, b in pairs), "losses_equal": losses == ref_losses}
+
+
 def declared(n: int, placement: str, preserve: str, declare: str, outside: str | None, rank: int) -> dict:
     from stateremat.torch import preservation_stats, reset_preservation_stats
 
@@ -123,6 +133,8 @@ def body(rank: int, world: int) -> dict:
     for n in (SIZES[0], SIZES[-1]):
         for extra_int in (False, True):
             rec[f"undeclared/{n}/{'int2d' if extra_int else 'float1d'}"] = cell(undeclared, n, extra_int, rank)
+    for n in (SIZES[0], SIZES[-1]):
+        rec[f"promoted/{n}"] = cell(promoted, n, rank)
     return rec
 
 

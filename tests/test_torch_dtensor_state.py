@@ -10,7 +10,8 @@ a written DTensor to its shard, and the DTensor's version is a witness of the jo
   journal of the written runs, smaller than a snapshot): exact;
 - written between the forward and the backward outside any segment: ``whole`` exact; ``region``
   refused as a journal gap (never silent), exact inside ``journal_writes()``;
-- written undeclared (a 1-D float and a 2-D integer DTensor, small and large): refused, naming it.
+- written undeclared (a 1-D float and a 2-D integer DTensor, small and large): refused, naming it;
+  under ``on_undeclared="declare"`` snapshotted before its first write, exact.
 """
 from __future__ import annotations
 
@@ -67,3 +68,12 @@ def test_undeclared_dtensor_written_in_forward_is_named(records):
                 r = rec[f"undeclared/{n}/{kind}"]
                 assert r.get("error_type") == "UndeclaredStateError", (n, kind, r)
                 assert name in r["error_message"], r["error_message"]
+
+
+@pytest.mark.dist
+def test_undeclared_dtensor_under_on_undeclared_declare_is_snapshotted_and_exact(records):
+    for rec in records:
+        for n in (SIZES[0], SIZES[-1]):
+            r = rec[f"promoted/{n}"]
+            assert "error" not in r, r.get("error")
+            assert r["equal"] and r["losses_equal"], (n, r)
