@@ -42,7 +42,7 @@ QUEUE = 256  # rows of the queue: 256 x 16 float64 = 32 KiB per rank
 #: a few minutes on 2 loaded cores, the Llama is compiled (9-40 s a cell) with aot_eager in ``single``
 #: and ``fsdp_around`` only and with inductor nowhere, the BatchNorm block with inductor in ``single``
 #: only; ``STATEREMAT_PARITY_FULL=1`` runs every model with every compile mode in every engine (all
-#: pass: 66 cells in 2 min 16 s here, inductor's cache warm).
+#: pass: 66 cells in 2 min 16 s to 4 min 26 s here, inductor's cache warm, by the load).
 FULL = os.environ.get("STATEREMAT_PARITY_FULL") == "1"
 _EAGER = [(m, "none", p) for m in ("llama", "counter", "bn") for p in ("whole", "region")]
 _AOT = [(m, "aot_eager", "region") for m in ("counter", "bn")]
