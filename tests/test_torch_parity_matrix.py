@@ -17,9 +17,10 @@ fix, and the test asserts the refusal: ``inductor_rng`` (inductor drawing its ow
 
 One spawn per engine (``tests/_dist.py``), many cells per spawn, run on first use and shared by the
 engine's cells. Every compile mode runs in every engine; to keep the wall time near 1.5 minutes on
-2 cores (2.8 with inductor's on-disk cache cold), the Llama is compiled (aot_eager) in two engines only and never under inductor, which
-runs the counter block everywhere and the BatchNorm block in ``single`` (``STATEREMAT_PARITY_FULL=1``
-runs every model under every compile mode in every engine: 66 cells, all pass, 2-4.5 min here).
+2 cores (2.8 with inductor's on-disk cache cold), the Llama is compiled (aot_eager) in two engines
+only and never under inductor, which runs the counter block everywhere and the BatchNorm block in
+``single`` (``STATEREMAT_PARITY_FULL=1`` runs every model under every compile mode in every
+engine: 66 cells, all pass, 2-4.5 min here).
 """
 from __future__ import annotations
 
