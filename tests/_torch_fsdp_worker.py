@@ -4,20 +4,15 @@ One spawn, many cells. Each cell trains, for 3 SGD steps in float64, an FSDP2 mo
 checkpointing and the same model with stateremat's checkpoint *around* sharded units (the replay
 runs with the parameters FSDP gathers at backward, see ``stateremat/torch/_framework.py``), and
 records whether every local parameter shard and every buffer is equal bit for bit, and the
-BatchNorm batch counters (updated once per step). Results go to ``OUT/rank<r>.json``.
+BatchNorm batch counters (updated once per step). Results go to ``OUT/rank<r>.json`` (``tests/_dist.py`` spawns the ranks).
 """
 from __future__ import annotations
 
 import functools
-import json
-import os
-import socket
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
@@ -25,6 +20,7 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
 )
 from torch.distributed.fsdp import fully_shard
 
+from _dist import bits_equal, cell, spawn_ranks
 from stateremat.torch import (
     apply_plan,
     checkpoint,
@@ -93,13 +89,6 @@ class Wrapped(nn.Module):
         return self.seq(x)
 
 
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if hasattr(a, "to_local"):
-        a, b = a.to_local(), b.to_local()
-    a, b = a.detach().reshape(-1), b.detach().reshape(-1)
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
-
-
 def _cell(cls: type, preserve: str, rank: int) -> dict:
     models = [cls(False, preserve), cls(True, preserve)]
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
@@ -116,7 +105,7 @@ def _cell(cls: type, preserve: str, rank: int) -> dict:
             losses.append(loss.item())
     ref, ours = models
     pairs = list(zip(ref.parameters(), ours.parameters())) + list(zip(ref.buffers(), ours.buffers()))
-    return {"equal": all(_bits_equal(a, b) for a, b in pairs), "n_tensors": len(pairs),
+    return {"equal": all(bits_equal(a, b) for a, b in pairs), "n_tensors": len(pairs),
             "losses_equal": losses[0::2] == losses[1::2], "replays": preservation_stats().recompute_count,
             "batches": [int(m.num_batches_tracked) for m in ours.modules() if isinstance(m, nn.BatchNorm1d)]}
 
@@ -153,35 +142,11 @@ def _profile(rank: int) -> dict:
 CELLS = {f"{cls.__name__.lower()}/{p}": (cls, p) for cls in (Around, Sequential, Wrapped) for p in ("whole", "region")}
 
 
-def worker(rank: int, world: int, port: int, out_dir: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), GLOO_SOCKET_IFNAME="lo")
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        rec = {}
-        for name, (cls, preserve) in CELLS.items():  # FSDP2 cells
-            try:
-                rec[name] = _cell(cls, preserve, rank)
-            except Exception:  # noqa: BLE001 - recorded for the test's message
-                rec[name] = {"error": traceback.format_exc()[-3000:]}
-        for name, fn in (("plans", _plans), ("profile", _profile)):
-            try:
-                rec[name] = fn(rank)
-            except Exception:  # noqa: BLE001 - recorded for the test's message
-                rec[name] = {"error": traceback.format_exc()[-3000:]}
-        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-            json.dump(rec, f)
-        dist.barrier()  # nobody tears down gloo while a peer still reads from it
-    finally:
-        dist.destroy_process_group()
-
-
-def main() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.spawn(worker, args=(2, port, sys.argv[1]), nprocs=2, join=True)
+def body(rank: int, world: int) -> dict:
+    rec = {name: cell(_cell, cls, preserve, rank) for name, (cls, preserve) in CELLS.items()}  # FSDP2 cells
+    rec.update((name, cell(fn, rank)) for name, fn in (("plans", _plans), ("profile", _profile)))
+    return rec
 
 
 if __name__ == "__main__":
-    main()
+    spawn_ranks(body, sys.argv[1])

@@ -50,6 +50,31 @@ def _frames() -> tuple:
 @pytest.mark.parametrize("preserve", ["region", "whole"])
 @pytest.mark.parametrize("wrap", ["module", "function"])
 def test_compiled_model_with_a_stateful_block_compiles_once_and_matches_eager(backend, preserve, wrap):
+    if backend == "inductor":  # the segment's dropout draws torch's random numbers: inductor must too
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(fallback_random=True):
+            return _compiles_once_and_matches_eager(backend, preserve, wrap)
+    return _compiles_once_and_matches_eager(backend, preserve, wrap)
+
+
+@pytest.mark.filterwarnings("ignore:The .grad attribute of a Tensor that is not a leaf")
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_inductor_drawing_its_own_random_numbers_refuses_a_segment_with_dropout():
+    # eagerly (at the graph break) the segment would draw torch's masks where the model compiled
+    # without the checkpoint draws inductor's: refused at the first forward, naming the fix
+    from stateremat.torch import UnsupportedError
+
+    torch._dynamo.reset()
+    _, net, block = _models("region", "function")
+    compiled = torch.compile(net, backend="inductor")
+    x = torch.randn(4, 8, dtype=D)
+    with pytest.raises(UnsupportedError, match=r"backend='inductor'.*fallback_random = True"):
+        compiled(x)
+    assert int(block[1].num_batches_tracked) == 1  # refused after that forward, before any backward
+
+
+def _compiles_once_and_matches_eager(backend, preserve, wrap):
     torch._dynamo.reset()
     ref, net, block = _models(preserve, wrap)
     compiled = torch.compile(net, backend=backend)

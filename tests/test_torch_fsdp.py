@@ -2,31 +2,15 @@
 against the unchecked model) and one plan for every rank (profile agrees; apply_plan refuses differing plans)."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from _dist import run_ranks
 
 
 @pytest.mark.dist
 def test_fsdp2_around_units_and_one_plan_for_every_rank(tmp_path):
-    script = Path(__file__).with_name("_torch_fsdp_worker.py")
-    env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-    errors = []
-    for attempt in range(2):  # one retry: gloo's loopback set-up/tear-down aborts rarely, outside our code
-        out = tmp_path / f"attempt{attempt}"
-        out.mkdir()
-        proc = subprocess.run([sys.executable, str(script), str(out)], env=env, capture_output=True,
-                              text=True, timeout=120)
-        if proc.returncode == 0:
-            break
-        errors.append(proc.stderr[-3000:])
-    assert proc.returncode == 0, "\n---\n".join(errors)
-    for rank in (0, 1):
-        rec = json.loads((out / f"rank{rank}.json").read_text())
+    records = run_ranks("_torch_fsdp_worker.py", tmp_path, timeout=120)
+    for rank, rec in enumerate(records):
         plans, card = rec.pop("plans"), rec.pop("profile")
         assert set(rec) == {f"{c}/{p}" for c in ("around", "sequential", "wrapped") for p in ("whole", "region")}
         assert "error" not in plans and "error" not in card, (plans.get("error"), card.get("error"))

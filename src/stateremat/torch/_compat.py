@@ -14,6 +14,7 @@ import contextlib
 import functools
 import sys
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -62,7 +63,7 @@ except (ImportError, AttributeError) as _exc:  # pragma: no cover - depends on t
 __all__ = [
     "CheckpointError", "DisableTorchFunction", "DisableTorchFunctionSubclass", "GraphExecGroup", "SavedTensor", "TorchDispatchMode",
     "as_eager_class", "torch_function_kind", "autocast_kwargs", "eager_only", "current_graph_id", "early_stop_override", "debug_override", "has_storage",
-    "in_foreign_recompute", "infer_device_type", "library_ops", "make_saved_tensor", "queue_backward_callback", "reset_versions",
+    "dtensor_local", "dtensor_of", "in_foreign_recompute", "infer_device_type", "is_dtensor", "library_ops", "make_saved_tensor", "queue_backward_callback", "reset_versions",
     "tree_flatten", "tree_unflatten", "is_traceable_wrapper_subclass",
 ]
 
@@ -79,19 +80,89 @@ def eager_only(fn: Callable[..., Any]) -> Callable[..., Any]:
     spawned rank), so it is applied on the first call made once ``torch._dynamo`` is loaded:
     before that nothing can be compiling. The wrapper itself is never traced (its frame is
     skipped, and callers that dynamo traces break the graph at it, as at a disabled function).
+
+    At a graph break of a model compiled with ``backend="inductor"`` whose random ops draw
+    inductor's own random numbers (``torch._inductor.config.fallback_random`` off, the default), a
+    segment that draws random numbers (dropout) is refused after its forward, before any
+    backward: eagerly it draws torch's, so its masks would differ silently from the model compiled
+    without the checkpoint (:func:`_refusing_eager_random`).
     """
     disabled: list[Callable[..., Any]] = []
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        return _refusing_eager_random(fn, args, kwargs)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         if not disabled:
             if "torch._dynamo" not in sys.modules:
                 return fn(*args, **kwargs)
-            disabled.append(torch.compiler.disable(fn, recursive=True))
+            disabled.extend(torch.compiler.disable(f, recursive=True) for f in (fn, checked))
+        if _inductor_draws_its_own():
+            return disabled[1](*args, **kwargs)
         return disabled[0](*args, **kwargs)
 
     call._torchdynamo_disable = True  # type: ignore[attr-defined]  # dynamo does not inline it
     return call
+
+
+def compiling_backend() -> str | None:
+    """Name of the ``torch.compile`` backend (``"inductor"``, ``"aot_eager"``, ...) whose compiled
+    frame is running the caller at a graph break, or None outside any compiled frame."""
+    get = getattr(_eval_frame, "get_eval_frame_callback", None)
+    cb = get() if get is not None else None
+    if cb is None or cb is False or not callable(cb):
+        return None
+    b = cb
+    for _ in range(6):  # CatchErrorsWrapper -> ConvertFrame -> the backend (wrapped for debugging)
+        b = getattr(b, "_torchdynamo_orig_backend", None)
+        if b is None:
+            return "unknown"
+        name = getattr(b, "compiler_name", None) or getattr(b, "__name__", None)
+        if isinstance(name, str):
+            return name
+    return "unknown"  # pragma: no cover - another torch's wrapping
+
+
+def _inductor_draws_its_own() -> bool:
+    """Is the caller run at a graph break of an inductor-compiled frame whose random ops draw
+    inductor's own random numbers (``torch._inductor.config.fallback_random`` off)?"""
+    if compiling_backend() != "inductor":
+        return False
+    config = sys.modules.get("torch._inductor.config")
+    return not (config is not None and config.fallback_random)
+
+
+#: ``stateremat.torch.UnsupportedError``, registered by ``_errors`` (which imports this module).
+UNSUPPORTED: list[type[Exception]] = []
+
+
+def _rng_states() -> list[torch.Tensor]:
+    states = [torch.get_rng_state()]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states += torch.cuda.get_rng_state_all()
+    return states
+
+
+def _refusing_eager_random(fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Run ``fn`` (a segment, eagerly at a graph break of an inductor-compiled model) and refuse
+    it if it drew random numbers: eagerly they come from torch's generator, where the same model
+    compiled without the checkpoint draws inductor's own (other dropout masks, other generator
+    states), a silent difference from the compiled model without checkpointing."""
+    before = _rng_states()
+    out = fn(*args, **kwargs)
+    after = _rng_states()
+    if len(before) != len(after) or any(not torch.equal(a, b) for a, b in zip(before, after)):
+        raise UNSUPPORTED[0](
+            f"stateremat.torch: {getattr(fn, '__qualname__', fn)!r} ran a checkpointed segment that draws random "
+            "numbers (dropout) inside a model compiled with torch.compile(backend='inductor'): the segment runs "
+            "eagerly at a graph break and draws torch's random numbers, where inductor draws its own for the "
+            "model compiled without the checkpoint, so dropout masks and the generator's state would differ "
+            "silently from it (expected no random op in the segment, or inductor drawing torch's random "
+            "numbers). Tip: set torch._inductor.config.fallback_random = True before compiling (inductor then "
+            "draws torch's random numbers: results equal the compiled model without checkpointing to "
+            "rounding), or compile with backend='aot_eager' (bitwise equal).")
+    return out
 
 
 def _skip_frames_of(fn: Callable[..., Any]) -> None:
@@ -101,6 +172,8 @@ def _skip_frames_of(fn: Callable[..., Any]) -> None:
 
 
 _skip_frames_of(eager_only(len))  # every eager_only wrapper shares this code object
+for _f in (compiling_backend, _inductor_draws_its_own):  # run at the graph break: never compiled
+    _skip_frames_of(_f)
 
 
 _DEFAULT_TORCH_FUNCTION = torch.Tensor.__torch_function__.__func__
@@ -197,6 +270,49 @@ def has_storage(t: torch.Tensor) -> bool:
     if t.layout != torch.strided or t.is_meta:
         return False
     return type(t) in PLAIN_TENSOR_TYPES or not is_traceable_wrapper_subclass(t)
+
+
+def is_dtensor(t: Any) -> bool:
+    """Is ``t`` a ``torch.distributed.tensor.DTensor``? (Looked up only once something imported
+    ``torch.distributed.tensor``: without it no tensor can be one, and nothing is loaded.)"""
+    mod = sys.modules.get("torch.distributed.tensor")
+    return mod is not None and isinstance(t, mod.DTensor)
+
+
+#: id(local shard) -> (weak local shard, weak DTensor): the DTensors whose shards the scan took.
+_SHARD_OWNERS: dict[int, tuple[Any, Any]] = {}
+
+
+def dtensor_local(t: Any) -> torch.Tensor | None:
+    """The local shard of a ``DTensor`` ``t`` (the plain tensor its bytes live in on this rank,
+    the very object the DTensor's in-place ops write), or None when ``t`` is not a DTensor.
+
+    A DTensor is a wrapper subclass without storage of its own: its state is its local shard,
+    which the scan reaches, the watch fingerprints and the preservers snapshot or journal. Its
+    ops run the shard's kernels inside the DTensor's dispatch, below ``__torch_function__`` and
+    without bumping the shard's version counter (the DTensor's own counter is bumped): so the
+    shard is remembered with its DTensor (:func:`dtensor_of`), which watches its writes."""
+    if not is_dtensor(t):
+        return None
+    local = getattr(t, "_local_tensor", None)
+    if not isinstance(local, torch.Tensor):  # pragma: no cover - another torch's layout
+        with torch.no_grad():
+            local = t.to_local()
+    known = _SHARD_OWNERS.get(id(local))
+    if known is None or known[0]() is not local or known[1]() is not t:
+        if len(_SHARD_OWNERS) > 4096:  # drop the dead
+            for k in [k for k, (a, b) in _SHARD_OWNERS.items() if a() is None or b() is None]:
+                del _SHARD_OWNERS[k]
+        _SHARD_OWNERS[id(local)] = (weakref.ref(local), weakref.ref(t))
+    return local
+
+
+def dtensor_of(local: torch.Tensor) -> torch.Tensor | None:
+    """The live ``DTensor`` whose local shard :func:`dtensor_local` found ``local`` to be, or None."""
+    known = _SHARD_OWNERS.get(id(local))
+    if known is None or known[0]() is not local:
+        return None
+    return known[1]()
 
 
 def in_functorch_transform() -> bool:

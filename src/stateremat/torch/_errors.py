@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from stateremat import contract
 
+from . import _compat
 from ._compat import CheckpointError
 
 
@@ -24,3 +25,6 @@ class ReplayDivergenceError(contract.ReplayDivergenceError, ReplayError):
 
 class UnsupportedError(contract.UnsupportedError, ReplayError):
     """Declared state outside the supported domain (R8)."""
+
+
+_compat.UNSUPPORTED.append(UnsupportedError)  # what _compat's refusals raise (it sits below this module)

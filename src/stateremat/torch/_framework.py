@@ -21,13 +21,9 @@ once something imported it; without it no tensor can be a ``DTensor``).
 """
 from __future__ import annotations
 
-import sys
 from typing import Any
 
-
-def _is_dtensor(t: Any) -> bool:
-    mod = sys.modules.get("torch.distributed.tensor")
-    return mod is not None and isinstance(t, mod.DTensor)
+from ._compat import is_dtensor as _is_dtensor
 
 
 def framework_swap(table: str, before: Any, after: Any) -> bool:

@@ -28,6 +28,7 @@ from ._compat import (
     PLAIN_TENSOR_TYPES,
     DisableTorchFunctionSubclass,
     as_eager_class,
+    dtensor_of,
     eager_only,
     has_storage,
     torch_function_kind,
@@ -245,6 +246,14 @@ def mark_tensor(t: torch.Tensor, st: Any) -> bool:
         UnsupportedError: ``t`` is already marked for another runtime's storage (the same
             tensor declared by segments running on two threads).
     """
+    wrapper = dtensor_of(t)
+    if wrapper is not None:
+        # A DTensor's local shard: the DTensor's dispatch writes it below __torch_function__ and
+        # bumps only the DTensor's version. Not markable: its writes are watched by StrictMode
+        # (which maps a written DTensor to its shard), and the DTensor's version is a witness (an
+        # unseen write is a gap, R8).
+        st.add_witness(wrapper, st.names.get(id(t), st.name()))
+        return False
     cls = type(t)
     if cls in _BASE_OF:
         owner = _OWNER.get(id(t))

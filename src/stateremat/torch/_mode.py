@@ -21,6 +21,7 @@ Danger:
 """
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -28,7 +29,7 @@ import torch
 
 from stateremat.contract import rule
 
-from ._compat import TorchDispatchMode, has_storage, in_foreign_recompute
+from ._compat import TorchDispatchMode, dtensor_local, has_storage, in_foreign_recompute
 from ._errors import ReplayError
 from ._preserve import PRESERVERS, Preserver
 from ._runtime import DeclaredStorage, Runtime, runtime
@@ -137,7 +138,16 @@ def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
             out.append(v)
         elif is_list and v is not None:
             out.extend(x for x in v if isinstance(x, torch.Tensor))
+    if "torch.distributed.tensor" in sys.modules:
+        out = [_shard(t) for t in out]
     return [t for t in out if has_storage(t) and t.numel() > 0]
+
+
+def _shard(t: torch.Tensor) -> torch.Tensor:
+    """``t``, or the local shard a written ``DTensor`` (view) writes: a mode sees the DTensor-level
+    op, and the DTensor's dispatch then runs it on the shard, out of any mode's and handler's sight."""
+    local = dtensor_local(t)
+    return t if local is None else local
 
 
 #: Calls whose writes are known at the ``__torch_function__`` level: ``Tensor`` methods that write
@@ -364,6 +374,9 @@ class StrictMode(TorchDispatchMode):
 
     def _record_one(self, t: torch.Tensor, args: tuple) -> None:
         # Keys are raw storage addresses (host and device allocations do not share addresses).
+        if "torch.distributed.tensor" in sys.modules:  # a DTensor made in the replay: its shard is new
+            t = _shard(t)
+            args = tuple(_shard(a) if isinstance(a, torch.Tensor) else a for a in args)
         if not has_storage(t):
             return
         ptr = t.untyped_storage().data_ptr()

@@ -16,6 +16,11 @@ way). Reachable ``torch.Generator`` objects are captured and replayed like the d
 generators (R3). Running statistics of reachable normalization layers in training are compared
 byte for byte, because ``native_batch_norm`` updates them without bumping a version.
 
+A ``DTensor`` buffer or state tensor (tensor parallelism's replicated or sharded state) has no
+storage of its own: it is declared, reached and watched through its local shard on each rank,
+which its in-place ops write (an undeclared write to one is named like any other). ``DTensor``
+parameters (FSDP2's sharded ones, tensor parallelism's) are left to their framework.
+
 Danger:
     Tensors reachable only through deeper object graphs (or past :data:`MAX_OBJECTS` objects),
     or through objects and functions of the standard library (other than ``SimpleNamespace``),
@@ -33,7 +38,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from ._compat import has_storage, tree_flatten
+from ._compat import dtensor_local, has_storage, tree_flatten
 from ._validate import check_nesting, check_state_tensor
 
 #: Levels of plain containers / objects followed from a captured value or module attribute.
@@ -160,6 +165,14 @@ class Declared:
         return bool(self.tensors or self.generators or self.modules)
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose bytes hold ``t``'s state: ``t`` itself, or a ``DTensor``'s local shard
+    (a wrapper without storage of its own; its in-place ops write the shard). A declared DTensor
+    is preserved, and a reached one watched, through its shard on each rank."""
+    local = dtensor_local(t)
+    return t if local is None else local
+
+
 def resolve_state(state: Any, root: nn.Module | None, prefix: str = "",
                   api: str = "stateremat.torch.checkpoint") -> Declared:
     """Flatten ``state=`` into a :class:`Declared`; a module contributes all its buffers.
@@ -177,6 +190,7 @@ def resolve_state(state: Any, root: nn.Module | None, prefix: str = "",
             return
         if isinstance(obj, torch.Tensor):
             check_state_tensor(obj, where, api)
+            obj = _local(obj)
             out.tensors.append((where, obj, id(obj)))
         elif isinstance(obj, torch.Generator):
             out.generators.append((where, obj))
@@ -187,7 +201,7 @@ def resolve_state(state: Any, root: nn.Module | None, prefix: str = "",
             for bname, b in obj.named_buffers():
                 if b.is_nested:  # (the other kinds are refused as the forward begins)
                     check_state_tensor(b, f"{base}.{bname}" if base else bname, api)
-                out.tensors.append((f"{base}.{bname}" if base else bname, b, id(obj)))
+                out.tensors.append((f"{base}.{bname}" if base else bname, _local(b), id(obj)))
         elif isinstance(obj, (list, tuple)):
             check_nesting(obj, len(above), above, api, "state=")
             above.append(id(obj))
@@ -452,6 +466,13 @@ def reach(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") -> R
             r.tensors.setdefault(id(a), (f"keyword argument {k!r}", a))
         else:
             _add_value(r, a, f"keyword argument {k!r}", 0)
+    if "torch.distributed.tensor" in sys.modules:  # a reached DTensor is watched through its local shard
+        # (DTensor parameters — FSDP2's sharded ones, tensor parallelism's — are the framework's to
+        # swap and write, see _framework: left out as before, like every tensor without storage)
+        shards = ((n, t if t.requires_grad else _local(t)) for n, t in r.tensors.values())
+        r.tensors = {id(t): (n, t) for n, t in shards}
+        r.norm_stats = {id(t): (n, t) for n, t in ((n, _local(t)) for n, t in r.norm_stats.values())}
+        r.norm_counters = [_local(t) for t in r.norm_counters]
     r.tensors = {i: v for i, v in r.tensors.items() if has_storage(v[1])}
     return r
 
