@@ -10,6 +10,7 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import sys
 import textwrap
 from pathlib import Path
@@ -43,6 +44,8 @@ FAKE_WORKER = textwrap.dedent('''
         if marker and p == 1 and not os.path.exists(marker):
             open(marker, "w").close()
             os.kill(os.getpid(), signal.SIGKILL)  # a crashed process: no rows
+        if os.environ.get("FAKE_STOP_PARENT") and p == 0:
+            os.kill(os.getppid(), int(os.environ["FAKE_STOP_PARENT"]))  # Ctrl-C / SIGTERM to the runner
         rows = []
         for m in methods:
             for s in range(steps):
@@ -281,3 +284,29 @@ def test_report_refuses_a_sidecar_without_config(tmp_path):
     res = CliRunner().invoke(app, ["report", str(tmp_path)])
     # report judges every sidecar the same way first: no run config, nothing can be checked (exit 2)
     assert res.exit_code == 2 and "holds no run config" in (res.output + str(res.exception))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_in_process_run_re_raises_a_stop_and_gives_the_hosts_handlers_back(tmp_path, fake, monkeypatch, signum):
+    """issue 27 item 6: called as a library, a stop signal is not swallowed (CohortStopped, a
+    KeyboardInterrupt, carries the summary) and the host's own handlers are back afterwards."""
+    from stateremat.paper.cohort import CohortStopped
+
+    seen = []
+    host = lambda s, f: seen.append(s)  # noqa: E731  the host program's own handler
+    old = {s: signal.signal(s, host) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        monkeypatch.setenv("FAKE_STOP_PARENT", str(int(signum)))
+        with pytest.raises(CohortStopped) as info:
+            _run(tmp_path / "run", fake, 1, jobs=1)
+        assert isinstance(info.value, KeyboardInterrupt) and info.value.signum == signum
+        assert info.value.summary["interrupted"] == signal.Signals(signum).name
+        assert signal.getsignal(signal.SIGINT) is host and signal.getsignal(signal.SIGTERM) is host
+        os.kill(os.getpid(), signum)  # the host's handler runs again
+        assert seen == [signum]
+        monkeypatch.delenv("FAKE_STOP_PARENT")
+        res = _run(tmp_path / "run", fake, 1, jobs=1)  # the rerun resumes
+        assert res["interrupted"] is None and res["already_done"] + res["ok"] == 1
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -99,7 +99,8 @@ def processes(
         res = run_process_cohort(out, experiment, n_processes, preset=preset, warmups=warmups,
                                  steps=steps, jobs=jobs, threads=threads, dask_address=dask,
                                  seed=seed, device=device, timeout_s=timeout_s,
-                                 profile_dir=profile, budget_bytes=budget_bytes, progress=bar)
+                                 profile_dir=profile, budget_bytes=budget_bytes, progress=bar,
+                                 on_stop="return")
     typer.echo(f"cohort {experiment}: {res['already_done']} processes already done, ran "
                f"{res['ran']}, ok {res['ok']}, failed {len(res['failed'])} -> {out}")
     if res["interrupted"]:

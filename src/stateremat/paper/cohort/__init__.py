@@ -8,7 +8,7 @@ from ._process_cohort import (
     prespecified_comparisons as prespecified_comparisons,
     run_process_cohort as run_process_cohort,
 )
-from ._launch import check_dask_address as check_dask_address, run_one_process as run_one_process
+from ._launch import CohortStopped as CohortStopped, check_dask_address as check_dask_address, run_one_process as run_one_process
 from ._process_worker import (
     EXPERIMENTS as EXPERIMENTS,
     method_order as method_order,
@@ -16,7 +16,7 @@ from ._process_worker import (
 )
 
 __all__ = [
-    "EXPERIMENTS", "PRESPECIFIED", "STATUS_TABLE", "TIMING_TABLE", "check_dask_address",
+    "CohortStopped", "EXPERIMENTS", "PRESPECIFIED", "STATUS_TABLE", "TIMING_TABLE", "check_dask_address",
     "cohort_config",
     "freeze_profiles", "method_order", "prespecified_comparisons", "run_one_process",
     "run_process_cohort", "worker_main",

@@ -138,14 +138,39 @@ def _check_handshake(body: bytes) -> None:
         raise _NotDask(f"its handshake is a {type(msg).__name__}, not a dict")
 
 
+class CohortStopped(KeyboardInterrupt):
+    """A stop signal ended an in-process cohort run: what finished is kept on disk.
+
+    A ``KeyboardInterrupt`` (a generic ``except Exception`` does not swallow it), raised after the
+    host's own signal handlers are back.
+
+    Attributes:
+        signum: the signal (``signal.SIGINT``, ``SIGTERM`` or ``SIGHUP``).
+        summary: the run's summary dict (as :func:`run_process_cohort` returns it).
+    """
+
+    def __init__(self, signum: int, summary: dict[str, Any]) -> None:
+        super().__init__(f"cohort run stopped by {signal.Signals(signum).name}; the rows of finished "
+                         f"processes are kept in {summary.get('out_dir')} (rerun to resume)")
+        self.signum = signum
+        self.summary = summary
+
+
 class StopRequest:
     """While active (a ``with`` block in the main thread), SIGINT/SIGTERM/SIGHUP set
-    :attr:`signum` instead of interrupting; a second SIGINT raises ``KeyboardInterrupt``."""
+    :attr:`signum` instead of interrupting; a second SIGINT raises ``KeyboardInterrupt``.
+
+    Args:
+        restore: put the host's handlers back on exit even after a stop (a library call that
+            re-raises it); by default a stop leaves the stop signals ignored (the command reports
+            and exits, uninterrupted).
+    """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
-    def __init__(self) -> None:
+    def __init__(self, restore: bool = False) -> None:
         self.signum: int | None = None
+        self.restore = restore
         self._old: dict[int, Any] = {}
 
     @property
@@ -166,7 +191,9 @@ class StopRequest:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.signum is not None or exc[0] is not None:
+        if self.restore:
+            restore_stop_handlers(self._old)
+        elif self.signum is not None or exc[0] is not None:
             ignore_stop_signals()  # stopping: the caller reports and exits, uninterrupted
         else:
             restore_stop_handlers(self._old)

@@ -49,7 +49,7 @@ from ..._shared.io import source_hash
 from .. import Progress, as_progress
 from ..records import RecordStore
 from ..records import TEMP_DIR, check_resumable, lock_run
-from ._launch import StopRequest, check_dask_address, dask_results, local_results
+from ._launch import CohortStopped, StopRequest, check_dask_address, dask_results, local_results
 from ._process_worker import EXPERIMENTS, method_order as method_order, worker_main as worker_main
 
 TIMING_TABLE = "cohort_timing"
@@ -255,7 +255,7 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
                        worker_cmd: Sequence[str] | None = None,
                        spec_fn: Callable[[str, str], Any] | None = None,
                        budget_bytes: int | None = None,
-                       progress: Progress | None = None) -> dict[str, Any]:
+                       progress: Progress | None = None, on_stop: str = "raise") -> dict[str, Any]:
     """Run (or resume) an independent-process cohort into ``out_dir``.
 
     Args:
@@ -290,11 +290,15 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
             frozen card, recorded in the config the same way.
         progress: where to report finished processes (``stateremat.paper.cli.progress_bar``);
             None: nowhere.
+        on_stop: after a stop signal (everything finished kept): ``"raise"``
+            :class:`~._launch.CohortStopped` with the host's signal handlers back (a library
+            call), or ``"return"`` the summary with ``"interrupted"`` set and the stop signals left
+            ignored (the command, which reports and exits).
 
     Returns:
         ``{"out_dir", "processes", "already_done", "ran", "ok", "failed": [process ids],
         "interrupted": signal name or None, "stopped": [process ids stopped by it],
-        "not_started": count}`` (a stop by a signal returns, with everything finished kept).
+        "not_started": count}``.
 
     Raises:
         ValueError: on an unknown experiment, ``processes < 1``, or a ``dask_address`` that
@@ -328,7 +332,10 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         jobs = 1 if device.startswith("cuda") else max(1, (os.cpu_count() or 1) // (threads or 1))
     task = as_progress(progress, "run_process_cohort").task(f"cohort {experiment}: processes",
                                                             total=len(tasks))
-    with StopRequest() as stop:
+    if on_stop not in ("raise", "return"):
+        raise ValueError(f"run_process_cohort: on_stop must be 'raise' or 'return', got {on_stop!r}. "
+                         "Tip: 'raise' (default) re-raises a stop as CohortStopped.")
+    with StopRequest(restore=on_stop == "raise") as stop:
         results = (dask_results(tasks, dask_address, worker_cmd, timeout_s, cards, threads, stop)
                    if dask_address else
                    local_results(tasks, jobs, Path(out_dir) / TEMP_DIR / "cohort", worker_cmd,
@@ -337,10 +344,13 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
                                        "dask" if dask_address else "local", task)
     shutil.rmtree(Path(out_dir) / TEMP_DIR, ignore_errors=True)  # every work folder collected
     signame = None if stop.signum is None else signal.Signals(stop.signum).name
-    return {"out_dir": str(out_dir), "processes": int(processes), "already_done": len(done),
-            "ran": ok + len(failed) + len(stopped), "ok": ok, "failed": sorted(failed),
-            "interrupted": signame, "stopped": sorted(stopped),
-            "not_started": len(tasks) - ok - len(failed) - len(stopped)}
+    summary = {"out_dir": str(out_dir), "processes": int(processes), "already_done": len(done),
+               "ran": ok + len(failed) + len(stopped), "ok": ok, "failed": sorted(failed),
+               "interrupted": signame, "stopped": sorted(stopped),
+               "not_started": len(tasks) - ok - len(failed) - len(stopped)}
+    if stop.signum is not None and on_stop == "raise":
+        raise CohortStopped(stop.signum, summary)
+    return summary
 
 
 def _check_request(experiment: str, processes: int, dask_address: Any) -> None:
