@@ -171,7 +171,8 @@ def chain_parts(card: ProfileCard) -> tuple[int, int]:
         return v
 
     base = get("first_segment_entry_bytes", card.persistent_bytes)
-    outside = max(get("before_first_segment_peak_bytes", 0), get("after_backward_peak_bytes", 0))
+    outside = max(get("before_first_segment_peak_bytes", 0), get("after_backward_peak_bytes", 0),
+                  get("before_first_segment_backward_peak_bytes", 0))  # the stem's backward
     return base, outside
 
 

@@ -322,7 +322,8 @@ def _card(model: nn.Module, names: list[str], option_names: list[str], mem: dict
     entry = max(c.entry_bytes for c in runs)
     q_floor = max(min(c.options[o].temp_bytes for o in c.options) for c in cards)
     r_floor = sum(min(c.options[o].retained_bytes for o in c.options) for c in cards)
-    outside = max(c.pre_peak_bytes for c in runs), max(c.post_peak_bytes for c in runs)
+    outside = (max(c.pre_peak_bytes for c in runs), max(c.post_peak_bytes for c in runs),
+               max(c.pre_backward_peak_bytes for c in runs))
     allowance = max(0, *(p - entry - r_floor - q_floor for p in outside))
     dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in model.parameters()})
     meta = {
@@ -337,7 +338,8 @@ def _card(model: nn.Module, names: list[str], option_names: list[str], mem: dict
         "persistent": {"step_start_bytes": base, "first_segment_entry_bytes": entry,
                        "outside_peak_allowance_bytes": allowance, "head_bytes": head,
                        "head_rule": "the last segment's temp_bytes include the head and loss (head_bytes)",
-                       "before_first_segment_peak_bytes": outside[0], "after_backward_peak_bytes": outside[1]},
+                       "before_first_segment_peak_bytes": outside[0], "after_backward_peak_bytes": outside[1],
+                       "before_first_segment_backward_peak_bytes": outside[2]},
         "measured_step_peak_bytes": {o: c.peak_bytes for o, c in mem.items()},
         "segments_rule": "in-context: every segment under one option per measured step; segments in the order "
                          "the step first runs them",

@@ -15,8 +15,10 @@ optimizer state, the batch), ``entry`` (live at the first segment's entry: ``bas
 part before it holds, such as stem activations, minus what the step freed first, such as
 gradients set to ``None``), and the peaks of the part before the first segment (``pre_peak``),
 of the head and loss between the last forward exit and the first backward (``head`` above the
-live bytes at that exit) and of the rest of the step after the last segment's backward
-(``post_peak``: the stem's backward, the optimizer step).
+live bytes at that exit), of the backward of the part before the first segment
+(``pre_backward_peak``: from the last segment backward's end to the backward's end — the stem's
+backward, with its activations and gradients) and of the rest of the step after the backward
+(``post_peak``: the optimizer step).
 """
 from __future__ import annotations
 
@@ -51,6 +53,7 @@ class StepCosts:
     head_bytes: int
     post_peak_bytes: int
     peak_bytes: int
+    pre_backward_peak_bytes: int = 0
     preserved_at_backward_bytes: int = 0  # held for preservation when the backward starts
 
 
@@ -91,11 +94,14 @@ def read_timeline(events: list[Event], n: int) -> StepCosts:
     bwd = [k for k, e in enumerate(events) if e.kind in ("bwd_start", "bwd_end", "bwd_done")]
     first_bwd = bwd[0] if bwd else end
     last_bwd = bwd[-1] if bwd else end  # bwd_done when torch reports the backward's end
+    seg_ends = [last[("bwd_end", i)] for i in range(n) if ("bwd_end", i) in last]
+    segs_done = max(seg_ends) if seg_ends else last_bwd
     base = events[0].live_bytes
     return StepCosts(
         segments=segs, base_bytes=base, entry_bytes=events[enter0].live_bytes,
         pre_peak_bytes=_peak(events, 0, enter0),
         head_bytes=max(0, _peak(events, last_exit, first_bwd) - events[last_exit].live_bytes),
         post_peak_bytes=_peak(events, last_bwd, end),
+        pre_backward_peak_bytes=_peak(events, segs_done, last_bwd) if segs_done < last_bwd else 0,
         peak_bytes=max(e.peak_bytes for e in events),
         preserved_at_backward_bytes=events[first_bwd].preserved_bytes)
