@@ -37,7 +37,8 @@ from pathlib import Path
 import torch
 import torch.utils.checkpoint as tuc
 
-from stateremat.contract import format_bytes, loadavg
+from stateremat._shared.io import loadavg
+from stateremat.contract import format_bytes
 from stateremat.planner import plan
 from stateremat.torch import PeakMemory, apply_plan, auto_checkpoint, expected_peak_bytes
 

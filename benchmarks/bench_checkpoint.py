@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint as tuc
 from torch import nn
 
-from stateremat.contract import loadavg
+from stateremat._shared.io import loadavg
 from stateremat.torch import checkpoint, preservation_stats, reset_preservation_stats
 
 

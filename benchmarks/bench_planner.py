@@ -16,14 +16,8 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from stateremat.contract import (
-    ProfileCard,
-    SegmentCard,
-    atomic_write_json,
-    format_bytes,
-    loadavg,
-    provenance,
-)
+from stateremat._shared.io import atomic_write_json, loadavg, provenance
+from stateremat.contract import ProfileCard, SegmentCard, format_bytes
 from stateremat.planner import activation_pressure_card, exhaustive, milp, plan, random_card
 
 GiB = 1024**3

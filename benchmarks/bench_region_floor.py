@@ -39,7 +39,7 @@ from typing import Iterator
 
 import torch
 
-from stateremat.contract import loadavg
+from stateremat._shared.io import loadavg
 from stateremat.paper.bench._methods import build_method
 from stateremat.paper.workloads import WORKLOADS, WorkloadConfig
 from stateremat.torch._preserve import region
