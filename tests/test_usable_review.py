@@ -65,10 +65,10 @@ def test_an_error_inside_a_segment_while_profiling_propagates_unmasked():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), _Counter(), _Counter(), _Counter())
     with pytest.raises(UndeclaredStateError, match="tensor attribute '1.t'|'t'") as info:
-        profile(model, None, torch.randn(4, 8), repeats=1)
+        profile(model, None, torch.randn(4, 8), repeats=1, state="buffers")  # strict: t is no buffer
     assert "did not run" not in str(info.value)
     with pytest.raises(UndeclaredStateError):
-        auto_checkpoint(model, "1GiB", sample=torch.randn(4, 8), repeats=1)
+        auto_checkpoint(model, "1GiB", sample=torch.randn(4, 8), repeats=1, state="buffers")
     assert all("forward" not in vars(m) for m in model.modules())
 
     class Boom(Exception):
@@ -247,11 +247,11 @@ def test_an_in_place_write_to_an_untracked_input_gets_the_out_of_place_tip_and_s
     # module state (not an input) keeps the declare tip, and declaring works there
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 32), _Counter())
-    m = apply_plan(model, {"segment_names": ["1"], "options": ["region"]})
+    m = apply_plan(model, {"segment_names": ["1"], "options": ["region"]}, state="buffers")  # strict
     with pytest.raises(UndeclaredStateError, match="or pass on_undeclared='declare'") as info:
         m(torch.randn(4, 8)).sum().backward()
     assert "out-of-place" not in str(info.value)
-    apply_plan(model, {"segment_names": ["1"], "options": ["region"]}, on_undeclared="declare")
+    apply_plan(model, {"segment_names": ["1"], "options": ["region"]}, state="buffers", on_undeclared="declare")
     t0 = model[1].t.clone()
     model(torch.randn(4, 8)).sum().backward()
     assert torch.equal(model[1].t, t0 + 1)  # written once per step, as in eager

@@ -39,7 +39,8 @@ class StateAwareCheckpointing(_Callback):
         segments: ``None`` (the module's repeated block), a pattern such as ``"net.blocks.*"``, or
             module paths (see :func:`stateremat.torch.resolve_segments`).
         preserve: ``"region"`` (default) or ``"whole"``.
-        state: ``"buffers"`` (each block's buffers) or tensors/modules declared in every block.
+        state: ``"auto"`` (default: the state each block writes, found without a declaration),
+            ``"buffers"`` (each block's buffers) or tensors/modules declared in every block.
         granularity_bytes, on_undeclared, verify: as in :func:`stateremat.torch.checkpoint`.
 
     Raises:
@@ -50,7 +51,7 @@ class StateAwareCheckpointing(_Callback):
         Paper §3.1, §5.
     """
 
-    def __init__(self, segments: Any = None, *, preserve: str = "region", state: Any = "buffers",
+    def __init__(self, segments: Any = None, *, preserve: str = "region", state: Any = "auto",
                  granularity_bytes: int | None = None, on_undeclared: str = "raise", verify: bool = False) -> None:
         super().__init__()
         # every option checked now, not at the first training step

@@ -24,7 +24,7 @@ from stateremat.torch import Checkpointer, apply_plan, resolve_segments
 _API = "stateremat.integrations.timm"
 
 
-def enable(model: nn.Module, segments: Any = None, *, preserve: str = "region", state: Any = "buffers",
+def enable(model: nn.Module, segments: Any = None, *, preserve: str = "region", state: Any = "auto",
            granularity_bytes: int | None = None, on_undeclared: str = "raise", verify: bool = False) -> nn.Module:
     """Checkpoint ``model``'s blocks with stateremat instead of timm's ``set_grad_checkpointing``.
 
@@ -33,7 +33,8 @@ def enable(model: nn.Module, segments: Any = None, *, preserve: str = "region", 
         segments: the blocks: ``None`` (the model's repeated block — a ResNet's ``layer{1..4}.{j}``,
             a ViT's ``blocks.{i}``), a pattern such as ``"stages.*.blocks.*"``, or module paths.
         preserve: an option that replays: ``"region"`` or ``"whole"``.
-        state: ``"buffers"`` (each block's buffers) or tensors/modules.
+        state: ``"auto"`` (default: the state each block writes, found), ``"buffers"`` (each
+            block's buffers) or tensors/modules.
         granularity_bytes: region journal chunk size in bytes; ``None`` (the default, as in
             :func:`stateremat.torch.checkpoint`) keeps exactly the written bytes.
         on_undeclared: ``"raise"``, ``"warn"`` or ``"declare"``.
@@ -97,7 +98,7 @@ def _run(functions: list, start: int, end: int) -> Callable[[Any], Any]:
 
 
 def checkpoint_seq(functions: Any, x: torch.Tensor, every: int = 1, flatten: bool = False, skip_last: bool = False,
-                   use_reentrant: bool | None = None, *, preserve: str = "region", state: Any = "buffers",
+                   use_reentrant: bool | None = None, *, preserve: str = "region", state: Any = "auto",
                    granularity_bytes: int | None = None, on_undeclared: str = "raise", verify: bool = False) -> Any:
     """timm's ``checkpoint_seq`` with a state transaction per chunk of ``every`` functions.
 

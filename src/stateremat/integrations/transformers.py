@@ -65,11 +65,12 @@ class StateAwareCheckpoint:
 
     Args:
         names: module path of each layer by ``id`` (for error messages).
-        state: ``"buffers"`` (the layer's buffers) or tensors/modules declared in every layer.
+        state: ``"auto"`` (default: the state the layer writes, found), ``"buffers"`` (the
+            layer's buffers) or tensors/modules declared in every layer.
         **options: ``preserve``, ``granularity_bytes``, ``on_undeclared``, ``verify``.
     """
 
-    def __init__(self, names: dict[int, str], state: Any = "buffers", **options: Any) -> None:
+    def __init__(self, names: dict[int, str], state: Any = "auto", **options: Any) -> None:
         Checkpointer(state=None if state == "buffers" else state, **options)  # validates the options
         self.names, self.state, self.options = names, state, options
 
@@ -104,14 +105,15 @@ def _hook(model: Any) -> Callable:
     return hook
 
 
-def enable(model: Any, *, every_n_layers: int = 1, state: Any = "buffers", preserve: str = "region",
+def enable(model: Any, *, every_n_layers: int = 1, state: Any = "auto", preserve: str = "region",
            granularity_bytes: int | None = None, on_undeclared: str = "raise", verify: bool = False) -> Any:
     """Turn on stateremat checkpointing of a transformers model's layers (training mode only).
 
     Args:
         model: a ``transformers.PreTrainedModel`` whose layers support gradient checkpointing.
         every_n_layers: checkpoint every n-th layer (as transformers' ``every_n_layers``); int ≥ 1.
-        state: ``"buffers"`` (each layer's buffers) or tensors/modules declared in every layer.
+        state: ``"auto"`` (default: the state each layer writes, found), ``"buffers"`` (each
+            layer's buffers) or tensors/modules declared in every layer.
         preserve: ``"region"`` or ``"whole"`` (see :func:`stateremat.torch.checkpoint`).
         granularity_bytes: region journal chunk size in bytes; ``None`` (the default, as in
             :func:`stateremat.torch.checkpoint`) keeps exactly the written bytes.

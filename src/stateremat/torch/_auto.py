@@ -86,7 +86,7 @@ def _host_available_bytes() -> int:
 def auto_checkpoint(model: nn.Module, budget: Any = None, sample: Any = None, segments: Any = None,
                     planner: str = "joint", *, step_fn: Any = None, peak: str = "chain",
                     options: Iterable[Any] = OPTIONS,
-                    device: Any = None, repeats: int = 5, state: Any = "buffers", optimizers: Iterable[Any] = (),
+                    device: Any = None, repeats: int = 5, state: Any = "auto", optimizers: Iterable[Any] = (),
                     **segment_options: Any):
     """Profile ``model``, plan its segments under ``budget`` and checkpoint them in place.
 

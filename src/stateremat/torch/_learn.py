@@ -25,7 +25,9 @@ from typing import Any, Iterable
 
 import torch
 
+from ._compat import has_storage
 from ._scan import Declared, describe, is_input_name
+from ._storage import storage_key
 
 #: The ``state=`` value that finds the state itself (the default).
 AUTO = "auto"
@@ -77,10 +79,12 @@ class Learned:
         """The written tensors among the reached ones, declared (scan names, one group each)."""
         return Declared(tensors=[(describe(n), t, id(t)) for n, t in self._state(r_tensors) if t in self.written])
 
-    def see(self, r_tensors: dict) -> None:
-        """A watched forward ended: every state tensor it reached is seen."""
+    def see(self, r_tensors: dict, touched: set) -> None:
+        """A watched forward ended: every state tensor it reached and passed to an op is seen
+        (one it only reached — another chunk's buffer — stays unseen: its own forward is watched)."""
         for _, t in self._state(r_tensors):
-            self.seen.add(t)
+            if not has_storage(t) or storage_key(t) in touched:
+                self.seen.add(t)
 
     def learn(self, tensors: Iterable[torch.Tensor]) -> None:
         """These tensors were written by an auto segment's forward: declare them from now on."""
@@ -101,7 +105,12 @@ def begin(rt: Any, r_tensors: dict) -> tuple[Declared, str]:
     """An auto segment's forward begins: its declared state and watch mode (``"declare"``: every
     op watched, this step; ``"learn"``: declared up front, a write found at the end is a gap)."""
     lr = learned(rt)
-    return lr.declared(r_tensors), "declare" if lr.needs_watch(r_tensors) else "learn"
+    mode = "declare" if lr.needs_watch(r_tensors) else "learn"
+    if not rt.forward:  # outermost: note what a watched forward touches (_mode.StrictMode fills it)
+        rt.touched = set() if mode == "declare" else None
+    elif mode == "declare" and rt.touched is None:
+        rt.touched = set()
+    return lr.declared(r_tensors), mode
 
 
 def end(rt: Any, r_tensors: dict, mode: str, watch: Any, frame: Any) -> None:
@@ -109,6 +118,8 @@ def end(rt: Any, r_tensors: dict, mode: str, watch: Any, frame: Any) -> None:
     lr = learned(rt)
     lr.learn([*watch.promoted, *watch.gaps])
     if mode == "declare":
-        lr.see(r_tensors)
+        lr.see(r_tensors, rt.touched or set())
+        if not rt.forward[:-1]:  # the outermost watched forward ends: stop noting
+            rt.touched = None
     else:
         frame.settle(eager=bool(watch.gaps))

@@ -310,6 +310,14 @@ class WriteMode(TorchDispatchMode):
         return out
 
 
+def _touch(touched: set, args: tuple, kwargs: dict) -> None:
+    """Note the storages of an op's tensor arguments (one level of lists: ``cat``, ``stack``)."""
+    for a in (*args, *kwargs.values()):
+        for t in (a if type(a) in (list, tuple) else (a,)):
+            if isinstance(t, torch.Tensor) and has_storage(t):
+                touched.add(storage_key(t))
+
+
 class StrictMode(TorchDispatchMode):
     """See every op of a forward (``role="forward"``) or replay (``role="replay"``) on this thread.
 
@@ -341,6 +349,8 @@ class StrictMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.pending:
             self._settle()
+        if self.rt.touched is not None and self.role == "forward":
+            _touch(self.rt.touched, args, kwargs)
         writes = _WRITES.get(func)
         if writes is None:
             writes = _writes(func)
@@ -357,6 +367,10 @@ class StrictMode(TorchDispatchMode):
                 elif self.role == "forward":
                     for seg in reversed(self.rt.forward):
                         seg.check_write(key, func)
+                    st = self.rt.storages.get(key)
+                    if st is not None:  # declared just now (on_undeclared="declare", state="auto"):
+                        on_write(st, func, args, kwargs, w)  # a journal keeps this first write too
+                        hit.append(st)
                 elif w.untyped_storage().data_ptr() not in self.created and self.segment is not None:
                     self.segment.undeclared_at_replay(w, func, "a storage that is not declared")
         watched = watch_resized_outs(func, args, kwargs, self.rt.storages) if writes else []

@@ -34,8 +34,8 @@ class StatefulCheckpoint(nn.Module):
     Args:
         block: the module to checkpoint (registered as ``.block``; ``state_dict`` keys, attribute
             access and indexing are those of the unwrapped block).
-        state: ``"buffers"`` (all buffers of ``block``, the default), ``"auto"`` (the state the
-            block writes, found without a declaration: see :func:`checkpoint`), ``None`` (nothing), or a
+        state: ``"auto"`` (default: the state the block writes, found without a declaration: see
+            :func:`checkpoint`), ``"buffers"`` (all buffers of ``block``), ``None`` (nothing), or a
             tensor / module / list of them.
         preserve: ``"region"`` or ``"whole"`` (snapshots every byte of each declared storage).
         granularity_bytes: region journal rounding: ``None`` (default) keeps exactly the bytes
@@ -60,7 +60,7 @@ class StatefulCheckpoint(nn.Module):
         Paper §3.1, §5.
     """
 
-    def __init__(self, block: nn.Module, state: Any = "buffers", preserve: str = "region",
+    def __init__(self, block: nn.Module, state: Any = "auto", preserve: str = "region",
                  granularity_bytes: int | None = None, on_undeclared: str = "raise", verify: bool = False,
                  preserve_rng_state: bool = True, name: str | None = None) -> None:
         super().__init__()

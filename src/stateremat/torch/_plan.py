@@ -32,7 +32,7 @@ def _plan_fields(plan: Any) -> tuple[list[str], list[str]]:
     return list(options), list(names)
 
 
-def apply_plan(model: nn.Module, plan: Any, *, state: Any = "buffers", **segment_options: Any) -> nn.Module:
+def apply_plan(model: nn.Module, plan: Any, *, state: Any = "auto", **segment_options: Any) -> nn.Module:
     """Checkpoint each named segment of ``model`` in place with the option the plan chose.
 
     A segment is wrapped by giving the module an instance ``forward`` that runs its class
@@ -46,8 +46,9 @@ def apply_plan(model: nn.Module, plan: Any, *, state: Any = "buffers", **segment
         plan: an object with ``.options`` (option names from
             :data:`stateremat.contract.OPTIONS`, one per segment) and ``.segment_names``, or a
             dict with those keys (``PLAN.json``).
-        state: declared state of every checkpointed segment: ``"buffers"`` (each segment's own
-            buffers, the default) or tensors/modules.
+        state: ``"auto"`` (default: the state each segment writes, found without a declaration),
+            or declared state of every checkpointed segment: ``"buffers"`` (each segment's own
+            buffers) or tensors/modules.
         **segment_options: ``granularity_bytes`` (region journal chunk, bytes),
             ``on_undeclared``, ``verify``, ``preserve_rng_state``.
 

@@ -122,13 +122,14 @@ class _Runner:
 
 
 def _has_state(module: nn.Module, state: Any) -> bool:
-    return state != "buffers" or any(True for _ in module.buffers())
+    """Can ``module`` hold state region could journal? (``"auto"``/``"buffers"``: its buffers.)"""
+    return state not in ("buffers", "auto") or any(True for _ in module.buffers())
 
 
 def _shares_state(model: nn.Module, name: str, state: Any) -> bool:
     """True if another part of the model can write what segment ``name`` declares (R6): with
     ``state="buffers"``, one of its buffers' storages is also a buffer outside it."""
-    if state != "buffers":
+    if state not in ("buffers", "auto"):
         return True
     inside = {b.untyped_storage().data_ptr() for b in model.get_submodule(name).buffers() if b.numel()}
     outside = {b.untyped_storage().data_ptr() for n, m in model.named_modules() if n != name
@@ -171,7 +172,7 @@ def refuse_framework_checkpointing(model: nn.Module, api: str = _API) -> None:
 
 
 def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Iterable[Any] = OPTIONS,
-            device: Any = None, repeats: int = 5, state: Any = "buffers", optimizers: Iterable[Any] = (),
+            device: Any = None, repeats: int = 5, state: Any = "auto", optimizers: Iterable[Any] = (),
             **segment_options: Any) -> ProfileCard:
     """Measure the profile card of ``model``'s segments for one training step on this device.
 
@@ -205,7 +206,8 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         device: where memory is measured; default the model's (CUDA: allocator peaks; CPU: the
             live-storage tracker, see :class:`PeakMemory`).
         repeats: timed rounds per option (int ≥ 1), after the two warm-up steps.
-        state: declared state of each segment: ``"buffers"`` (its buffers) or tensors/modules.
+        state: each segment's state: ``"auto"`` (default: what it writes, found), ``"buffers"`` (its
+            buffers) or tensors/modules.
         optimizers: optimizers ``step_fn`` steps: their state counts in ``P`` and their
             ``state_dict`` is restored afterwards, with the values (and gradients) of the
             parameters they step outside ``model``. One not given that steps a parameter of

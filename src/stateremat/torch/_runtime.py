@@ -156,6 +156,8 @@ class Runtime:
         self.storages: dict[StorageKey, DeclaredStorage] = {}
         self.strict_depth = 0  # a global write-interception mode is pushed on this thread
         self.replay_queries = 0  # calls of is_replaying(): a forward that asks guards its side effects
+        #: storage keys of the tensors a watched state="auto" forward passed to an op (``_learn``)
+        self.touched: set | None = None
         self.counters = Counters()
         self._seq = itertools.count(1)
 

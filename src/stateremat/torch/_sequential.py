@@ -33,8 +33,8 @@ def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentra
         input: the input of the first function (a tensor of any shape and dtype).
         use_reentrant: ``None``/``False`` only (the non-reentrant implementation).
         **kwargs: ``preserve`` (an option name that replays, default ``"region"``), ``state``
-            (``"buffers"`` — each chunk's modules' buffers — or tensors/modules declared in every
-            chunk), ``granularity_bytes`` (bytes), ``on_undeclared``, ``verify``,
+            (``"auto"``, the default — what each chunk writes, found —, ``"buffers"`` — each chunk's
+            modules' buffers — or tensors/modules declared in every chunk), ``granularity_bytes`` (bytes), ``on_undeclared``, ``verify``,
             ``preserve_rng_state``.
 
     Returns:
@@ -64,7 +64,7 @@ def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentra
         raise ValueError(f"stateremat.torch.checkpoint_sequential: preserve must name an option that replays "
                          f"({[o.name for o in OPTIONS if o.replays]}), got {preserve!r}. "
                          "Tip: 'region' journals only the bytes written.")
-    state = kwargs.pop("state", "buffers")
+    state = kwargs.pop("state", "auto")
     if isinstance(functions, nn.Sequential):
         functions = list(functions.children())
     functions = list(functions)

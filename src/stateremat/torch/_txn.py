@@ -248,12 +248,15 @@ class Transaction:
         return p
 
     def promote(self, name: str, t: torch.Tensor) -> None:
-        """Declare ``t`` now, before its first write, with a whole snapshot (``on_undeclared="declare"``)."""
+        """Declare ``t`` now, before its first write: with a whole snapshot (``on_undeclared="declare"``),
+        or under ``state="auto"`` with the segment's preserver as :meth:`begin` would choose it (the
+        write about to happen is then journaled by the caller, ``_mode.StrictMode``)."""
         key = storage_key(t)
         st = self.runtime.acquire(key, t)
         if st.add_witness(t, name) and not _mark.mark_tensor(t, st):
             st.unmarkable = True
-        self._add(key, st, [name], WholePreserver)
+        whole = not self.auto or key in self.whole_keys or st.nbytes <= SMALL_STORAGE_BYTES
+        self._add(key, st, [name], WholePreserver if whole else PRESERVERS[self.preserve])
 
     def credit(self, key: StorageKey, n: int) -> None:
         """``n`` journal bytes were kept for a write this segment's forward made to ``key``."""

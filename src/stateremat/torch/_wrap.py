@@ -61,7 +61,8 @@ class SegmentForward:
         option: an option name from :data:`stateremat.contract.OPTIONS` (``"eager"`` runs the
             forward as is) or ``"recompute_only"`` (plain ``torch.utils.checkpoint``, profiling).
         name: the segment's module path (errors name it).
-        state: declared state, ``"buffers"`` (every buffer of ``module``) or tensors/modules.
+        state: ``"auto"`` (default: what the segment writes, found), ``"buffers"`` (every
+            buffer of ``module``) or tensors/modules.
         inner: the instance ``forward`` the module had before (kept and restored on unwrap).
         **opts: ``granularity_bytes``, ``on_undeclared``, ``verify``, ``preserve_rng_state``.
 
@@ -70,7 +71,7 @@ class SegmentForward:
             ``exit(name, args, kwargs, out)`` called around every forward (the profiler's).
     """
 
-    def __init__(self, module: nn.Module, option: str, name: str, state: Any = "buffers",
+    def __init__(self, module: nn.Module, option: str, name: str, state: Any = "auto",
                  inner: Callable | None = None, **opts: Any) -> None:
         unknown = sorted(set(opts) - set(SEGMENT_OPTIONS))
         if unknown:
@@ -119,7 +120,7 @@ def segment_forward(module: nn.Module) -> SegmentForward | None:
     return f if isinstance(f, SegmentForward) else None
 
 
-def wrap_module(module: nn.Module, option: str, name: str, state: Any = "buffers",
+def wrap_module(module: nn.Module, option: str, name: str, state: Any = "auto",
                 **opts: Any) -> SegmentForward:
     """Install (or replace) a :class:`SegmentForward` on ``module``; returns it."""
     old = segment_forward(module)
