@@ -85,12 +85,13 @@ def _state_arg(model: nn.Module, declare: str):
     return "buffers" if declare == "buffers" else [model.state]
 
 
-def promoted(n: int, rank: int) -> dict:
-    """``on_undeclared="declare"``: the undeclared DTensor is snapshotted before its first write."""
+def promoted(n: int, rank: int, default: bool = False) -> dict:
+    """``on_undeclared="declare"`` (or the default ``state="auto"``): the undeclared DTensor is
+    preserved before its first write."""
     mesh = _mesh()
     ref, ours = Block(mesh, n, "shard"), Block(mesh, n, "shard")
     ref_losses = _train(ref, None, rank)
-    losses = _train(ours, {"on_undeclared": "declare"}, rank)
+    losses = _train(ours, {} if default else {"on_undeclared": "declare"}, rank)
     pairs = list(zip(ref.parameters(), ours.parameters())) + list(zip(ref.buffers(), ours.buffers()))
     return {"equal": all(bits_equal(a, b) for a, b in pairs), "losses_equal": losses == ref_losses}
 
@@ -115,7 +116,7 @@ def undeclared(n: int, extra_int: bool, rank: int) -> dict:
 
     model = Block(_mesh(), n, "shard", extra_int)
     x = torch.randn(4, 8, dtype=D)
-    checkpoint(model, x).sum().backward()
+    checkpoint(model, x, state=None).sum().backward()  # strict mode
     return {"refused": False}
 
 
@@ -135,6 +136,7 @@ def body(rank: int, world: int) -> dict:
             rec[f"undeclared/{n}/{'int2d' if extra_int else 'float1d'}"] = cell(undeclared, n, extra_int, rank)
     for n in (SIZES[0], SIZES[-1]):
         rec[f"promoted/{n}"] = cell(promoted, n, rank)
+        rec[f"auto/{n}"] = cell(promoted, n, rank, True)
     return rec
 
 

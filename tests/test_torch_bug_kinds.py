@@ -341,16 +341,18 @@ class _RebindsGlobal(nn.Module):
 
 @pytest.mark.parametrize("via", ["function", "module_helper", "submodule_forward"])
 @pytest.mark.parametrize("mode", ["whole", "region"])
-def test_a_global_tensor_rebound_by_the_forward_is_refused(mode, via):
+@pytest.mark.parametrize("state", [None, "auto"])
+def test_a_global_tensor_rebound_by_the_forward_is_replayed_as_of_the_forward(mode, via, state):
     """A segment's code rebinds a module global tensor: its replay would read the new tensor. The
-    global is a binding slot of the segment, so the rebinding is refused, naming the global."""
+    global is a binding slot of the segment, so the replay reads the forward's tensor (gradient 1,
+    not 2) and the global is rebound once (2, not 4), in strict mode and by default."""
     global _G
     _G = torch.ones(3, dtype=D)
     fn = {"function": lambda: _rebinds_global, "module_helper": _UsesGlobal,
           "submodule_forward": lambda: nn.Sequential(_RebindsGlobal())}[via]()
     x = torch.ones(3, dtype=D, requires_grad=True)
-    with pytest.raises(UndeclaredStateError, match=r"global '_G'.*rebound"):
-        checkpoint(fn, x, preserve=mode).backward()
+    checkpoint(fn, x, preserve=mode, state=state).backward()
+    assert torch.equal(x.grad, torch.ones(3, dtype=D)) and torch.equal(_G, torch.full((3,), 2.0, dtype=D))
 
 
 # --- journal pruning ------------------------------------------------------------------------------------

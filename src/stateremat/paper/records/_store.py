@@ -440,7 +440,7 @@ class RecordStore:
             atomic_write_json(self.sidecar, doc)
 
     def _mark_has_rows(self) -> None:
-        # Said once in the sidecar, before the first part: an empty rows folder then means
+        # Said once in the sidecar, right after the first part: an empty rows folder then means
         # rows were removed (refused by read_records), not a run that wrote none yet.
         doc = read_sidecar(self.sidecar)
         if not doc.get("has_rows"):
@@ -478,13 +478,13 @@ class RecordStore:
             schema = schema.with_metadata({ABSENT_KEY: json.dumps(absent).encode()})
             tbl = pa.Table.from_pylist([dict(r) for r in rows], schema=schema)
             _check_part(self.dir / "(new part)", tbl, self.spec)
-        if not self._has_rows:
-            self._mark_has_rows()
         buf = io.BytesIO()
         pq.write_table(tbl, buf)
         name = f"part-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{next(_counter):06d}.parquet"
         atomic_write_bytes(self.dir / name, buf.getvalue())
         self._last_part = name
+        if not self._has_rows:  # after the part: a stop between the two leaves a part, never a false claim
+            self._mark_has_rows()
         return len(rows)
 
     def drop_rows(self, match: Callable[[pd.DataFrame], "pd.Series"],
