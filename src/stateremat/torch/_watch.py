@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 
 from stateremat.contract import rule
@@ -35,7 +36,7 @@ from ._plain import slot_id
 from ._pystate import cache_fingerprint, cache_message, python_state_arguments
 from ._runtime import Runtime
 from ._scan import Declared, Reach, describe, is_input_name, reachable, rebound, tensor_slots
-from ._storage import fingerprint, storage_key
+from ._storage import fingerprint, fingerprint_changed, host_readable, storage_key
 from ._txn import Transaction
 
 #: Largest reachable 1-D tensor compared byte for byte around the forward (running statistics).
@@ -47,9 +48,52 @@ def _stat_like(t: torch.Tensor) -> bool:
     return t.dim() == 1 and not t.requires_grad and t.is_floating_point() and t.numel() <= _PROBE_MAX_NUMEL
 
 
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaN == NaN, -0.0 != 0.0)."""
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool | torch.Tensor:
+    """Bitwise equality (NaN == NaN, -0.0 != 0.0); on the device path (``a`` not
+    :func:`host_readable`) a 0-dim bool tensor on the device, to be read later."""
+    if a.shape != b.shape or a.device != b.device:
+        return False
+    a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+    return torch.equal(a, b) if host_readable(a) else (a == b).all()
+
+
+class _Deferred:
+    """Device-side verdicts of the watch's byte checks, read on the host once they are computed.
+
+    The verdicts (one 0-dim bool tensor per name: "this tensor's bytes changed") are stacked and
+    copied to pinned host memory without waiting (an event marks the copy's end); :meth:`names`
+    reads them, waiting for that event only if the device has not reached it yet. The watch reads
+    them after the forward when they are ready, else just before the replay (before anything is
+    restored), so a forward never waits for its stream (issue 26).
+    """
+
+    def __init__(self, items: list[tuple[str, str, torch.Tensor]]) -> None:
+        self.items = [(n, why) for n, why, _ in items]
+        with torch.no_grad(), DisableTorchFunctionSubclass():
+            v = torch.stack([f.reshape(()).to(torch.bool) for _, _, f in items])
+            self.event = None
+            if v.device.type == "cuda":
+                self.host = torch.empty(v.shape, dtype=torch.bool, pin_memory=True)
+                self.array = self.host.numpy()  # (a view of pinned host memory: no device read)
+                self.host.copy_(v, non_blocking=True)
+                self.event = torch.cuda.Event()
+                self.event.record()
+            else:
+                self.array = np.zeros(v.shape, dtype=bool)
+                self.host = torch.from_numpy(self.array)
+                self.host.copy_(v)  # (no stream to wait for)
+
+    def ready(self) -> bool:
+        return self.event is None or self.event.query()
+
+    def names(self, found: dict[str, str]) -> list[str]:
+        """Add the changed ones to ``found`` (name -> why; the first reason kept); return ``found``'s names."""
+        if self.event is not None:
+            self.event.synchronize()
+        for (n, why), changed in zip(self.items, self.array.tolist()):
+            if changed:
+                found.setdefault(n, why)
+        return list(found)
 
 
 
@@ -126,6 +170,7 @@ class Watch:
         self.promoted: list[torch.Tensor] = []
         self.gaps: list[torch.Tensor] = []
         self._hook_only = r.hook_only  # a hook's own tensors: refused only if the replay writes them again
+        self._pending: _Deferred | None = None  # device-side byte checks of the forward, read before the replay
         self._scan_reached(r, txn.declared, txn.modules.held_keys, txn.modules.declared_modules)
         self._mark_reachable_aliases()
         for enclosing in rt.forward:
@@ -203,7 +248,21 @@ class Watch:
         for where, cache, before in caches:
             if cache_fingerprint(cache) != before:
                 raise UnsupportedError(cache_message("stateremat.torch.checkpoint", self.name, where, cache, "updated"))
-        self.report_undeclared(self.undeclared_writes(skip=self._hook_only), "after the forward")
+        deferred: list = []
+        names = self.undeclared_writes(skip=self._hook_only, deferred=deferred)
+        if deferred:
+            d = _Deferred(deferred)
+            if self.on_undeclared == "learn" or d.ready():  # (what state="auto" learns is needed now)
+                names = d.names(dict.fromkeys(names, ""))
+            else:
+                self._pending = d
+        self.report_undeclared(names, "after the forward")
+
+    def check_deferred(self) -> None:
+        """Report the byte checks of the forward that were still on the device after it (before a replay)."""
+        d, self._pending = self._pending, None
+        if d is not None:
+            self.report_undeclared(d.names({}), "after the forward")
 
     @property
     def candidates(self) -> dict:
@@ -248,9 +307,12 @@ class Watch:
             self, name, f"at recomputation by {func} to {what} (not applied; the forward already made "
             "this write once, the replay would make it twice)", reachable=raw is not None, written=written))
 
-    def undeclared_writes(self, skip: set[int] = frozenset()) -> list[str]:
+    def undeclared_writes(self, skip: set[int] = frozenset(), deferred: list | None = None) -> list[str]:
         """Reachable undeclared tensors written since the forward began (versions and norm bytes),
-        except those whose ids are in ``skip``."""
+        except those whose ids are in ``skip``. Byte checks of device tensors are computed on the
+        device: with ``deferred`` (a list), their ``(name, why, 0-dim bool tensor)`` verdicts are
+        appended to it, to be read later (:class:`_Deferred`); without, they are read now."""
+        checks: list = [] if deferred is None else deferred
         own = {k for k, p in self.txn.items.items() if p.owned}
         found: dict[str, str] = {}
         expected = self.expected
@@ -263,14 +325,23 @@ class Watch:
             if self.norm_probes:
                 with library_ops():
                     for n, t, before in self.norm_probes:
-                        if id(t) not in skip and not _same_bytes(t, before) and storage_key(t) not in own:
+                        if id(t) in skip or storage_key(t) in own:
+                            continue
+                        same = _same_bytes(t, before)
+                        if isinstance(same, torch.Tensor):
+                            checks.append((describe(n), "bytes (a kernel that bumps no version)", ~same))
+                        elif not same:
                             found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
             for n, t, ptr in self.ptrs:
                 if t.data_ptr() != ptr and id(t) not in skip:
                     found.setdefault(describe(n), "storage rebound (.data = / set_)")
             for n, t, fp in self.fingerprints:
-                if (id(t) not in skip and describe(n) not in found and storage_key(t) not in own
-                        and fingerprint(t) != fp):
+                if id(t) in skip or describe(n) in found or storage_key(t) in own:
+                    continue
+                changed = fingerprint_changed(t, fp)
+                if isinstance(changed, torch.Tensor):
+                    checks.append((describe(n), "bytes (written through .data or another alias)", changed))
+                elif changed:
                     found.setdefault(describe(n), "bytes (written through .data or another alias)")
         ends = {id(m): slots for _, m, slots, _ in self.txn.modules.end_bindings}  # taken at this forward's end
         replayed = self.txn.modules.plain.keys  # rebound slots the replay binds as of the forward
@@ -285,6 +356,8 @@ class Watch:
                     found.setdefault(f"{kind} {full!r} (rebound to another tensor)", "binding")
         for name in rebound([s for s in self.plain_slots if slot_id(s[1], s[2]) not in replayed]):
             found.setdefault(name, "binding")
+        if checks and deferred is None:
+            return _Deferred(checks).names(found)
         return list(found)
 
     def report_undeclared(self, names: list[str], when: str) -> None:
@@ -337,7 +410,10 @@ class Watch:
 
     # -- recompute -----------------------------------------------------------------------
     def versions(self) -> list[tuple[Any, torch.Tensor, int]]:
-        """The scan's versions now (before a replay)."""
+        """The scan's versions now (before a replay); first, the forward's byte checks still
+        pending on the device are read (an undeclared write they saw is refused here, R7)."""
+        if self._pending is not None:
+            self.check_deferred()
         with DisableTorchFunctionSubclass():
             return [(n, t, t._version) for n, t, _ in self.scan]
 
