@@ -264,3 +264,19 @@ def test_the_counter_sees_library_host_reads():
         torch.equal(t, t)
     assert all(k.startswith(("Tensor.", "torch.")) for k in counts)
     assert not any("test_torch_no_sync" in k for k in counts)
+
+
+@pytest.mark.parametrize("form", ["index_copy", "index_put", "scatter", "index_add"])
+def test_device_indexed_writes_journal_exactly_their_elements(device_path, form):
+    """On the device path an indexed write keeps the old values of the elements it writes (and a
+    copy of its index), read by device ops: not the whole buffer."""
+    from stateremat.torch import preservation_stats, reset_preservation_stats
+    m = _Queue(form)
+    x = torch.randn(4, 80, requires_grad=True)
+    reset_preservation_stats()
+    y = checkpoint(m, x, state=[m.queue], preserve="region")
+    kept = preservation_stats().journal_bytes
+    written = 4 * 80 * 4
+    index = 4 * 8 if form != "scatter" else 4 * 80 * 8
+    assert kept == written + index, (kept, written + index)
+    y.sum().backward()

@@ -9,6 +9,8 @@ scatter).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -406,6 +408,83 @@ def _indices_on_host(args: tuple) -> bool:
 
 #: ATen op -> its base name (``aten::index_put_`` -> ``index_put_``).
 _OP_NAMES: dict = {}
+
+
+_INT_INDEX = (torch.int64, torch.int32)
+
+
+class ElementWrite:
+    """The elements a device-indexed write changes, kept on the device (no host read).
+
+    An index, scatter or ``index_put_`` write whose index tensors are not :func:`host_readable`:
+    the written view's geometry and a copy of the index tensors, so the journal keeps the old
+    values of exactly the written elements (:meth:`read`) and puts them back (:meth:`write`)
+    with device ops, newest entry first. ``bytes``: the index copies' device bytes.
+    """
+
+    __slots__ = ("kind", "dtype", "geometry", "dim", "index", "bytes")
+
+    def __init__(self, kind: str, written: torch.Tensor, dim: int, index: Any) -> None:
+        self.kind, self.dtype, self.dim = kind, written.dtype, dim
+        self.geometry = (tuple(written.shape), tuple(written.stride()), written.storage_offset())
+        with torch.no_grad():
+            if kind == "put":
+                self.index = tuple(i.detach().to(torch.int64, copy=True) for i in index)
+                self.bytes = sum(i.numel() * i.element_size() for i in self.index)
+            else:
+                self.index = index.detach().to(torch.int64, copy=True)
+                self.bytes = self.index.numel() * self.index.element_size()
+
+    def view(self, flat: torch.Tensor) -> torch.Tensor:
+        """The written view, rebuilt on ``flat``'s storage."""
+        size, stride, offset = self.geometry
+        with torch.no_grad():
+            return torch.empty(0, dtype=self.dtype, device=flat.device).set_(
+                flat.untyped_storage(), offset, size, stride)
+
+    def read(self, flat: torch.Tensor) -> torch.Tensor:
+        """The current values of the written elements (a new tensor)."""
+        v = self.view(flat)
+        if self.kind == "index":
+            return v.index_select(self.dim, self.index)
+        if self.kind == "scatter":
+            return v.gather(self.dim, self.index)
+        return v[self.index]
+
+    def write(self, flat: torch.Tensor, values: torch.Tensor) -> None:
+        """Put ``values`` (as :meth:`read` returned them) back into the written elements."""
+        v = self.view(flat)
+        if self.kind == "index":
+            v.index_copy_(self.dim, self.index, values)
+        elif self.kind == "scatter":
+            v.scatter_(self.dim, self.index, values)
+        else:
+            v.index_put_(self.index, values)
+
+
+def element_write(func: torch._ops.OpOverload, args: tuple, written: torch.Tensor) -> ElementWrite | None:
+    """An :class:`ElementWrite` for an index, scatter or integer ``index_put_`` write to ``written``
+    whose index tensors are on a device (not :func:`host_readable`); None for every other write
+    (masks and boolean indices among them: their written view is journaled)."""
+    name = _OP_NAMES.get(func)
+    if name is None:
+        name = _OP_NAMES[func] = func._schema.name.split("::")[-1]
+    if not args or args[0] is not written or name not in _ELEMENT_OPS or written.dim() == 0:
+        return None
+    if name in _INDEX_DIM_OPS and len(args) >= 3 and isinstance(args[2], torch.Tensor):
+        idx = args[2]
+        if idx.dtype in _INT_INDEX and idx.dim() <= 1 and not host_readable(idx):
+            return ElementWrite("index", written, int(args[1]) % written.dim(), idx.reshape(-1))
+    elif name in _SCATTER_OPS and len(args) >= 3 and isinstance(args[2], torch.Tensor):
+        idx = args[2]
+        if idx.dtype == torch.int64 and idx.dim() == written.dim() and not host_readable(idx):
+            return ElementWrite("scatter", written, int(args[1]) % written.dim(), idx)
+    elif name in ("index_put_", "index_put", "_index_put_impl_") and len(args) >= 2:
+        ind = list(args[1])
+        if ind and len(ind) <= written.dim() and all(isinstance(i, torch.Tensor) and i.dtype in _INT_INDEX
+                                                     for i in ind) and not all(host_readable(i) for i in ind):
+            return ElementWrite("put", written, 0, ind)
+    return None
 
 
 def write_runs(func: torch._ops.OpOverload, args: tuple, kwargs: dict, written: torch.Tensor) -> np.ndarray:
