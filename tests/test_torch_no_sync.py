@@ -162,6 +162,57 @@ def test_a_write_the_device_checks_see_is_refused_before_the_replay(device_path)
         checkpoint(fn, torch.randn(2, 4, requires_grad=True), state=None).sum().backward()
 
 
+def test_a_verdict_still_on_the_device_after_the_forward_is_read_before_the_replay(device_path, monkeypatch):
+    """On an accelerator the forward's byte checks may not be done when it ends: then they are read
+    just before the replay, and the write they saw is refused there, before anything is restored."""
+    from stateremat.torch import UndeclaredStateError, _watch
+    monkeypatch.setattr(_watch._Deferred, "ready", lambda self: False)
+    m = nn.Linear(4, 4)
+    m.register_buffer("hidden", torch.zeros(4))
+
+    def fn(x):
+        m.hidden.data.add_(1.0)
+        return m(x) + m.hidden
+
+    y = checkpoint(fn, torch.randn(2, 4, requires_grad=True), state=None)  # no refusal yet
+    with pytest.raises(UndeclaredStateError, match="hidden"):
+        y.sum().backward()
+    # nothing written: an untouched buffer's pending verdict lets the replay run
+    m2 = nn.Linear(4, 4)
+    m2.register_buffer("kept", torch.zeros(4))
+    checkpoint(lambda x: m2(x) + m2.kept, torch.randn(2, 4, requires_grad=True), state=None).sum().backward()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+def test_cuda_steps_make_no_synchronizing_call_from_the_library(preserve):
+    """On CUDA itself: torch's sync debug mode warns at every synchronizing call; none comes from
+    a library frame in a steady-state step (frozen BatchNorms probed, a queue journaled by index)."""
+    import warnings
+    dev = torch.device("cuda")
+    block = _BnBlock().to(dev)
+    block.bn.eval()
+    q = _Queue("index_copy").to(dev)
+
+    def step():
+        x = torch.randn(4, 3, 8, 8, device=dev, requires_grad=True)
+        h = checkpoint(block, x, preserve=preserve)
+        y = checkpoint(q, h.mean((2, 3)).repeat(1, 10), state=[q.queue], preserve="region")
+        y.square().mean().backward()
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    ours = [w for w in seen if str(w.filename).startswith(LIB)]
+    assert not ours, [(w.filename, w.lineno, str(w.message)) for w in ours]
+
+
 class _Queue(nn.Module):
     """A 64 KiB+ buffer (journaled under region) written by index, slice, scatter, index_put and mask."""
 
@@ -182,16 +233,16 @@ class _Queue(nn.Module):
         if self.form == "slice":
             q[k:k + n].copy_(new)
         elif self.form == "index_copy":
-            q.index_copy_(0, torch.arange(k, k + n), new)
+            q.index_copy_(0, torch.arange(k, k + n, device=q.device), new)
         elif self.form == "index_put":
-            q[torch.arange(k, k + n)] = new
+            q[torch.arange(k, k + n, device=q.device)] = new
         elif self.form == "scatter":
-            idx = torch.arange(self.WIDTH).expand(n, -1) % self.WIDTH
+            idx = torch.arange(self.WIDTH, device=q.device).expand(n, -1).flip(1)
             q[k:k + n].scatter_(1, idx, new)
         elif self.form == "index_add":
-            q.index_add_(0, torch.arange(k, k + n), new)
+            q.index_add_(0, torch.arange(k, k + n, device=q.device), new)
         elif self.form == "masked_fill":
-            mask = torch.zeros(self.ROWS, 1, dtype=torch.bool)
+            mask = torch.zeros(self.ROWS, 1, dtype=torch.bool, device=q.device)
             mask[k:k + n] = True
             q.masked_fill_(mask, 0.5)
         elif self.form == "strided":
