@@ -92,6 +92,32 @@ def device_path(monkeypatch):
     monkeypatch.setattr(_storage, "HOST_READS_ON_CPU", False, raising=False)
 
 
+@pytest.fixture
+def slow_device(device_path, monkeypatch):
+    """As on an accelerator that has not yet run the watch's device-side checks when the forward
+    ends: a read of their verdicts from the forward's end is a wait for the stream, counted as
+    ``"wait at forward end"``; a read just before the replay is not (the forward ran long before)."""
+    from stateremat.torch import _watch
+    monkeypatch.setattr(_watch._Deferred, "ready", lambda self: False, raising=False)
+    names = getattr(_watch, "_Deferred", None)
+    waits = collections.Counter()
+    if names is not None:
+        orig = _watch._Deferred.names
+
+        def counted(self, found):
+            if sys._getframe(1).f_code.co_name == "end_forward":
+                waits["wait at forward end"] += 1
+            return orig(self, found)
+        monkeypatch.setattr(_watch._Deferred, "names", counted)
+    return waits
+
+
+_AUTO_WAITS = pytest.mark.xfail(strict=True, reason=(
+    "state='auto' decides at the forward's end whether that forward keeps its activations (a write "
+    "found then makes it eager), so it reads the device-side verdicts there; deferring them needs "
+    "the frame to settle later (_learn/_frame)"))
+
+
 def _steps(step, warm: int = 3):
     for _ in range(warm):
         step()
@@ -127,23 +153,25 @@ def _train(model, ckpt, shape=(2, 3, 8, 8)):
 
 @pytest.mark.parametrize("preserve", ["whole", "region"])
 @pytest.mark.parametrize("state", ["auto", "buffers"])
-def test_batchnorm_block_steps_without_host_reads(device_path, state, preserve):
+def test_batchnorm_block_steps_without_host_reads(slow_device, state, preserve):
     torch.manual_seed(0)
     block = _BnBlock()
     counts = _steps(_train(block, lambda m, x: checkpoint(m, x, state=state, preserve=preserve)))
+    counts.update(slow_device)
     assert not counts, dict(counts)
 
 
 @pytest.mark.parametrize("preserve", ["whole", "region"])
-@pytest.mark.parametrize("state", ["auto", None])
-def test_frozen_batchnorm_is_probed_without_host_reads(device_path, state, preserve):
+@pytest.mark.parametrize("state", [pytest.param("auto", marks=_AUTO_WAITS), None])
+def test_frozen_batchnorm_is_probed_without_host_reads(slow_device, state, preserve):
     """BatchNorms in eval mode (fine-tuning): reached, never written, so probed and fingerprinted
-    every step, on the device."""
+    every step, on the device, and read no earlier than the replay."""
     torch.manual_seed(0)
     block = _BnBlock()
     block.bn.eval()
     block.bn2.eval()
     counts = _steps(_train(block, lambda m, x: checkpoint(m, x, state=state, preserve=preserve)))
+    counts.update(slow_device)
     assert not counts, dict(counts)
 
 
@@ -255,11 +283,12 @@ _FORMS = ["slice", "index_copy", "index_put", "scatter", "index_add", "masked_fi
 
 
 @pytest.mark.parametrize("form", _FORMS)
-def test_journaled_writes_without_host_reads(device_path, form):
+def test_journaled_writes_without_host_reads(slow_device, form):
     torch.manual_seed(0)
     m = _Queue(form)
     step = _train(m, lambda m, x: checkpoint(m, x, state=[m.queue], preserve="region"), shape=(4, 80))
     counts = _steps(step)
+    counts.update(slow_device)
     assert not counts, dict(counts)
 
 
@@ -295,12 +324,13 @@ class _Outer(nn.Module):
 
 
 @pytest.mark.parametrize("preserve", ["whole", "region"])
-@pytest.mark.parametrize("state", ["auto", "buffers"])
-def test_nested_checkpoints_step_without_host_reads(device_path, state, preserve):
+@pytest.mark.parametrize("state", [pytest.param("auto", marks=_AUTO_WAITS), "buffers"])
+def test_nested_checkpoints_step_without_host_reads(slow_device, state, preserve):
     torch.manual_seed(0)
     model = _Outer(state, preserve)
     step = _train(model, lambda m, x: checkpoint(m, x, state=state, preserve=preserve), shape=(4, 3, 8, 8))
     counts = _steps(step)
+    counts.update(slow_device)
     assert not counts, dict(counts)
 
 

@@ -68,31 +68,40 @@ class _Deferred:
     """
 
     def __init__(self, items: list[tuple[str, str, torch.Tensor]]) -> None:
-        self.items = [(n, why) for n, why, _ in items]
+        by_device: dict[torch.device, list] = {}
+        for item in items:
+            by_device.setdefault(item[2].device, []).append(item)
+        self.groups = [self._send(group) for group in by_device.values()]  # (items, array, host, event)
+
+    @staticmethod
+    def _send(items: list) -> tuple:
         with torch.no_grad(), DisableTorchFunctionSubclass():
             v = torch.stack([f.reshape(()).to(torch.bool) for _, _, f in items])
-            self.event = None
+            event = None
             if v.device.type == "cuda":
-                self.host = torch.empty(v.shape, dtype=torch.bool, pin_memory=True)
-                self.array = self.host.numpy()  # (a view of pinned host memory: no device read)
-                self.host.copy_(v, non_blocking=True)
-                self.event = torch.cuda.Event()
-                self.event.record()
+                with torch.cuda.device(v.device):
+                    host = torch.empty(v.shape, dtype=torch.bool, pin_memory=True)
+                    array = host.numpy()  # (a view of pinned host memory: no device read)
+                    host.copy_(v, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record()
             else:
-                self.array = np.zeros(v.shape, dtype=bool)
-                self.host = torch.from_numpy(self.array)
-                self.host.copy_(v)  # (no stream to wait for)
+                array = np.zeros(v.shape, dtype=bool)
+                host = torch.from_numpy(array)
+                host.copy_(v)  # (no stream to wait for)
+        return [(n, why) for n, why, _ in items], array, host, event
 
     def ready(self) -> bool:
-        return self.event is None or self.event.query()
+        return all(event is None or event.query() for _, _, _, event in self.groups)
 
     def names(self, found: dict[str, str]) -> list[str]:
         """Add the changed ones to ``found`` (name -> why; the first reason kept); return ``found``'s names."""
-        if self.event is not None:
-            self.event.synchronize()
-        for (n, why), changed in zip(self.items, self.array.tolist()):
-            if changed:
-                found.setdefault(n, why)
+        for items, array, _, event in self.groups:
+            if event is not None:
+                event.synchronize()
+            for (n, why), changed in zip(items, array.tolist()):
+                if changed:
+                    found.setdefault(n, why)
         return list(found)
 
 
@@ -252,7 +261,9 @@ class Watch:
         names = self.undeclared_writes(skip=self._hook_only, deferred=deferred)
         if deferred:
             d = _Deferred(deferred)
-            if self.on_undeclared == "learn" or d.ready():  # (what state="auto" learns is needed now)
+            # state="auto" (learn) decides now whether this forward keeps its activations: it
+            # reads its verdicts now, waiting for them on a device (issue 26: not yet deferred)
+            if self.on_undeclared == "learn" or d.ready():
                 names = d.names(dict.fromkeys(names, ""))
             else:
                 self._pending = d
