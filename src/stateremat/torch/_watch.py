@@ -259,21 +259,7 @@ class Watch:
                 raise UnsupportedError(cache_message("stateremat.torch.checkpoint", self.name, where, cache, "updated"))
         deferred: list = []
         names = self.undeclared_writes(skip=self._hook_only, deferred=deferred)
-        if deferred:
-            d = _Deferred(deferred)
-            # state="auto" (learn) decides now whether this forward keeps its activations: it
-            # reads its verdicts now, waiting for them on a device (issue 26: not yet deferred)
-            if self.on_undeclared == "learn" or d.ready():
-                names = d.names(dict.fromkeys(names, ""))
-            else:
-                self._pending = d
-        self.report_undeclared(names, "after the forward")
-
-    def check_deferred(self) -> None:
-        """Report the byte checks of the forward that were still on the device after it (before a replay)."""
-        d, self._pending = self._pending, None
-        if d is not None:
-            self.report_undeclared(d.names({}), "after the forward")
+        self.report_undeclared(_read_or_defer(self, names, deferred), "after the forward")
 
     @property
     def candidates(self) -> dict:
@@ -333,27 +319,7 @@ class Watch:
                     continue
                 if t._version != expected.get(id(t), t._version) and storage_key(t) not in own:
                     found.setdefault(describe(n), "version counter")
-            if self.norm_probes:
-                with library_ops():
-                    for n, t, before in self.norm_probes:
-                        if id(t) in skip or storage_key(t) in own:
-                            continue
-                        same = _same_bytes(t, before)
-                        if isinstance(same, torch.Tensor):
-                            checks.append((describe(n), "bytes (a kernel that bumps no version)", ~same))
-                        elif not same:
-                            found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
-            for n, t, ptr in self.ptrs:
-                if t.data_ptr() != ptr and id(t) not in skip:
-                    found.setdefault(describe(n), "storage rebound (.data = / set_)")
-            for n, t, fp in self.fingerprints:
-                if id(t) in skip or describe(n) in found or storage_key(t) in own:
-                    continue
-                changed = fingerprint_changed(t, fp)
-                if isinstance(changed, torch.Tensor):
-                    checks.append((describe(n), "bytes (written through .data or another alias)", changed))
-                elif changed:
-                    found.setdefault(describe(n), "bytes (written through .data or another alias)")
+            _byte_checks(self, skip, own, found, checks)
         ends = {id(m): slots for _, m, slots, _ in self.txn.modules.end_bindings}  # taken at this forward's end
         replayed = self.txn.modules.plain.keys  # rebound slots the replay binds as of the forward
         for path, m, before, held in self.slots:
@@ -423,8 +389,9 @@ class Watch:
     def versions(self) -> list[tuple[Any, torch.Tensor, int]]:
         """The scan's versions now (before a replay); first, the forward's byte checks still
         pending on the device are read (an undeclared write they saw is refused here, R7)."""
-        if self._pending is not None:
-            self.check_deferred()
+        d, self._pending = self._pending, None
+        if d is not None:  # the forward's byte checks that were still on the device after it
+            self.report_undeclared(d.names({}), "after the forward")
         with DisableTorchFunctionSubclass():
             return [(n, t, t._version) for n, t, _ in self.scan]
 
@@ -434,6 +401,47 @@ class Watch:
             again = [describe(n) for n, t, v in versions if t._version != v]
         self.report_undeclared(again, "at recomputation by its version counter (the forward already wrote it "
                                       "once; the replay wrote it again)")
+
+
+def _byte_checks(self: "Watch", skip: set[int], own: set, found: dict[str, str], checks: list) -> None:
+    """The watch's byte checks (norm probes, pointers, fingerprints): changes read on the host go
+    to ``found`` (name -> why); device-side verdicts to ``checks`` as ``(name, why, 0-dim bool)``."""
+    if self.norm_probes:
+        with library_ops():
+            for n, t, before in self.norm_probes:
+                if id(t) in skip or storage_key(t) in own:
+                    continue
+                same = _same_bytes(t, before)
+                if isinstance(same, torch.Tensor):
+                    checks.append((describe(n), "bytes (a kernel that bumps no version)", ~same))
+                elif not same:
+                    found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
+    for n, t, ptr in self.ptrs:
+        if t.data_ptr() != ptr and id(t) not in skip:
+            found.setdefault(describe(n), "storage rebound (.data = / set_)")
+    for n, t, fp in self.fingerprints:
+        if id(t) in skip or describe(n) in found or storage_key(t) in own:
+            continue
+        changed = fingerprint_changed(t, fp)
+        if isinstance(changed, torch.Tensor):
+            checks.append((describe(n), "bytes (written through .data or another alias)", changed))
+        elif changed:
+            found.setdefault(describe(n), "bytes (written through .data or another alias)")
+
+
+def _read_or_defer(self: "Watch", names: list[str], deferred: list) -> list[str]:
+    """After the forward: ``names`` found on the host, plus the device-side verdicts ``deferred``
+    if they are ready (a CPU's always are); else those are kept in ``self._pending`` and read
+    before the replay (:meth:`Watch.versions`). ``state="auto"`` (learn) decides now whether this
+    forward keeps its activations, so it reads them now, waiting on a device (issue 26: not yet
+    deferred: the frame would have to settle later)."""
+    if not deferred:
+        return names
+    d = _Deferred(deferred)
+    if self.on_undeclared == "learn" or d.ready():
+        return d.names(dict.fromkeys(names, ""))
+    self._pending = d
+    return names
 
 
 def _split_gaps(names: list[str], written: list) -> tuple[list[torch.Tensor], list[str], list]:
