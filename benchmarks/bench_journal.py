@@ -23,6 +23,9 @@ shared). Targets are the issue's; the script reports what it measures, met or no
    preserve="region")`` / torch's checkpoint of the same blocks. Target <= 1.05. Also printed:
    the same with ``preserve="whole"``, and the default (``checkpoint(block, h)``, nothing declared:
    ``state="auto"`` finds the BatchNorm buffers) over ``state="buffers"``. Target <= 1.00.
+6. ``whole_copies``: bytes/s of ``whole``'s four copies per segment of a 64 MiB storage
+   (snapshot, set-aside, restore, reinstatement) into reused buffers, beside fresh clones and
+   one ``copy_``; the journal's own copies are printed as ``journal copies``.
 
 Usage: ``.venv/bin/python benchmarks/bench_journal.py [--pairs 20] [--threads 2]``.
 """
@@ -225,6 +228,35 @@ def copy_rates(device: torch.device, run_bytes: int = 4096, runs: int = 256) -> 
     return {k: n / statistics.median(v) for k, v in t.items()}
 
 
+def whole_copies(device: torch.device, nbytes: int = 64 << 20) -> dict:
+    """Bytes/s of ``whole``'s four copies of a storage per segment (snapshot, set-aside, restore,
+    reinstatement) into reused buffers, beside the same four into fresh clones (the former way)
+    and one ``copy_`` (the memcpy reference); the time of one cycle too."""
+    from stateremat.torch._preserve.whole import copy_of, give_back
+
+    flat = torch.randn(nbytes // 4, device=device).view(torch.uint8)
+
+    def reused() -> None:
+        snap = copy_of(flat)
+        visible = copy_of(flat)
+        flat.copy_(snap)
+        flat.copy_(visible)
+        give_back(visible)
+        give_back(snap)
+
+    def fresh() -> None:
+        snap = flat.clone()
+        visible = flat.clone()
+        flat.copy_(snap)
+        flat.copy_(visible)
+
+    dst = torch.empty_like(flat)
+    t = _interleaved({"reused": reused, "fresh": fresh, "copy": lambda: dst.copy_(flat)}, 10)
+    med = {k: statistics.median(v) for k, v in t.items()}
+    return {"reused_Bps": 4 * nbytes / med["reused"], "fresh_Bps": 4 * nbytes / med["fresh"],
+            "copy_Bps": nbytes / med["copy"], "reused_s": med["reused"], "fresh_s": med["fresh"], "nbytes": nbytes}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=20, help="interleaved rounds per comparison")
@@ -241,12 +273,17 @@ def main() -> None:
     q = queue(args.pairs, device)
     print(f"queue: region/whole time={q['region_over_whole_time']:.3f} (target <= 0.45; floor "
           f"{q['floor']:.3f} = torch/whole; region/torch {q['region_over_torch']:.3f}); whole step "
-          f"{q['whole_step_s']:.4f} s; "
+          f"{q['whole_step_s']:.4f} s ({4 * q['whole_kept_bytes'] / q['whole_step_s'] / 1e9:.2f} GB/s of its 4 "
+          "state copies over the step); "
           f"kept region={q['region_kept_bytes']} whole={q['whole_kept_bytes']} "
           f"written={q['written_bytes']} bytes")
     rates = copy_rates(device)
     print(f"journal copies (256 runs of 4 KiB): gather {rates['gather'] / 1e9:.2f} GB/s, scatter "
           f"{rates['scatter'] / 1e9:.2f} GB/s (target >= 5); one copy_ of the same bytes {rates['copy'] / 1e9:.2f} GB/s")
+    w = whole_copies(device)
+    print(f"whole copies ({w['nbytes'] >> 20} MiB storage, 4 per segment): reused buffers {w['reused_s'] * 1e3:.2f} ms "
+          f"= {w['reused_Bps'] / 1e9:.2f} GB/s, fresh clones {w['fresh_s'] * 1e3:.2f} ms = {w['fresh_Bps'] / 1e9:.2f} GB/s; "
+          f"one copy_ {w['copy_Bps'] / 1e9:.2f} GB/s")
     for name, j in journal_bytes(device).items():
         print(f"journal_bytes[{name}]: kept={j['kept_bytes']} written={j['written_bytes']} runs={j['runs']} "
               f"kept/written={j['kept_over_written']:.3f} kept/(1.1 written + 16 runs)={j['kept_over_bound']:.3f} "

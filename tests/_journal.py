@@ -39,10 +39,18 @@ class JournalSpy:
     def __enter__(self) -> "JournalSpy":
         from stateremat.torch._preserve import region
 
-        self._old = old_record, old_init = region.Journal.record, region.Journal.__init__
+        self._old = old_record, old_init, old_elements = \
+            region.Journal.record, region.Journal.__init__, region.Journal.record_elements
 
         def record(journal, runs):
             n = old_record(journal, runs)
+            if n:
+                self.entries += 1
+                self.bytes += n
+            return n
+
+        def record_elements(journal, w):  # (the device path's indexed writes)
+            n = old_elements(journal, w)
             if n:
                 self.entries += 1
                 self.bytes += n
@@ -52,10 +60,10 @@ class JournalSpy:
             self.journals += 1
             old_init(journal, *args, **kwargs)
 
-        region.Journal.record, region.Journal.__init__ = record, init
+        region.Journal.record, region.Journal.__init__, region.Journal.record_elements = record, init, record_elements
         return self
 
     def __exit__(self, *exc) -> None:
         from stateremat.torch._preserve import region
 
-        region.Journal.record, region.Journal.__init__ = self._old
+        region.Journal.record, region.Journal.__init__, region.Journal.record_elements = self._old

@@ -9,6 +9,8 @@ scatter).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -18,6 +20,26 @@ StorageKey = tuple[str, int, int]
 _INDEX_DIM_OPS = {"index_copy_", "index_add_", "index_fill_", "index_copy", "index_add", "index_fill"}
 #: Past this many touched elements we fall back to the conservative full extent.
 _MAX_ENUMERATED_ELEMENTS = 1 << 22
+
+
+#: CPU tensors may have their values read on the host (exact index runs, byte fingerprints, NumPy
+#: slice copies): a CPU tensor has no stream to wait for. Every other tensor takes the device path,
+#: which reads no value on the host, so a training step on an accelerator never synchronizes its
+#: stream for the library (issue 26; ``tests/test_torch_no_sync.py`` sets this False to prove the
+#: device path on CPU).
+HOST_READS_ON_CPU = True
+
+
+def host_readable(t: torch.Tensor) -> bool:
+    """May the library read ``t``'s values on the host without synchronizing a device stream?"""
+    return HOST_READS_ON_CPU and t.device.type == "cpu"
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` (a host tensor the library made) on ``device`` without waiting for the device's stream."""
+    if t.device == device:
+        return t
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
 
 
 def gather(flat: torch.Tensor, runs: np.ndarray) -> torch.Tensor:
@@ -33,7 +55,7 @@ def gather(flat: torch.Tensor, runs: np.ndarray) -> torch.Tensor:
         a = flat.numpy()
         return torch.from_numpy(np.concatenate([a[lo:hi] for lo, hi in runs.tolist()]))
     ids, c = _chunks(runs)
-    return flat[: flat.numel() // c * c].view(-1, c).index_select(0, ids.to(flat.device)).reshape(-1)
+    return flat[: flat.numel() // c * c].view(-1, c).index_select(0, to_device(ids, flat.device)).reshape(-1)
 
 
 def scatter(flat: torch.Tensor, runs: np.ndarray, data: torch.Tensor) -> None:
@@ -55,7 +77,7 @@ def scatter(flat: torch.Tensor, runs: np.ndarray, data: torch.Tensor) -> None:
             off += hi - lo
         return
     ids, c = _chunks(runs)
-    flat[: flat.numel() // c * c].view(-1, c).index_copy_(0, ids.to(flat.device), data.view(-1, c))
+    flat[: flat.numel() // c * c].view(-1, c).index_copy_(0, to_device(ids, flat.device), data.view(-1, c))
 
 
 #: Mean run length (bytes) from which a CPU journal copies run by run through NumPy views: about
@@ -67,7 +89,7 @@ SLICE_RUN_BYTES = 512
 
 def _by_slices(flat: torch.Tensor, runs: np.ndarray) -> bool:
     """Copy ``runs`` one slice each, in NumPy (CPU storages whose runs are long on average)?"""
-    return flat.device.type == "cpu" and int(runs[:, 1].sum() - runs[:, 0].sum()) >= SLICE_RUN_BYTES * runs.shape[0]
+    return host_readable(flat) and int(runs[:, 1].sum() - runs[:, 0].sum()) >= SLICE_RUN_BYTES * runs.shape[0]
 
 
 #: Up to this many runs, one slice copy per run; beyond, one indexed copy of common-size chunks.
@@ -163,17 +185,33 @@ def first_cover(runs: np.ndarray, owner_order: np.ndarray):
     return np.stack([pts[:-1][valid], pts[1:][valid]], axis=1), owner[valid]
 
 
-def fingerprint(t: torch.Tensor) -> tuple[int, int]:
+def fingerprint(t: torch.Tensor) -> tuple[int, int] | torch.Tensor:
     """A cheap summary of ``t``'s bytes (changes with any realistic write; not a cryptographic hash).
 
     Two integer sums over the tensor's bytes viewed as words: all of them, and every seventh
     (so permuting values is seen unless it permutes within both sets). Reads the bytes once,
-    allocates nothing of ``t``'s size.
+    allocates nothing of ``t``'s size. A tuple of ints where ``t`` is :func:`host_readable`; else
+    the two sums as an int64 tensor on ``t``'s device (nothing read on the host): compare with
+    :func:`fingerprint_changed`.
     """
     with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
         b = t.detach().contiguous().view(-1).view(torch.uint8)
         w = b.view(torch.int32) if b.numel() % 4 == 0 else b
+        if not host_readable(t):
+            return torch.stack([w.sum(dtype=torch.int64), w[::7].sum(dtype=torch.int64)])
         return int(w.sum(dtype=torch.int64)), int(w[::7].sum(dtype=torch.int64))
+
+
+def fingerprint_changed(t: torch.Tensor, before: tuple[int, int] | torch.Tensor) -> bool | torch.Tensor:
+    """Has ``t``'s :func:`fingerprint` changed since ``before``? A bool, or (device path, where
+    ``before`` is a tensor) a 0-dim bool tensor on the device, to be read later."""
+    now = fingerprint(t)
+    if isinstance(before, torch.Tensor) != isinstance(now, torch.Tensor):
+        return True  # (the tensor moved between host and device)
+    if isinstance(now, torch.Tensor):
+        with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
+            return (now != before).any() if now.device == before.device else True
+    return now != before
 
 
 def storage_key(t: torch.Tensor) -> StorageKey:
@@ -355,8 +393,98 @@ _MASK_OPS = {"masked_fill_", "masked_scatter_", "masked_fill", "masked_scatter"}
 _ELEMENT_OPS = _INDEX_DIM_OPS | _SCATTER_OPS | _MASK_OPS | {"index_put_", "index_put", "_index_put_impl_"}
 
 
+def _indices_on_host(args: tuple) -> bool:
+    """Are the index and mask tensors among ``args`` :func:`host_readable`? Resolving the elements
+    an op writes reads them on the host; on the device path the written view is journaled instead."""
+    for a in args[1:]:
+        if isinstance(a, torch.Tensor):
+            if not host_readable(a):
+                return False
+        elif type(a) in (list, tuple):
+            if any(isinstance(x, torch.Tensor) and not host_readable(x) for x in a):
+                return False
+    return True
+
+
 #: ATen op -> its base name (``aten::index_put_`` -> ``index_put_``).
 _OP_NAMES: dict = {}
+
+
+_INT_INDEX = (torch.int64, torch.int32)
+
+
+class ElementWrite:
+    """The elements a device-indexed write changes, kept on the device (no host read).
+
+    An index, scatter or ``index_put_`` write whose index tensors are not :func:`host_readable`:
+    the written view's geometry and a copy of the index tensors, so the journal keeps the old
+    values of exactly the written elements (:meth:`read`) and puts them back (:meth:`write`)
+    with device ops, newest entry first. ``bytes``: the index copies' device bytes.
+    """
+
+    __slots__ = ("kind", "dtype", "geometry", "dim", "index", "bytes")
+
+    def __init__(self, kind: str, written: torch.Tensor, dim: int, index: Any) -> None:
+        self.kind, self.dtype, self.dim = kind, written.dtype, dim
+        self.geometry = (tuple(written.shape), tuple(written.stride()), written.storage_offset())
+        with torch.no_grad():
+            if kind == "put":
+                self.index = tuple(i.detach().to(torch.int64, copy=True) for i in index)
+                self.bytes = sum(i.numel() * i.element_size() for i in self.index)
+            else:
+                self.index = index.detach().to(torch.int64, copy=True)
+                self.bytes = self.index.numel() * self.index.element_size()
+
+    def view(self, flat: torch.Tensor) -> torch.Tensor:
+        """The written view, rebuilt on ``flat``'s storage."""
+        size, stride, offset = self.geometry
+        with torch.no_grad():
+            return torch.empty(0, dtype=self.dtype, device=flat.device).set_(
+                flat.untyped_storage(), offset, size, stride)
+
+    def read(self, flat: torch.Tensor) -> torch.Tensor:
+        """The current values of the written elements (a new tensor)."""
+        v = self.view(flat)
+        if self.kind == "index":
+            return v.index_select(self.dim, self.index)
+        if self.kind == "scatter":
+            return v.gather(self.dim, self.index)
+        return v[self.index]
+
+    def write(self, flat: torch.Tensor, values: torch.Tensor) -> None:
+        """Put ``values`` (as :meth:`read` returned them) back into the written elements."""
+        v = self.view(flat)
+        if self.kind == "index":
+            v.index_copy_(self.dim, self.index, values)
+        elif self.kind == "scatter":
+            v.scatter_(self.dim, self.index, values)
+        else:
+            v.index_put_(self.index, values)
+
+
+def element_write(func: torch._ops.OpOverload, args: tuple, written: torch.Tensor) -> ElementWrite | None:
+    """An :class:`ElementWrite` for an index, scatter or integer ``index_put_`` write to ``written``
+    whose index tensors are on a device (not :func:`host_readable`); None for every other write
+    (masks and boolean indices among them: their written view is journaled)."""
+    name = _OP_NAMES.get(func)
+    if name is None:
+        name = _OP_NAMES[func] = func._schema.name.split("::")[-1]
+    if not args or args[0] is not written or name not in _ELEMENT_OPS or written.dim() == 0:
+        return None
+    if name in _INDEX_DIM_OPS and len(args) >= 3 and isinstance(args[2], torch.Tensor):
+        idx = args[2]
+        if idx.dtype in _INT_INDEX and idx.dim() <= 1 and not host_readable(idx):
+            return ElementWrite("index", written, int(args[1]) % written.dim(), idx.reshape(-1))
+    elif name in _SCATTER_OPS and len(args) >= 3 and isinstance(args[2], torch.Tensor):
+        idx = args[2]
+        if idx.dtype == torch.int64 and idx.dim() == written.dim() and not host_readable(idx):
+            return ElementWrite("scatter", written, int(args[1]) % written.dim(), idx)
+    elif name in ("index_put_", "index_put", "_index_put_impl_") and len(args) >= 2:
+        ind = list(args[1])
+        if ind and len(ind) <= written.dim() and all(isinstance(i, torch.Tensor) and i.dtype in _INT_INDEX
+                                                     for i in ind) and not all(host_readable(i) for i in ind):
+            return ElementWrite("put", written, 0, ind)
+    return None
 
 
 def write_runs(func: torch._ops.OpOverload, args: tuple, kwargs: dict, written: torch.Tensor) -> np.ndarray:
@@ -366,12 +494,15 @@ def write_runs(func: torch._ops.OpOverload, args: tuple, kwargs: dict, written: 
     tensors or masks on the leading dims, ``scatter_``/``scatter_add_``/``scatter_reduce_``,
     ``masked_fill_``/``masked_scatter_``) are resolved to the elements they write; every other
     write is the full set of elements of the written view (exact for slices and strided views).
+    Index and mask tensors that are not :func:`host_readable` (on a device) are not read: the
+    op's written view is journaled instead (a superset, computed from sizes, strides and offset
+    alone), so a journaled write never waits for the device's stream.
     """
     name = _OP_NAMES.get(func)
     if name is None:
         name = _OP_NAMES[func] = func._schema.name.split("::")[-1]
     runs = None
-    if args and args[0] is written and name in _ELEMENT_OPS:
+    if args and args[0] is written and name in _ELEMENT_OPS and _indices_on_host(args):
         if name in _INDEX_DIM_OPS and len(args) >= 3:
             runs = _index_runs(written, int(args[1]), args[2])
         elif name in ("index_put_", "index_put", "_index_put_impl_") and len(args) >= 2:

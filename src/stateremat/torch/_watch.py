@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 
 from stateremat.contract import rule
@@ -35,7 +36,7 @@ from ._plain import slot_id
 from ._pystate import cache_fingerprint, cache_message, python_state_arguments
 from ._runtime import Runtime
 from ._scan import Declared, Reach, describe, is_input_name, reachable, rebound, tensor_slots
-from ._storage import fingerprint, storage_key
+from ._storage import fingerprint, fingerprint_changed, host_readable, storage_key
 from ._txn import Transaction
 
 #: Largest reachable 1-D tensor compared byte for byte around the forward (running statistics).
@@ -47,9 +48,61 @@ def _stat_like(t: torch.Tensor) -> bool:
     return t.dim() == 1 and not t.requires_grad and t.is_floating_point() and t.numel() <= _PROBE_MAX_NUMEL
 
 
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bitwise equality (NaN == NaN, -0.0 != 0.0)."""
-    return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool | torch.Tensor:
+    """Bitwise equality (NaN == NaN, -0.0 != 0.0); on the device path (``a`` not
+    :func:`host_readable`) a 0-dim bool tensor on the device, to be read later."""
+    if a.shape != b.shape or a.device != b.device:
+        return False
+    a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+    return torch.equal(a, b) if host_readable(a) else (a == b).all()
+
+
+class _Deferred:
+    """Device-side verdicts of the watch's byte checks, read on the host once they are computed.
+
+    The verdicts (one 0-dim bool tensor per name: "this tensor's bytes changed") are stacked and
+    copied to pinned host memory without waiting (an event marks the copy's end); :meth:`names`
+    reads them, waiting for that event only if the device has not reached it yet. The watch reads
+    them after the forward when they are ready, else just before the replay (before anything is
+    restored), so a forward never waits for its stream (issue 26).
+    """
+
+    def __init__(self, items: list[tuple[str, str, torch.Tensor]]) -> None:
+        by_device: dict[torch.device, list] = {}
+        for item in items:
+            by_device.setdefault(item[2].device, []).append(item)
+        self.groups = [self._send(group) for group in by_device.values()]  # (items, array, host, event)
+
+    @staticmethod
+    def _send(items: list) -> tuple:
+        with torch.no_grad(), DisableTorchFunctionSubclass():
+            v = torch.stack([f.reshape(()).to(torch.bool) for _, _, f in items])
+            event = None
+            if v.device.type == "cuda":
+                with torch.cuda.device(v.device):
+                    host = torch.empty(v.shape, dtype=torch.bool, pin_memory=True)
+                    array = host.numpy()  # (a view of pinned host memory: no device read)
+                    host.copy_(v, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record()
+            else:
+                array = np.zeros(v.shape, dtype=bool)
+                host = torch.from_numpy(array)
+                host.copy_(v)  # (no stream to wait for)
+        return [(n, why) for n, why, _ in items], array, host, event
+
+    def ready(self) -> bool:
+        return all(event is None or event.query() for _, _, _, event in self.groups)
+
+    def names(self, found: dict[str, str]) -> list[str]:
+        """Add the changed ones to ``found`` (name -> why; the first reason kept); return ``found``'s names."""
+        for items, array, _, event in self.groups:
+            if event is not None:
+                event.synchronize()
+            for (n, why), changed in zip(items, array.tolist()):
+                if changed:
+                    found.setdefault(n, why)
+        return list(found)
 
 
 
@@ -126,6 +179,7 @@ class Watch:
         self.promoted: list[torch.Tensor] = []
         self.gaps: list[torch.Tensor] = []
         self._hook_only = r.hook_only  # a hook's own tensors: refused only if the replay writes them again
+        self._pending: _Deferred | None = None  # device-side byte checks of the forward, read before the replay
         self._scan_reached(r, txn.declared, txn.modules.held_keys, txn.modules.declared_modules)
         self._mark_reachable_aliases()
         for enclosing in rt.forward:
@@ -203,7 +257,9 @@ class Watch:
         for where, cache, before in caches:
             if cache_fingerprint(cache) != before:
                 raise UnsupportedError(cache_message("stateremat.torch.checkpoint", self.name, where, cache, "updated"))
-        self.report_undeclared(self.undeclared_writes(skip=self._hook_only), "after the forward")
+        deferred: list = []
+        names = self.undeclared_writes(skip=self._hook_only, deferred=deferred)
+        self.report_undeclared(_read_or_defer(self, names, deferred), "after the forward")
 
     @property
     def candidates(self) -> dict:
@@ -248,9 +304,12 @@ class Watch:
             self, name, f"at recomputation by {func} to {what} (not applied; the forward already made "
             "this write once, the replay would make it twice)", reachable=raw is not None, written=written))
 
-    def undeclared_writes(self, skip: set[int] = frozenset()) -> list[str]:
+    def undeclared_writes(self, skip: set[int] = frozenset(), deferred: list | None = None) -> list[str]:
         """Reachable undeclared tensors written since the forward began (versions and norm bytes),
-        except those whose ids are in ``skip``."""
+        except those whose ids are in ``skip``. Byte checks of device tensors are computed on the
+        device: with ``deferred`` (a list), their ``(name, why, 0-dim bool tensor)`` verdicts are
+        appended to it, to be read later (:class:`_Deferred`); without, they are read now."""
+        checks: list = [] if deferred is None else deferred
         own = {k for k, p in self.txn.items.items() if p.owned}
         found: dict[str, str] = {}
         expected = self.expected
@@ -260,18 +319,7 @@ class Watch:
                     continue
                 if t._version != expected.get(id(t), t._version) and storage_key(t) not in own:
                     found.setdefault(describe(n), "version counter")
-            if self.norm_probes:
-                with library_ops():
-                    for n, t, before in self.norm_probes:
-                        if id(t) not in skip and not _same_bytes(t, before) and storage_key(t) not in own:
-                            found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
-            for n, t, ptr in self.ptrs:
-                if t.data_ptr() != ptr and id(t) not in skip:
-                    found.setdefault(describe(n), "storage rebound (.data = / set_)")
-            for n, t, fp in self.fingerprints:
-                if (id(t) not in skip and describe(n) not in found and storage_key(t) not in own
-                        and fingerprint(t) != fp):
-                    found.setdefault(describe(n), "bytes (written through .data or another alias)")
+            _byte_checks(self, skip, own, found, checks)
         ends = {id(m): slots for _, m, slots, _ in self.txn.modules.end_bindings}  # taken at this forward's end
         replayed = self.txn.modules.plain.keys  # rebound slots the replay binds as of the forward
         for path, m, before, held in self.slots:
@@ -285,6 +333,8 @@ class Watch:
                     found.setdefault(f"{kind} {full!r} (rebound to another tensor)", "binding")
         for name in rebound([s for s in self.plain_slots if slot_id(s[1], s[2]) not in replayed]):
             found.setdefault(name, "binding")
+        if checks and deferred is None:
+            return _Deferred(checks).names(found)
         return list(found)
 
     def report_undeclared(self, names: list[str], when: str) -> None:
@@ -337,7 +387,11 @@ class Watch:
 
     # -- recompute -----------------------------------------------------------------------
     def versions(self) -> list[tuple[Any, torch.Tensor, int]]:
-        """The scan's versions now (before a replay)."""
+        """The scan's versions now (before a replay); first, the forward's byte checks still
+        pending on the device are read (an undeclared write they saw is refused here, R7)."""
+        d, self._pending = self._pending, None
+        if d is not None:  # the forward's byte checks that were still on the device after it
+            self.report_undeclared(d.names({}), "after the forward")
         with DisableTorchFunctionSubclass():
             return [(n, t, t._version) for n, t, _ in self.scan]
 
@@ -347,6 +401,47 @@ class Watch:
             again = [describe(n) for n, t, v in versions if t._version != v]
         self.report_undeclared(again, "at recomputation by its version counter (the forward already wrote it "
                                       "once; the replay wrote it again)")
+
+
+def _byte_checks(self: "Watch", skip: set[int], own: set, found: dict[str, str], checks: list) -> None:
+    """The watch's byte checks (norm probes, pointers, fingerprints): changes read on the host go
+    to ``found`` (name -> why); device-side verdicts to ``checks`` as ``(name, why, 0-dim bool)``."""
+    if self.norm_probes:
+        with library_ops():
+            for n, t, before in self.norm_probes:
+                if id(t) in skip or storage_key(t) in own:
+                    continue
+                same = _same_bytes(t, before)
+                if isinstance(same, torch.Tensor):
+                    checks.append((describe(n), "bytes (a kernel that bumps no version)", ~same))
+                elif not same:
+                    found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
+    for n, t, ptr in self.ptrs:
+        if t.data_ptr() != ptr and id(t) not in skip:
+            found.setdefault(describe(n), "storage rebound (.data = / set_)")
+    for n, t, fp in self.fingerprints:
+        if id(t) in skip or describe(n) in found or storage_key(t) in own:
+            continue
+        changed = fingerprint_changed(t, fp)
+        if isinstance(changed, torch.Tensor):
+            checks.append((describe(n), "bytes (written through .data or another alias)", changed))
+        elif changed:
+            found.setdefault(describe(n), "bytes (written through .data or another alias)")
+
+
+def _read_or_defer(self: "Watch", names: list[str], deferred: list) -> list[str]:
+    """After the forward: ``names`` found on the host, plus the device-side verdicts ``deferred``
+    if they are ready (a CPU's always are); else those are kept in ``self._pending`` and read
+    before the replay (:meth:`Watch.versions`). ``state="auto"`` (learn) decides now whether this
+    forward keeps its activations, so it reads them now, waiting on a device (issue 26: not yet
+    deferred: the frame would have to settle later)."""
+    if not deferred:
+        return names
+    d = _Deferred(deferred)
+    if self.on_undeclared == "learn" or d.ready():
+        return d.names(dict.fromkeys(names, ""))
+    self._pending = d
+    return names
 
 
 def _split_gaps(names: list[str], written: list) -> tuple[list[torch.Tensor], list[str], list]:

@@ -24,7 +24,8 @@ import torch
 from .._compat import library_ops
 from .._errors import ReplayError
 from .._runtime import DeclaredStorage
-from .._storage import first_cover, gather, merge_close, merge_runs, round_runs, scatter, write_runs
+from .._storage import ElementWrite, element_write, first_cover, gather, merge_close, merge_runs, round_runs, \
+    scatter, write_runs
 from stateremat.contract import rule
 from ._base import Preserver, Restored
 
@@ -38,6 +39,16 @@ class _Entry:
     seq: int
     runs: np.ndarray  # (n, 2) int64 byte runs, sorted and disjoint
     old: torch.Tensor  # uint8: the old bytes of runs, concatenated
+    elements: ElementWrite | None = None  # a device-indexed write: ``old`` holds its elements' old bytes
+
+
+_NO_RUNS = np.zeros((0, 2), dtype=np.int64)
+
+
+class _Undone(Restored):
+    """Restored by undoing the entries newest first (some are :class:`ElementWrite` entries, whose
+    bytes are not known on the host); ``redo``: per undone entry, newest first, the values it
+    held before its undo, put back oldest first to reinstate."""
 
 
 class Journal:
@@ -74,6 +85,16 @@ class Journal:
         self._grow(old.numel(), runs.nbytes)
         return old.numel()
 
+    def record_elements(self, w: ElementWrite) -> int:
+        """Keep the old values of the elements a device-indexed write changes; return bytes kept."""
+        st = self.storage
+        with library_ops():
+            old = w.read(st.flat)
+        old = old.reshape(-1).view(torch.uint8)
+        self.entries.append(_Entry(st.rt.next_seq(), _NO_RUNS, old, w))
+        self._grow(old.numel() + w.bytes, 0)  # (the index copies are device memory too)
+        return old.numel() + w.bytes
+
     def _grow(self, n: int, meta: int) -> None:
         self.bytes += n
         self.meta_bytes += meta
@@ -90,6 +111,8 @@ class Journal:
         if not entries:
             return None
         flat = self.storage.flat
+        if any(e.elements is not None for e in entries):
+            return self._undo(flat, entries)
         if len(entries) == 1:
             e = entries[0]
             with library_ops():
@@ -124,11 +147,41 @@ class Journal:
                     scatter(flat, pieces[sel], gather(entries[k].old, src_runs[sel] - base[k]))
         return Restored(union, visible)
 
+    @staticmethod
+    def _undo(flat: torch.Tensor, entries: list[_Entry]) -> "_Undone":
+        """Undo ``entries`` newest first, each byte ending at its oldest entry's old value (``B0``),
+        with device ops only; the values each undo overwrote are kept to redo them (R5)."""
+        redo = []
+        with library_ops():
+            for e in reversed(entries):
+                w = e.elements
+                if w is None:
+                    redo.append((e, gather(flat, e.runs)))
+                    scatter(flat, e.runs, e.old)
+                else:
+                    now = w.read(flat)
+                    redo.append((e, now))
+                    w.write(flat, e.old.view(now.dtype).view(now.shape))
+        out = _Undone(_NO_RUNS, flat.new_empty(0))  # (nothing the replay writes is known to be covered)
+        out.redo = redo
+        return out
+
+    @staticmethod
+    def redo(flat: torch.Tensor, restored: "_Undone") -> None:
+        """Reinstate what :meth:`_undo` undid: each entry's overwritten values, oldest first."""
+        with library_ops():
+            for e, now in reversed(restored.redo):
+                if e.elements is None:
+                    scatter(flat, e.runs, now)
+                else:
+                    e.elements.write(flat, now)
+
     def prune(self, oldest: int | None) -> None:
         """Drop entries no consumer can need (older than ``oldest``, all when None)."""
         if self.entries and (oldest is None or self.entries[0].seq < oldest):
             self.entries = [] if oldest is None else [e for e in self.entries if e.seq >= oldest]
-            self._grow(sum(e.old.numel() for e in self.entries) - self.bytes,
+            self._grow(sum(e.old.numel() + (e.elements.bytes if e.elements is not None else 0)
+                           for e in self.entries) - self.bytes,
                        sum(e.runs.nbytes for e in self.entries) - self.meta_bytes)
 
 
@@ -157,7 +210,16 @@ class RegionPreserver(Preserver):
         j = storage.journal
         if j is None or not storage.consumers:
             return 0
+        w = element_write(func, args, written)  # a device-indexed write: its elements, on the device
+        if w is not None and j.granularity_bytes is None:
+            return j.record_elements(w)
         return j.record(write_runs(func, args, kwargs, written))
+
+    def reinstate(self, restored: Restored) -> None:
+        if isinstance(restored, _Undone):
+            Journal.redo(self.storage.flat, restored)
+        else:
+            super().reinstate(restored)
 
     def restore(self, segment_name: str) -> Restored | None:
         st = self.storage
