@@ -445,7 +445,7 @@ EXPECTED_ALL = {
         "render_bench", "resolve_budget", "resolve_spec", "run_cell_methods", "run_experiment",
         "summarize", "with_budget", "write_bench_tables"],
     "stateremat.paper.cohort": [
-        "EXPERIMENTS", "PRESPECIFIED", "STATUS_TABLE", "TIMING_TABLE", "check_dask_address",
+        "CohortStopped", "EXPERIMENTS", "PRESPECIFIED", "STATUS_TABLE", "TIMING_TABLE", "check_dask_address",
         "cohort_config", "freeze_profiles", "method_order", "prespecified_comparisons", "run_one_process",
         "run_process_cohort", "worker_main"],
     "stateremat.paper.moco": [

@@ -325,7 +325,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     frame = Frame(rt, fn, name, txn, args, kwargs, verify=verify, sink=sink, debug=debug,
                   early_stop=early_stop and not r.replay_to_end,  # see Reach.replay_to_end
                   check_metadata=check_metadata, recompute_context=recompute_context,
-                  keep=auto and on_undeclared == "learn")
+                  keep=auto)
     watch = Watch(rt, fn, name, txn, r, args, kwargs, on_undeclared=on_undeclared, verify=verify)
     try:
         with watch.observing():

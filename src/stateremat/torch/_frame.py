@@ -42,6 +42,7 @@ from ._compat import (
     tree_flatten,
     tree_unflatten,
 )
+from . import _learn
 from ._errors import ReplayDivergenceError, ReplayError
 from ._runtime import Runtime, runtime
 from ._storage import storage_key
@@ -245,6 +246,7 @@ class Frame:
         def unpack(holder: _Holder) -> torch.Tensor:
             if holder.kept is not None:
                 return _unpack_kept(holder.kept)
+            internal_assert(not seg.eager, "an eager segment's holder lost its saved tensor")
             gid: Any = current_graph_id()
             if gid is None:
                 gid = int(uuid.uuid4())
@@ -320,6 +322,8 @@ class Frame:
     # -- recomputation -------------------------------------------------------------------
     def recompute(self, gid: Any) -> None:
         """Re-run the segment once for backward ``gid`` inside the replay transaction."""
+        if self.txn.auto:  # state read by the forward that others first wrote since: refused (R2)
+            _learn.refuse_changed_reads(self.rt, self.watch, self.name)
         replay = self.txn.replay(self)  # refuses parameters changed since the forward first (R8)
         args, kwargs = self.inputs()
         oplog = _OpLog(self.debug_ops[1]) if self.debug_ops is not None else contextlib.nullcontext()

@@ -8,12 +8,14 @@ Per thread, two sets of tensors (held weakly):
 
 An auto segment whose reach holds a tensor not yet seen (its first step, or a tensor created
 since) runs like ``on_undeclared="declare"``: every op is watched and each pre-existing tensor is
-snapshotted whole just before its first write. A segment that reaches only seen tensors declares
-the written ones it reaches up front, with its own preserver, and runs without the watch; its
-forward keeps its saved tensors until it ends. If the watch's end check then finds a write to a
-tensor not declared (a branch taken for the first time), that tensor is learned and this one
-forward keeps its activations (it runs as eager would: no replay, no second write). Nothing is
-replayed against state it did not preserve.
+declared just before its first write, with the segment's preserver (a journal keeps that write
+too). A segment that reaches only seen tensors declares the written ones it reaches up front and
+runs without the watch. Either way its forward keeps its saved tensors until it ends: if the
+watch's end check then finds a write no dispatch saw (a branch taken for the first time, a
+``.data =`` rebinding), that tensor is learned and this one forward keeps its activations (it
+runs as eager would: no replay, no second write). Its replay runs watched, so a write the
+forward did not make is refused before it happens, and :func:`refuse_changed_reads` refuses a
+replay whose forward read a tensor that code first seen writing it wrote since.
 
 The segment's own inputs and tensors with an autograd history (activations) are no state: they
 never make a segment run watched, and a write to an input keeps its clear error.
@@ -25,7 +27,8 @@ from typing import Any, Iterable
 
 import torch
 
-from ._compat import has_storage
+from ._compat import DisableTorchFunctionSubclass, has_storage
+from ._errors import ReplayError
 from ._scan import Declared, describe, is_input_name
 from ._storage import storage_key
 
@@ -64,6 +67,7 @@ class Learned:
     def __init__(self) -> None:
         self.seen = _TensorSet()
         self.written = _TensorSet()
+        self.skipped = _TensorSet()  # reached but untouched by one watched forward
 
     @staticmethod
     def _state(r_tensors: dict) -> Iterable[tuple[Any, torch.Tensor]]:
@@ -80,11 +84,15 @@ class Learned:
         return Declared(tensors=[(describe(n), t, id(t)) for n, t in self._state(r_tensors) if t in self.written])
 
     def see(self, r_tensors: dict, touched: set) -> None:
-        """A watched forward ended: every state tensor it reached and passed to an op is seen
-        (one it only reached — another chunk's buffer — stays unseen: its own forward is watched)."""
+        """A watched forward ended: every state tensor it reached and passed to an op is seen. One
+        it only reached (another chunk's buffer) stays unseen once, so the forward that uses it is
+        watched too; untouched by a second watched forward (an eval BatchNorm's batch counter), it
+        is seen: a later first write is then a gap, handled at that forward's end."""
         for _, t in self._state(r_tensors):
-            if not has_storage(t) or storage_key(t) in touched:
+            if not has_storage(t) or storage_key(t) in touched or t in self.skipped:
                 self.seen.add(t)
+            else:
+                self.skipped.add(t)
 
     def learn(self, tensors: Iterable[torch.Tensor]) -> None:
         """These tensors were written by an auto segment's forward: declare them from now on."""
@@ -118,8 +126,36 @@ def end(rt: Any, r_tensors: dict, mode: str, watch: Any, frame: Any) -> None:
     lr = learned(rt)
     lr.learn([*watch.promoted, *watch.gaps])
     if mode == "declare":
+        watch.touched = frozenset(rt.touched or ())  # what this forward read: refuse_changed_reads
         lr.see(r_tensors, rt.touched or set())
         if not rt.forward[:-1]:  # the outermost watched forward ends: stop noting
             rt.touched = None
-    else:
-        frame.settle(eager=bool(watch.gaps))
+    frame.settle(eager=bool(watch.gaps))
+
+
+def refuse_changed_reads(rt: Any, watch: Any, name: str) -> None:
+    """Before an auto segment's replay: refuse it if a tensor it reached without preserving it
+    (not known to be written when its forward began) was written since, by code the default saw
+    write it for the first time (another segment, a branch taken late): the replay would read
+    other bytes than its forward did. A watched forward checks only the tensors it passed to an op.
+
+    Raises:
+        ReplayError: naming the tensors (they are preserved wherever reached from the next step).
+    """
+    written = learned(rt).written
+    touched = getattr(watch, "touched", None)
+    with DisableTorchFunctionSubclass():
+        hit = [describe(n) for n, t, _ in watch.scan
+               if t in written and t._version != watch.expected.get(id(t), t._version)
+               and (touched is None or not has_storage(t) or storage_key(t) in touched)]
+    if hit:
+        raise ReplayError(
+            f"stateremat.torch.checkpoint: segment {name!r} read {', '.join(hit)} in its forward, and "
+            "that was written in place after that forward and before this backward by code seen writing "
+            "it for the first time (state='auto' learns a write on the step it first happens); this "
+            "segment kept no copy, so its replay cannot read the bytes its forward read (R2). The tensor "
+            "is preserved wherever it is reached from the next forward on (expected the bytes the "
+            "forward read, got bytes written since). Tip: rerun this step; to be exact from the first "
+            "step, run one step before checkpointing or declare it where it is read "
+            "(checkpoint(fn, ..., state=[tensor]))."
+        )

@@ -393,7 +393,10 @@ class StrictMode(TorchDispatchMode):
             args = tuple(_shard(a) if isinstance(a, torch.Tensor) else a for a in args)
         if not has_storage(t):
             return
-        ptr = t.untyped_storage().data_ptr()
+        try:
+            ptr = t.untyped_storage().data_ptr()
+        except RuntimeError:  # a wrapper subclass's storage has no data: nothing to record
+            return
         if ptr and ptr not in self.created:
             # Some ops (``_unsafe_view``, ``unsafe_split``) return an unannotated alias of an argument.
             for a in args:

@@ -20,7 +20,9 @@ is refused with :class:`ReplayError` (it may have computed with a value the forw
 see). An update after the value's last use needs no guard.
 
 A slot is ``(holder, key)``: the holder is a dict (a container, a module's ``__dict__`` or
-``_buffers``, an object's ``vars()``, module globals), a list (an entry by index) or a class.
+``_buffers``, an object's ``vars()``, module globals), a list (a tensor entry by index) or a
+class. A list's Python scalars are not state here: ``counter = [0]; counter[0] += 1`` is how
+code counts calls, replays included (torch's own tests do), as a list's appends are.
 """
 from __future__ import annotations
 
@@ -100,38 +102,60 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> list[tuple[Any, Any,
         for k, v in table.items():
             if isinstance(v, SCALARS) and k != "training":  # modules' flags: ModuleState's
                 out.setdefault((id(table), k), (table, k, v))
-    return list(out.values())
+    for glb, name in r.scalar_globals:  # global STEP; STEP += 1
+        v = glb.get(name, _ABSENT)
+        if v is _ABSENT or isinstance(v, SCALARS):
+            out.setdefault((id(glb), name), (glb, name, v))
+    return list(out.values()), [(t, set(t)) for t in tables]
 
 
 class PlainBindings:
-    """Slots of :func:`plain_starts` a segment's forward rebound, replayed as of the forward.
+    """Slots of :func:`plain_starts`, replayed as of the forward.
+
+    Every recorded slot is bound for the replay to the value the forward read (its start value),
+    so a value rebound between the forward and the backward (a counter the head advances,
+    ``Dropout.p`` changed between micro-batches) does not reach the replay either; a key the
+    forward added (``self.calls = getattr(self, "calls", 0) + 1``) is absent during the replay.
 
     Args:
-        starts: :func:`plain_starts` taken as the forward began.
+        starts: ``(slots, tables)`` from :func:`plain_starts`, taken as the forward began.
 
     Attributes:
-        bound: ``(holder, key, value the replay reads)`` of each rebound slot.
-        keys: :func:`slot_id` of those slots (the watch does not refuse them).
-        guarded: the forward called ``is_replaying()`` (values as of its end; replay rebinding refused).
+        bound: ``(holder, key, value the replay reads)`` of each recorded slot.
+        changed: those the forward itself rebound (or added).
+        keys: :func:`slot_id` of the changed slots (the watch does not refuse them).
+        guarded: the forward called ``is_replaying()`` (its changed slots replay as of its end;
+            a replay rebinding one is refused).
     """
 
-    def __init__(self, starts: list[tuple[Any, Any, Any]]) -> None:
-        self.starts = starts
+    def __init__(self, starts: tuple[list[tuple[Any, Any, Any]], list[tuple[dict, set]]]) -> None:
+        self.starts, self.tables = starts
         self.bound: list[tuple[Any, Any, Any]] = []
+        self.changed: list[tuple[Any, Any, Any]] = []
         self.keys: set[tuple[int, Any]] = set()
         self.guarded = False
 
     def settle(self, guarded: bool) -> None:
-        """After the forward: keep the slots it rebound (``guarded``: it called ``is_replaying()``)."""
-        changed = [(h, k, v, e) for h, k, v in self.starts if not _same(v, e := _get(h, k)) and _replayable(e)]
-        self.bound = [(h, k, e if guarded else v) for h, k, v, e in changed]
-        self.keys = {(id(h), k) for h, k, _, _ in changed}
+        """After the forward: note what it rebound (``guarded``: it called ``is_replaying()``)."""
+        entries = [(h, k, v, _get(h, k)) for h, k, v in self.starts]
+        entries += [(t, k, _ABSENT, t[k]) for t, keys in self.tables if len(t) != len(keys) or t.keys() != keys
+                    for k in t.keys() - keys]
+        self.bound, self.changed = [], []
+        for h, k, v, e in entries:
+            if not _replayable(e):
+                continue
+            if _same(v, e):
+                self.bound.append((h, k, v))
+            else:
+                self.bound.append((h, k, e if guarded else v))
+                self.changed.append(self.bound[-1])
+        self.keys = {(id(h), k) for h, k, _ in self.changed}
         self.guarded = guarded
-        self.starts = []
+        self.starts, self.tables = [], []
 
     @contextlib.contextmanager
     def as_of_forward(self) -> Iterator[None]:
-        """Bind each rebound slot as of the forward for the replay; reinstate the current values after.
+        """Bind each recorded slot as of the forward for the replay; reinstate the current values after.
 
         Raises:
             ReplayError: a guarded forward's replay rebound a slot the forward had rebound too.
@@ -140,16 +164,18 @@ class PlainBindings:
             yield
             return
         before = [(h, k, _get(h, k)) for h, k, _ in self.bound]
-        for h, k, v in self.bound:
-            _put(h, k, v)
+        for (h, k, v), (_, _, now) in zip(self.bound, before):
+            if not _same(now, v):
+                _put(h, k, v)
         again: list[tuple[Any, Any, Any]] = []
         try:
             yield
             if self.guarded:
-                again = [(h, k, v) for h, k, v in self.bound if not _same(_get(h, k), v)]
+                again = [(h, k, v) for h, k, v in self.changed if not _same(_get(h, k), v)]
         finally:
             for h, k, v in before:
-                _put(h, k, v)
+                if not _same(_get(h, k), v):
+                    _put(h, k, v)
         if again:
             _, k, v = again[0]
             raise ReplayError(

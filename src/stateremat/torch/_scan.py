@@ -94,6 +94,10 @@ def _user_code(v: Any) -> bool:
     return bool(top) and top not in _LIBRARIES and top not in sys.stdlib_module_names
 
 
+#: Globals of these types are Python values a forward may rebind (``global STEP; STEP += 1``).
+_SCALAR_GLOBALS = (int, float, bool, complex, str)
+
+
 def _state_global(v: Any) -> bool:
     """A global worth following: tensors, modules, generators, containers, plain objects and
     user functions (not library functions, classes, imported modules or plain values)."""
@@ -272,6 +276,8 @@ class Reach:
     #: ``(name, holder, key, tensor)``: a tensor bound in a list, dict, plain object, class or
     #: module globals (see :func:`rebound`)
     slots: list[tuple[str, Any, Any, torch.Tensor]] = field(default_factory=list)
+    #: ``(globals dict, name)`` of plain-value globals the segment's code loads (``global STEP``)
+    scalar_globals: list[tuple[dict, str]] = field(default_factory=list)
     #: ids of tensors reached only through module hooks: a hook may guard its write with
     #: ``is_replaying()``, so only a write by the replay itself is refused
     hook_only: set[int] = field(default_factory=set)
@@ -333,7 +339,9 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
                 _add_value(r, v, what, 1)
         for name, glb in _class_globals(cls):  # globals its forward and helpers use
             v = glb.get(name)
-            if _state_global(v):
+            if type(v) in _SCALAR_GLOBALS:
+                r.scalar_globals.append((glb, name))
+            elif _state_global(v):
                 if isinstance(v, torch.Tensor):
                     r.slots.append((f"global {name!r}", glb, name, v))
                 _add_value(r, v, f"global {name!r}", 0, name)
@@ -373,7 +381,9 @@ def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
     glb = getattr(fn, "__globals__", {})
     for name in _code_names(code):
         v = glb.get(name)
-        if _state_global(v):
+        if type(v) in _SCALAR_GLOBALS:
+            r.scalar_globals.append((glb, name))
+        elif _state_global(v):
             if isinstance(v, torch.Tensor):
                 r.slots.append((f"global {name!r}", glb, name, v))
             _add_value(r, v, f"global {name!r}", depth, name)

@@ -185,24 +185,25 @@ def first_cover(runs: np.ndarray, owner_order: np.ndarray):
     return np.stack([pts[:-1][valid], pts[1:][valid]], axis=1), owner[valid]
 
 
-def fingerprint(t: torch.Tensor) -> tuple[int, int] | torch.Tensor:
+def fingerprint(t: torch.Tensor) -> tuple[int, ...] | torch.Tensor:
     """A cheap summary of ``t``'s bytes (changes with any realistic write; not a cryptographic hash).
 
-    Two integer sums over the tensor's bytes viewed as words: all of them, and every seventh
-    (so permuting values is seen unless it permutes within both sets). Reads the bytes once,
-    allocates nothing of ``t``'s size. A tuple of ints where ``t`` is :func:`host_readable`; else
-    the two sums as an int64 tensor on ``t``'s device (nothing read on the host): compare with
-    :func:`fingerprint_changed`.
+    Three integer sums over the tensor's bytes viewed as words: all of them, every third and every
+    seventh (so a permutation of values is seen unless it moves each word by a multiple of 21
+    words: swapping two neighbouring float64 elements is seen). Allocates nothing of ``t``'s size.
+    A tuple of ints where ``t`` is :func:`host_readable`; else the sums as an int64 tensor on
+    ``t``'s device (nothing read on the host): compare with :func:`fingerprint_changed`.
     """
     with torch.no_grad(), torch._C.DisableTorchFunctionSubclass():
         b = t.detach().contiguous().view(-1).view(torch.uint8)
         w = b.view(torch.int32) if b.numel() % 4 == 0 else b
+        sums = (w.sum(dtype=torch.int64), w[::3].sum(dtype=torch.int64), w[::7].sum(dtype=torch.int64))
         if not host_readable(t):
-            return torch.stack([w.sum(dtype=torch.int64), w[::7].sum(dtype=torch.int64)])
-        return int(w.sum(dtype=torch.int64)), int(w[::7].sum(dtype=torch.int64))
+            return torch.stack(sums)
+        return tuple(int(x) for x in sums)
 
 
-def fingerprint_changed(t: torch.Tensor, before: tuple[int, int] | torch.Tensor) -> bool | torch.Tensor:
+def fingerprint_changed(t: torch.Tensor, before: tuple[int, ...] | torch.Tensor) -> bool | torch.Tensor:
     """Has ``t``'s :func:`fingerprint` changed since ``before``? A bool, or (device path, where
     ``before`` is a tensor) a 0-dim bool tensor on the device, to be read later."""
     now = fingerprint(t)

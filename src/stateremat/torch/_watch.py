@@ -39,6 +39,8 @@ from ._scan import Declared, Reach, describe, is_input_name, reachable, rebound,
 from ._storage import fingerprint, fingerprint_changed, host_readable, storage_key
 from ._txn import Transaction
 
+_NULL = contextlib.nullcontext  # the frame's recompute context when no context_fn was given
+
 #: Largest reachable 1-D tensor compared byte for byte around the forward (running statistics).
 _PROBE_MAX_NUMEL = 1 << 16
 
@@ -246,8 +248,10 @@ class Watch:
             rt.strict_depth -= 1
 
     def replay_mode(self, segment: Any) -> contextlib.AbstractContextManager:
-        """Around the replay's function: every op watched when the forward's were (``segment``: the frame)."""
-        return StrictMode(self.rt, "replay", segment) if self.strict else contextlib.nullcontext()
+        """Around the replay (``segment``: the frame): every op watched when the forward's were, and under
+        ``state="auto"`` unless a ``context_fn``'s modes (selective checkpointing's cache) must be innermost."""
+        strict = self.strict or (self.on_undeclared == "learn" and type(segment.recompute_context) is _NULL)
+        return StrictMode(self.rt, "replay", segment) if strict else contextlib.nullcontext()
 
     def end_forward(self) -> None:
         """After the forward (the transaction's end noted): refuse an updated Python-state cache,
@@ -343,7 +347,7 @@ class Watch:
             return
         wanted = set(names)
         written = [(n, t) for n, t, _ in self.scan if describe(n) in wanted]
-        if self.on_undeclared == "learn" and when == "after the forward":
+        if self.txn.auto and when == "after the forward":  # state="auto": a gap, this forward eager
             self.gaps, names, written = _split_gaps(names, written)
             if not names:
                 return
@@ -438,7 +442,7 @@ def _read_or_defer(self: "Watch", names: list[str], deferred: list) -> list[str]
     if not deferred:
         return names
     d = _Deferred(deferred)
-    if self.on_undeclared == "learn" or d.ready():
+    if self.txn.auto or d.ready():
         return d.names(dict.fromkeys(names, ""))
     self._pending = d
     return names

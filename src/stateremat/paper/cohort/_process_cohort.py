@@ -308,7 +308,7 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
     References:
         Paper §11 ("Independent-process confirmation").
     """
-    _check_request(experiment, processes, dask_address)
+    _check_request(experiment, processes, dask_address, on_stop)
     spec = _cohort_spec(experiment, preset, spec_fn, budget_bytes, profile_dir, profile_fn)
     lock_run(out_dir)  # before anything is written: a refused second launch changes nothing
     # every option known before the cards, checked before any card is measured or written
@@ -332,9 +332,6 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         jobs = 1 if device.startswith("cuda") else max(1, (os.cpu_count() or 1) // (threads or 1))
     task = as_progress(progress, "run_process_cohort").task(f"cohort {experiment}: processes",
                                                             total=len(tasks))
-    if on_stop not in ("raise", "return"):
-        raise ValueError(f"run_process_cohort: on_stop must be 'raise' or 'return', got {on_stop!r}. "
-                         "Tip: 'raise' (default) re-raises a stop as CohortStopped.")
     with StopRequest(restore=on_stop == "raise") as stop:
         results = (dask_results(tasks, dask_address, worker_cmd, timeout_s, cards, threads, stop)
                    if dask_address else
@@ -343,17 +340,21 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         ok, failed, stopped = _collect(results, timing, status, attempts, int(processes),
                                        "dask" if dask_address else "local", task)
     shutil.rmtree(Path(out_dir) / TEMP_DIR, ignore_errors=True)  # every work folder collected
-    signame = None if stop.signum is None else signal.Signals(stop.signum).name
     summary = {"out_dir": str(out_dir), "processes": int(processes), "already_done": len(done),
                "ran": ok + len(failed) + len(stopped), "ok": ok, "failed": sorted(failed),
-               "interrupted": signame, "stopped": sorted(stopped),
-               "not_started": len(tasks) - ok - len(failed) - len(stopped)}
+               "interrupted": None if stop.signum is None else signal.Signals(stop.signum).name,
+               "stopped": sorted(stopped), "not_started": len(tasks) - ok - len(failed) - len(stopped)}
+    return _after_stop(stop, summary, on_stop)
+
+
+def _after_stop(stop: StopRequest, summary: dict[str, Any], on_stop: str) -> dict[str, Any]:
+    """The run's summary; a stop re-raised as :class:`CohortStopped` when ``on_stop="raise"``."""
     if stop.signum is not None and on_stop == "raise":
         raise CohortStopped(stop.signum, summary)
     return summary
 
 
-def _check_request(experiment: str, processes: int, dask_address: Any) -> None:
+def _check_request(experiment: str, processes: int, dask_address: Any, on_stop: str = "raise") -> None:
     """Refuse an unknown experiment, ``processes < 1`` or a bad scheduler address, in seconds,
     before anything is measured or written."""
     if experiment not in EXPERIMENTS:
@@ -365,6 +366,9 @@ def _check_request(experiment: str, processes: int, dask_address: Any) -> None:
                          f"{processes}. Tip: the paper uses 50.")
     if isinstance(dask_address, str):
         check_dask_address(dask_address)
+    if on_stop not in ("raise", "return"):
+        raise ValueError(f"run_process_cohort: on_stop must be 'raise' or 'return', got {on_stop!r}. "
+                         "Tip: 'raise' (default) re-raises a stop as CohortStopped.")
 
 
 def _cohort_spec(experiment: str, preset: str, spec_fn: Callable[[str, str], Any] | None,
