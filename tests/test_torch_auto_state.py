@@ -310,3 +310,179 @@ def test_every_fix_the_strict_refusal_names_gives_eagers_result(tip, preserve):
              "on_undeclared='declare'": lambda m, x: checkpoint(m, x, state=None, on_undeclared="declare",
                                                                 preserve=preserve)}
     _equal(_steps(ref, lambda m, x: m(x[:, :3])), _steps(got, lambda m, x: fixes[tip](m, x[:, :3])))
+
+
+# --- the review round's kinds (tests/ of the attack on state="auto") -------------------------------------
+
+class _ReaderWriter(nn.Module):
+    """Segment A only reads ``q``; segment B, later in the same forward, writes it from step ``late``."""
+
+    def __init__(self, late):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8).to(D), nn.Linear(8, 8).to(D)
+        self.register_buffer("q", torch.randn(8, 8, dtype=D, generator=torch.Generator().manual_seed(0)))
+        self.n, self.late = 0, late
+
+    def A(self, x):
+        return torch.tanh(self.a(x) @ self.q.clone())
+
+    def B(self, x):
+        self.n += 1
+        h = self.b(x)
+        if self.n >= self.late:
+            with torch.no_grad():
+                self.q.mul_(0.5).add_(h.mean(0))
+        return h
+
+    def forward(self, x, ck):
+        c = checkpoint if ck else (lambda f, *a: f(*a))
+        return c(self.B, c(self.A, x))
+
+
+@pytest.mark.parametrize("late", [1, 3])
+def test_a_reader_whose_state_a_later_segment_first_writes_is_refused_never_silently_wrong(late):
+    """Before: A replayed against B's write, silently wrong on the step B first wrote q. Now that
+    step's backward is refused naming q (nothing restored, nothing lost); every other step, and the
+    rerun of the refused one, equals eager (q is preserved wherever reached once learned)."""
+    from stateremat.torch import ReplayError
+
+    x = torch.randn(16, 8, dtype=D, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    ref = _ReaderWriter(late)
+    got = copy.deepcopy(ref)
+    refused = []
+    for step in range(5):
+        ref.zero_grad()
+        ref(x, False).pow(2).sum().backward()
+        for attempt in range(2):
+            got.zero_grad()
+            q0, n0 = got.q.clone(), got.n
+            try:
+                got(x, True).pow(2).sum().backward()
+                break
+            except ReplayError as exc:
+                assert "buffer 'q'" in str(exc) and "Tip: rerun this step" in str(exc)
+                refused.append(step)
+                with torch.no_grad():  # the user reruns the step from the state before it
+                    got.q.copy_(q0)
+                got.n = n0
+        assert torch.equal(got.a.weight.grad, ref.a.weight.grad) and torch.equal(got.q, ref.q)
+    assert refused == [late - 1]
+
+
+class _CountsAndReads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.b1, self.head = nn.Linear(8, 8).to(D), nn.Linear(8, 1).to(D)
+        self.step, self.drop = 0, nn.Dropout(0.1)
+
+    def block(self, x):
+        return torch.tanh(self.drop(self.b1(x)) / (1.0 + self.step))  # reads the counter
+
+    def tail(self, x):
+        self.step += 1  # advanced by a later segment, before the backward
+        self.calls = getattr(self, "calls", 0) + 1  # an attribute the first forward creates
+        return self.head(x)
+
+    def forward(self, x, ck):
+        return (checkpoint(self.tail, checkpoint(self.block, x)) if ck else self.tail(self.block(x)))
+
+
+def test_python_values_replay_as_the_forward_read_them():
+    """A counter a later segment advances, Dropout.p changed between micro-batches and an attribute
+    the forward creates: eager's gradients and counters (before: wrong gradients, counters +1)."""
+    results = []
+    for ck in (False, True):
+        torch.manual_seed(0)
+        m = _CountsAndReads()
+        grads = []
+        for step in range(3):
+            m.zero_grad()
+            xs = [torch.randn(4, 8, dtype=D, generator=torch.Generator().manual_seed(10 * step + i)) for i in range(2)]
+            torch.manual_seed(step)
+            y0 = m(xs[0], ck)
+            m.drop.p = 0.3  # changed between micro-batches: the first one's replay reads 0.1
+            y1 = m(xs[1], ck)
+            m.drop.p = 0.1
+            (y0.sum() + y1.sum()).backward()
+            grads.append(m.b1.weight.grad.clone())
+        results.append((grads, m.step, m.calls))
+    assert all(torch.equal(a, b) for a, b in zip(results[0][0], results[1][0]))
+    assert results[0][1:] == results[1][1:] == (6, 6)
+
+
+_STEP = 0
+
+
+def _global_counter(x):
+    global _STEP
+    _STEP += 1
+    return (x * _STEP).sum()
+
+
+def test_a_global_python_counter_advances_once_per_forward():
+    global _STEP
+    _STEP = 0
+    x = torch.ones(3, dtype=D, requires_grad=True)
+    for step in range(3):
+        x.grad = None
+        checkpoint(_global_counter, x).backward()
+        assert _STEP == step + 1 and torch.equal(x.grad, torch.full((3,), float(step + 1), dtype=D))
+
+
+def test_a_permutation_written_through_data_is_seen_and_exact():
+    """Swapping two neighbouring float64 elements through .data (its own version counter) was
+    invisible to the byte fingerprint: from its first step on, gradients were silently wrong."""
+    class Swap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = nn.Linear(4, 4).to(D)
+            self.register_buffer("w", torch.arange(16.0, dtype=D).view(4, 4) / 10)
+            self.n = 0
+
+        def forward(self, x):
+            self.n += 1
+            y = self.l(x) @ self.w.clone()
+            if self.n >= 2:
+                d = self.w.data.view(-1)
+                d[[1, 2]] = d[[2, 1]]
+            return y
+
+    x = torch.randn(8, 4, dtype=D, generator=torch.Generator().manual_seed(0))
+    out = []
+    for ck in (False, True):
+        torch.manual_seed(0)
+        m = Swap()
+        res = []
+        for _ in range(3):
+            m.zero_grad()
+            (checkpoint(m, x) if ck else m(x)).pow(2).sum().backward()
+            res.append((m.l.weight.grad.clone(), m.w.clone()))
+        out.append(res)
+    assert all(torch.equal(a[0], b[0]) and torch.equal(a[1], b[1]) for a, b in zip(*out))
+
+
+def test_an_eval_batchnorm_does_not_keep_every_step_watched():
+    """An eval BatchNorm's batch counter is reached but never touched: seen after two watched
+    steps, so later steps run unwatched (before: every op watched at every step)."""
+    from stateremat.torch import _learn
+
+    modes = []
+    orig = _learn.begin
+
+    def spy(rt, r):
+        d, mode = orig(rt, r)
+        modes.append(mode)
+        return d, mode
+
+    torch.manual_seed(0)
+    block = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4)).eval()
+    block[0].train()
+    import stateremat.torch._checkpoint as ck
+    ck._learn.begin = spy
+    try:
+        for _ in range(4):
+            checkpoint(block, torch.randn(2, 3, 8, 8, requires_grad=True)).sum().backward()
+    finally:
+        ck._learn.begin = orig
+    assert modes[2:] == ["learn", "learn"], modes
