@@ -22,6 +22,7 @@ never make a segment run watched, and a write to an input keeps its clear error.
 """
 from __future__ import annotations
 
+import re
 import weakref
 from typing import Any, Iterable
 
@@ -34,6 +35,8 @@ from ._storage import storage_key
 
 #: The ``state=`` value that finds the state itself (the default).
 AUTO = "auto"
+
+_LIST_ENTRY = re.compile(r"\[\d+\]$")  # a scan name of a list's entry
 
 
 class _TensorSet:
@@ -76,8 +79,10 @@ class Learned:
                 yield name, t
 
     def needs_watch(self, r_tensors: dict) -> bool:
-        """Does the reach hold state no watched forward has seen yet?"""
-        return any(t not in self.seen for _, t in self._state(r_tensors))
+        """Does the reach hold state no watched forward has seen yet? (A tensor in a list — a log
+        the model appends to each step — does not count: a first write to one is a gap.)"""
+        return any(t not in self.seen for n, t in self._state(r_tensors)
+                   if not (isinstance(n, str) and _LIST_ENTRY.search(n)))
 
     def declared(self, r_tensors: dict) -> Declared:
         """The written tensors among the reached ones, declared (scan names, one group each)."""

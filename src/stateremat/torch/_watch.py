@@ -20,6 +20,7 @@ The watch keeps no state it would put back: that is the transaction's (``_txn``)
 from __future__ import annotations
 
 import contextlib
+import re
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -40,6 +41,12 @@ from ._storage import fingerprint, fingerprint_changed, host_readable, storage_k
 from ._txn import Transaction
 
 _NULL = contextlib.nullcontext  # the frame's recompute context when no context_fn was given
+_LIST_ENTRY = re.compile(r"\[\d+\]$")
+
+
+def _logged(name: Any) -> bool:
+    """A list's entry (a log the model appends to): its version counter is watched, not its bytes."""
+    return isinstance(name, str) and _LIST_ENTRY.search(name) is not None
 
 #: Largest reachable 1-D tensor compared byte for byte around the forward (running statistics).
 _PROBE_MAX_NUMEL = 1 << 16
@@ -201,8 +208,8 @@ class Watch:
             # writes no version counter of these tensors sees: through .data (its own counter) or by
             # rebinding their storage (.data = ..., set_) — fingerprints and data pointers
             self.ptrs = [(n, t, t.data_ptr()) for n, t, _ in self.scan]
-            self.fingerprints = [(n, t, fingerprint(t)) for n, t, _ in self.scan
-                                 if not t.requires_grad and id(t) not in probes and t.numel()]
+            self.fingerprints = [(n, t, fingerprint(t)) for n, t, _ in self.scan  # (not a list's log entries)
+                                 if not t.requires_grad and id(t) not in probes and t.numel() and not _logged(n)]
             #: tensor bindings of reached undeclared modules (less those the replay binds itself)
             self.slots = [(path, m, tensor_slots(m), {(d, k) for (i, d, k) in held_keys if i == id(m)})
                           for path, m in r.modules if id(m) not in declared_mods]
