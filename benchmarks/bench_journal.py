@@ -23,8 +23,9 @@ shared). Targets are the issue's; the script reports what it measures, met or no
    preserve="region")`` / torch's checkpoint of the same blocks. Target <= 1.05. Also printed:
    the same with ``preserve="whole"``, and the default (``checkpoint(block, h)``, nothing declared:
    ``state="auto"`` finds the BatchNorm buffers) over ``state="buffers"``. Target <= 1.00.
-6. ``whole_copies``: bytes/s of ``whole``'s four copies per segment of a 64 MiB storage
-   (snapshot, set-aside, restore, reinstatement) into reused buffers, beside fresh clones and
+6. ``whole_copies``: bytes/s of four copies per segment of a 64 MiB storage (snapshot,
+   set-aside, restore, reinstatement) into reused buffers — a prototype ``whole`` does not use
+   (its spares raised measured peaks) — beside fresh clones (what ``whole`` does) and
    one ``copy_``; the journal's own copies are printed as ``journal copies``.
 
 Usage: ``.venv/bin/python benchmarks/bench_journal.py [--pairs 20] [--threads 2]``.

@@ -70,7 +70,7 @@ def read_timeline(events: list[Event], n: int) -> StepCosts:
         first.setdefault((e.kind, e.index), k)
         last[(e.kind, e.index)] = k
     end = len(events) - 1
-    segs = []
+    segs, bwd_ends = [], []
     for i in range(n):
         e0, e1 = first[("fwd_enter", i)], first[("fwd_exit", i)]
         entry, exit_ = events[e0], events[e1]
@@ -86,6 +86,7 @@ def read_timeline(events: list[Event], n: int) -> StepCosts:
                 e = next((k for k in range(s + 1, end + 1) if events[k].kind in ("bwd_start", "bwd_done")), end)
             peak = max(peak, _peak(events, s, e))
             bwd_s = events[e].time_s - events[s].time_s
+            bwd_ends.append(e)
         segs.append(SegmentCost(max(0, exit_.live_bytes - entry.live_bytes), max(0, peak - exit_.live_bytes),
                                 exit_.time_s - entry.time_s, bwd_s,
                                 max(0, exit_.preserved_bytes - entry.preserved_bytes)))
@@ -94,8 +95,7 @@ def read_timeline(events: list[Event], n: int) -> StepCosts:
     bwd = [k for k, e in enumerate(events) if e.kind in ("bwd_start", "bwd_end", "bwd_done")]
     first_bwd = bwd[0] if bwd else end
     last_bwd = bwd[-1] if bwd else end  # bwd_done when torch reports the backward's end
-    seg_ends = [last[("bwd_end", i)] for i in range(n) if ("bwd_end", i) in last]
-    segs_done = max(seg_ends) if seg_ends else last_bwd
+    segs_done = max(bwd_ends, default=last_bwd)  # every segment's backward over (first on the batch: at the end)
     base = events[0].live_bytes
     return StepCosts(
         segments=segs, base_bytes=base, entry_bytes=events[enter0].live_bytes,

@@ -139,7 +139,7 @@ def build_method(method: str, cfg: WorkloadConfig, options: list[str] | None,
             from ...torch import apply_plan
 
             apply_plan(chain, {"options": list(options), "segment_names": list(chain.segment_names)},
-                       granularity_bytes=cfg.granularity_bytes)
+                       granularity_bytes=cfg.granularity_bytes, state="buffers")  # as profiled (§4)
         else:  # negative controls (recompute_only = plain torch.utils.checkpoint), tests only
             for name, opt in zip(chain.segment_names, options):
                 setattr(chain, name, wrap_segment(getattr(chain, name), opt))

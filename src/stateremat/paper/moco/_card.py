@@ -60,7 +60,8 @@ def measure_card(preset, split, seed: int, device) -> ProfileCard:
         opt.step()
 
     card = profile(model, list(SEGMENTS), step, options=[*OPTIONS.names, RECOMPUTE_ONLY], device=device,
-                   repeats=max(1, preset.profile_steps), optimizers=[opt])
+                   repeats=max(1, preset.profile_steps), optimizers=[opt],
+                   state="buffers")  # the paper's methods declare the segments' buffers
     meta = {**card.meta, "workload": "moco", "preset": preset.name, "seed": seed, "dtype": "float32"}
     return ProfileCard(card.persistent_bytes, card.segments, meta)
 

@@ -105,7 +105,7 @@ def apply_method(model: MoCo, method: str, plan: Any = None) -> tuple[dict[str, 
     if plan is None:
         raise ValueError(f"apply_method: method {method!r} needs a plan. Tip: plan the measured "
                          "profile card first (stateremat.planner.plan).")
-    apply_plan(model, plan)
+    apply_plan(model, plan, state="buffers")  # as profiled
     by_name = dict(zip(plan.segment_names, plan.options))
     return originals, [str(by_name.get(p, "eager")) for p in SEGMENTS]
 

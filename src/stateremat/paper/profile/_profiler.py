@@ -106,7 +106,8 @@ def profile_workload(cfg: WorkloadConfig, device: str | torch.device = "cpu", *,
         loss_fn(m(x, step)).backward()
 
     card = profile(chain, list(chain.segment_names), train_step, options=options, device=device,
-                   repeats=repeats, granularity_bytes=cfg.granularity_bytes)
+                   repeats=repeats, granularity_bytes=cfg.granularity_bytes,
+                   state="buffers")  # the paper's methods declare the segments' buffers (§4)
     segments = []
     for i, seg in enumerate(card.segments):  # in the order the chain runs them (the card's)
         live = bool(chain.get_submodule(seg.name).live)
