@@ -28,11 +28,11 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
                            '        """Drop entries no consumer can need (older than ``oldest``, all when None)."""\n',
                            '        """Drop entries no consumer can need (older than ``oldest``, all when None)."""\n'
                            "        return\n"),
-    "saved_count_unchecked": (f"{TORCH}/_segment.py", "if got != n and not self.ignore_saved_mismatch:", "if False:"),
-    "saved_metadata_unchecked": (f"{TORCH}/_segment.py", "if meta != self.metas[idx]:", "if False:"),
-    "holder_unpacked_twice": (f"{TORCH}/_segment.py", "            holder.handles[gid] = None\n", ""),
+    "saved_count_unchecked": (f"{TORCH}/_frame.py", "if got != n and not self.ignore_saved_mismatch:", "if False:"),
+    "saved_metadata_unchecked": (f"{TORCH}/_frame.py", "if meta != self.metas[idx]:", "if False:"),
+    "holder_unpacked_twice": (f"{TORCH}/_frame.py", "            holder.handles[gid] = None\n", ""),
     "journal_gap_ignored": (f"{TORCH}/_preserve/region.py", "if st.gap_seq >= self.start_seq:", "if False:"),
-    "undeclared_writes_ignored": (f"{TORCH}/_segment.py", "        if not names:\n            return\n",
+    "undeclared_writes_ignored": (f"{TORCH}/_watch.py", "        if not names:\n            return\n",
                                   "        return\n"),
     "foreign_recompute_ignored": (f"{TORCH}/_mode.py", "    if in_foreign_recompute():\n", "    if False:\n"),
     "saved_alias_not_copied": (f"{TORCH}/_txn.py", "            if k == key:\n                copied += copy()",
@@ -41,7 +41,8 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     "version_counters_not_reset": (f"{TORCH}/_txn.py", "            if versions:\n", "            if False:\n"),
     "outside_writes_not_journaled": (f"{TORCH}/_preserve/region.py", "        if j is None or not storage.consumers:",
                                      "        if True:"),
-    "rebinding_not_replayed": (f"{TORCH}/_txn.py", "        if not (self.rebound or self.swapped):", "        if True:"),
+    "rebinding_not_replayed": (f"{TORCH}/_bindings.py", "        if not (self.rebound or self.swapped or regeometried):",
+                               "        if True:"),
 }
 
 TESTS = ["tests/test_torch_semantics.py", "tests/test_torch_review.py", "tests/test_torch_state.py",

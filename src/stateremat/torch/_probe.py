@@ -70,7 +70,7 @@ class Probe:
             live = self.memory.current_bytes
             peak = self.memory.baseline_bytes + self.memory.tracked_peak_bytes
             self.memory.reset_peak()
-            from stateremat.torch import preservation_stats
+            from ._stats import preservation_stats
 
             preserved = preservation_stats().retained_state_bytes
         self.events.append(Event(kind, index, now, int(live), int(peak), int(preserved)))

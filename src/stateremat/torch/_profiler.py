@@ -101,7 +101,7 @@ class _Runner:
                 pm.__enter__()
             try:
                 probe.event("start")
-                from stateremat.torch import journal_writes
+                from ._checkpoint import journal_writes
 
                 with journal_writes() if journal else contextlib.nullcontext():
                     self.run()

@@ -15,6 +15,8 @@ from typing import Any, Callable
 
 import torch
 
+from stateremat.contract import OPTIONS
+
 from ._compat import library_ops
 from ._storage import StorageKey, flat_bytes
 
@@ -45,14 +47,14 @@ class Counters:
         self.touch()
 
     @property
-    def snapshot_bytes(self) -> int:
-        """Bytes of whole snapshots held now."""
-        return self.held.get("whole", 0)
+    def journal_bytes(self) -> int:
+        """Bytes held now by options that journal (``OPTIONS.journals``: region)."""
+        return sum(v for k, v in self.held.items() if OPTIONS.journals(k))
 
     @property
-    def journal_bytes(self) -> int:
-        """Bytes of region-journal entries held now."""
-        return self.held.get("region", 0)
+    def snapshot_bytes(self) -> int:
+        """Bytes held now by every other option (whole snapshots)."""
+        return self.retained() - self.journal_bytes
 
     def retained(self) -> int:
         return sum(self.held.values())
