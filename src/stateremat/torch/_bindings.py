@@ -280,9 +280,11 @@ class ModuleState:
 
     @contextlib.contextmanager
     def as_of_forward(self) -> Iterator[None]:
-        """Replay with the forward's end bindings, then (declared modules) its start bindings, the
-        training flags and the views of declared and reached tensors — ours and those of the
-        segments nested in ours, which the replay runs again without replaying them itself."""
+        """Replay with the forward's end bindings, then, for each segment nested in ours and then
+        ours (entered last, the earliest start wins): the training flags, the views of reached
+        tensors, the declared modules' start bindings and declared tensors' storages and views, and
+        the Python bindings (``_plain``) — the nested ones run again in our replay without
+        replaying themselves."""
         with end_bindings_as_of(self.end_bindings), contextlib.ExitStack() as stack:
             for bindings, modes, views, plain in [*self.adopted, (self.bindings, self.modes, self.views, self.plain)]:
                 # entered last, our own (the earliest start) win

@@ -330,7 +330,7 @@ class Frame:
         if self.debug_ops is not None:
             self.debug_ops[1].clear()
         versions = self.watch.versions()
-        with replay:  # bindings, views, flags, B0, R0, autocast as of the forward
+        with replay:  # end bindings; flags, views, start and Python bindings; B0, R0, autocast (_txn)
             with self._recompute_hooks(gid), torch.autograd.enable_grad(), \
                     entered_hiding(self.recompute_context), self.watch.replay_mode(self), oplog:
                 try:

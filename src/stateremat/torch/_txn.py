@@ -320,7 +320,8 @@ class Transaction:
 
     def replay(self, segment: Any) -> contextlib.AbstractContextManager[ReplayLog]:
         """The room a replay runs in: refuse changed parameters now, then (entered) put back, in the
-        module docstring's order, bindings, views and flags, ``B0`` and ``R0`` and autocast; reinstate
+        module docstring's order: end bindings, then flags, views, start bindings and Python
+        bindings, then ``B0`` (moved storages and journal gaps refused first, R8), ``R0``, autocast; reinstate
         on exit (R2, R3, R5).
 
         Args:
