@@ -30,10 +30,10 @@ def _why(res: "PlanResult", i: int, chosen: str, max_q: int) -> str:
     if fixed:
         parts.append(f"fixed method {res.planner!r}")
         if res.planner != chosen:
-            parts.append(f"no {res.planner} profiled" + (" (no declared state)" if res.planner == "region" else "")
+            parts.append(f"no {res.planner} profiled" + (" (no declared state)" if OPTIONS.journals(res.planner) else "")
                          + f": {chosen}")
     elif chosen == fastest:
-        parts.append("fastest option" + (" (no replay)" if chosen == "eager" else ""))
+        parts.append("fastest option" + ("" if OPTIONS.replays(chosen) else " (no replay)"))
     else:
         f = seg.options[fastest]
         parts.append(f"saves {format_bytes(f.retained_bytes - cost.retained_bytes)} retained vs "
@@ -44,10 +44,10 @@ def _why(res: "PlanResult", i: int, chosen: str, max_q: int) -> str:
         a = seg.options[o]
         parts.append(f"{o} would be {_signed_bytes(a.retained_bytes - cost.retained_bytes)} "
                      f"retained, {a.time_s - cost.time_s:+.4g} s")
-    if res.planner == "joint" and chosen != "eager":
+    if res.planner == "joint" and OPTIONS.replays(chosen):
         for o in OPTIONS.names:
             if o not in seg.options:
-                parts.append(f"no {o} option" + (" (no declared state)" if o == "region" else ""))
+                parts.append(f"no {o} option" + (" (no declared state)" if OPTIONS.journals(o) else ""))
     if res.planner == "state_agnostic" and chosen == "whole":
         seen = seg.options.get(RECOMPUTE_ONLY, seg.options["whole"])
         parts.append(f"model saw whole without preservation: {format_bytes(seen.retained_bytes)}, "

@@ -93,7 +93,7 @@ class MethodRun:
             loss.backward(retain_graph=retain_graph)
             self.last_loss = loss if retain_graph else None
             return loss, new_state.detach()
-        with journal_scope(self.options is not None and "region" in self.options):
+        with journal_scope(self.options is not None and any(OPTIONS.journals(o) for o in self.options)):
             loss = loss_fn(self.chain(self.x, step))
         loss.backward(retain_graph=retain_graph)
         self.last_loss = loss if retain_graph else None
