@@ -319,8 +319,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     _refuse_lazy(r, name)
     if auto:  # the state it wrote before, declared up front (_learn)
         declared, on_undeclared = _learn.begin(rt, r.tensors)
-    txn = Transaction(rt, declared, preserve, granularity_bytes)
-    txn.auto = auto
+    txn = Transaction(rt, declared, preserve, granularity_bytes, auto)
     txn.begin(r, args, kwargs, preserve_rng_state)
     frame = Frame(rt, fn, name, txn, args, kwargs, verify=verify, sink=sink, debug=debug,
                   early_stop=early_stop and not r.replay_to_end,  # see Reach.replay_to_end

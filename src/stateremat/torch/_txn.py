@@ -178,9 +178,12 @@ class Transaction:
             the group naming the declaring module; ``generators``; ``modules``).
         preserve: an option name with a preserver (``"whole"`` or ``"region"``).
         granularity_bytes: region journal chunk size in bytes.
+        auto: ``state="auto"`` (``_learn``): promotions use the segment's preserver, reached
+            modules' tensor rebindings replay as of the forward.
     """
 
-    def __init__(self, rt: Runtime, declared: Declared, preserve: str, granularity_bytes: int | None) -> None:
+    def __init__(self, rt: Runtime, declared: Declared, preserve: str, granularity_bytes: int | None,
+                 auto: bool = False) -> None:
         self.runtime = rt
         self.segment_id = id(self)  # the journal's consumer id: unique while the preservers live
         self.preserve = preserve
@@ -200,7 +203,7 @@ class Transaction:
         self.modules: ModuleState | None = None
         self.autocast: tuple = ()
         self.param_versions: list[tuple[Any, torch.Tensor, int]] = []
-        self.auto = False  # state="auto": reached modules' tensor rebindings are replayed, not refused
+        self.auto = auto  # state="auto": reached modules' tensor rebindings are replayed, not refused
 
     # -- forward -------------------------------------------------------------------------
     def begin(self, r: Reach, args: tuple, kwargs: dict, preserve_rng_state: bool) -> None:
