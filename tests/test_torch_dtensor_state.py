@@ -71,19 +71,12 @@ def test_undeclared_dtensor_written_in_forward_is_named(records):
 
 
 @pytest.mark.dist
-def test_undeclared_dtensor_under_on_undeclared_declare_is_snapshotted_and_exact(records):
+@pytest.mark.parametrize("cell", ["promoted", "auto"])
+def test_undeclared_dtensor_is_preserved_by_declare_and_by_default_and_exact(records, cell):
+    """``on_undeclared="declare"`` (promoted) and the default ``state="auto"``: the DTensor written
+    in forward is preserved before its first write; exact at every size."""
     for rec in records:
         for n in (SIZES[0], SIZES[-1]):
-            r = rec[f"promoted/{n}"]
-            assert "error" not in r, r.get("error")
-            assert r["equal"] and r["losses_equal"], (n, r)
-
-
-@pytest.mark.dist
-def test_undeclared_dtensor_is_preserved_by_default_and_exact(records):
-    """state="auto" (no declaration): the DTensor written in forward is found and preserved."""
-    for rec in records:
-        for n in (SIZES[0], SIZES[-1]):
-            r = rec[f"auto/{n}"]
+            r = rec[f"{cell}/{n}"]
             assert "error" not in r, r.get("error")
             assert r["equal"] and r["losses_equal"], (n, r)
