@@ -22,7 +22,6 @@ never make a segment run watched, and a write to an input keeps its clear error.
 """
 from __future__ import annotations
 
-import re
 import weakref
 from typing import Any, Iterable
 
@@ -30,13 +29,11 @@ import torch
 
 from ._compat import DisableTorchFunctionSubclass, has_storage
 from ._errors import ReplayError
-from ._scan import Declared, describe, is_input_name
+from ._scan import Declared, describe, is_input_name, is_list_entry
 from ._storage import storage_key
 
 #: The ``state=`` value that finds the state itself (the default).
 AUTO = "auto"
-
-_LIST_ENTRY = re.compile(r"\[\d+\]$")  # a scan name of a list's entry
 
 
 class _TensorSet:
@@ -82,7 +79,7 @@ class Learned:
         """Does the reach hold state no watched forward has seen yet? (A tensor in a list — a log
         the model appends to each step — does not count: a first write to one is a gap.)"""
         return any(t not in self.seen for n, t in self._state(r_tensors)
-                   if not (isinstance(n, str) and _LIST_ENTRY.search(n)))
+                   if not is_list_entry(n))
 
     def declared(self, r_tensors: dict) -> Declared:
         """The written tensors among the reached ones, declared (scan names, one group each)."""

@@ -245,6 +245,14 @@ def check_state(state: Any, api: str = "stateremat.torch.checkpoint") -> None:
 _INPUT_NAME = re.compile(r"(partial |keyword )?argument (\d+|'[^']*')(\[[^\]]*\])*")
 
 
+_LIST_ENTRY = re.compile(r"\[\d+\]$")
+
+
+def is_list_entry(name: Any) -> bool:
+    """Is ``name`` (a raw scan name) a list's entry (a log the model appends to)?"""
+    return isinstance(name, str) and _LIST_ENTRY.search(name) is not None
+
+
 def is_input_name(name: str) -> bool:
     """Is ``name`` (a raw scan name) an input of the segment rather than state it reaches?"""
     return _INPUT_NAME.fullmatch(name) is not None

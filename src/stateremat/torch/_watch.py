@@ -20,7 +20,6 @@ The watch keeps no state it would put back: that is the transaction's (``_txn``)
 from __future__ import annotations
 
 import contextlib
-import re
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -36,17 +35,12 @@ from ._mode import StrictMode, warn_undeclared
 from ._plain import slot_id
 from ._pystate import cache_fingerprint, cache_message, python_state_arguments
 from ._runtime import Runtime
-from ._scan import Declared, Reach, describe, is_input_name, reachable, rebound, tensor_slots
+from ._scan import Declared, Reach, describe, is_input_name, is_list_entry, reachable, rebound, tensor_slots
 from ._storage import fingerprint, fingerprint_changed, host_readable, storage_key
 from ._txn import Transaction
 
 _NULL = contextlib.nullcontext  # the frame's recompute context when no context_fn was given
-_LIST_ENTRY = re.compile(r"\[\d+\]$")
 
-
-def _logged(name: Any) -> bool:
-    """A list's entry (a log the model appends to): its version counter is watched, not its bytes."""
-    return isinstance(name, str) and _LIST_ENTRY.search(name) is not None
 
 #: Largest reachable 1-D tensor compared byte for byte around the forward (running statistics).
 _PROBE_MAX_NUMEL = 1 << 16
@@ -209,7 +203,7 @@ class Watch:
             # rebinding their storage (.data = ..., set_) — fingerprints and data pointers
             self.ptrs = [(n, t, t.data_ptr()) for n, t, _ in self.scan]
             self.fingerprints = [(n, t, fingerprint(t)) for n, t, _ in self.scan  # (not a list's log entries)
-                                 if not t.requires_grad and id(t) not in probes and t.numel() and not _logged(n)]
+                                 if not t.requires_grad and id(t) not in probes and t.numel() and not is_list_entry(n)]
             #: tensor bindings of reached undeclared modules (less those the replay binds itself)
             self.slots = [(path, m, tensor_slots(m), {(d, k) for (i, d, k) in held_keys if i == id(m)})
                           for path, m in r.modules if id(m) not in declared_mods]
