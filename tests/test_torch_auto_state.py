@@ -486,3 +486,37 @@ def test_an_eval_batchnorm_does_not_keep_every_step_watched():
     finally:
         ck._learn.begin = orig
     assert modes[2:] == ["learn", "learn"], modes
+
+
+class _MemArg(nn.Module):
+    """State held by the module and also passed in as an argument (a memory object, a dict)."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = nn.Linear(8, 8).to(D)
+        g = torch.Generator().manual_seed(0)
+        self.mem = types.SimpleNamespace(q=torch.randn(8, 8, dtype=D, generator=g))
+        self.d = {"q": torch.randn(8, 8, dtype=D, generator=g)}
+
+    def forward(self, x, mem, d):
+        h = self.l(x) @ mem.q.clone() @ d["q"].clone()
+        with torch.no_grad():
+            mem.q.mul_(0.9).add_(h.mean(0))
+            d["q"].mul_(0.5)
+        return h.tanh()
+
+
+def test_state_passed_as_an_argument_and_written_replays_exactly():
+    """A dict the module holds, passed in as an argument and written in place: the first step
+    crashed in backward with autograd's raw version error (the input's saved tensor); now eager's."""
+    x = torch.randn(16, 8, dtype=D, generator=torch.Generator().manual_seed(1))
+    out = []
+    for ck in (False, True):
+        torch.manual_seed(0)
+        m = _MemArg()
+        for step in range(2):
+            m.zero_grad()
+            ys = [checkpoint(m, x * (k + 1), m.mem, m.d) if ck else m(x * (k + 1), m.mem, m.d) for k in range(2)]
+            sum(y.sum() for y in ys).backward()
+        out.append((m.l.weight.grad.clone(), m.mem.q.clone(), m.d["q"].clone()))
+    assert all(torch.equal(a, b) for a, b in zip(*out))

@@ -178,6 +178,7 @@ class Frame:
             else make_saved_tensor(x) if isinstance(x, torch.Tensor) else x
             for x in leaves
         ]
+        self._leaves = leaves  # (the saved tensors hold them too)
 
     def _restored_by_txn(self, x: torch.Tensor) -> bool:
         """True if the transaction restores every byte of input ``x`` (then it is held as is).
@@ -198,8 +199,19 @@ class Frame:
         return True
 
     def inputs(self) -> tuple[tuple, dict]:
-        leaves = [x.unpack() if isinstance(x, SavedTensor) else x for x in self._saved]
+        leaves = [self._unpack_input(i, x) if isinstance(x, SavedTensor) else x for i, x in enumerate(self._saved)]
         return (tuple(leaves), {}) if self._spec is None else tree_unflatten(leaves, self._spec)
+
+    def _unpack_input(self, i: int, x: SavedTensor) -> torch.Tensor:
+        """An input's saved tensor; one the forward wrote in place after declaring it (state="auto"
+        found it is also state the segment reaches, e.g. a dict it holds) is restored by the
+        transaction, so the tensor itself is handed on (torch's version check would refuse it)."""
+        try:
+            return x.unpack()
+        except RuntimeError:
+            if self._restored_by_txn(self._leaves[i]):
+                return self._leaves[i]
+            raise
 
     # -- forward -------------------------------------------------------------------------
     def run(self, watch: Watch, args: tuple, kwargs: dict) -> Any:
