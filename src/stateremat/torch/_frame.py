@@ -45,6 +45,7 @@ from ._compat import (
 from . import _learn
 from ._errors import ReplayDivergenceError, ReplayError
 from ._runtime import Runtime, runtime
+from ._scan import is_input_name
 from ._storage import storage_key
 from ._txn import Transaction
 from ._watch import Watch
@@ -209,8 +210,12 @@ class Frame:
         try:
             return x.unpack()
         except RuntimeError:
-            if self._restored_by_txn(self._leaves[i]):
-                return self._leaves[i]
+            t = self._leaves[i]
+            with DisableTorchFunctionSubclass():
+                p = self.txn.items.get(storage_key(t)) if has_storage(t) and not t.requires_grad else None
+            # only state (declared under a name that is no input's); an input itself keeps torch's error
+            if p is not None and any(not is_input_name(n) for n in p.names) and self._restored_by_txn(t):
+                return t
             raise
 
     # -- forward -------------------------------------------------------------------------
