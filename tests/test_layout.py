@@ -60,10 +60,12 @@ def _imports(name: str, source: str, is_package: bool, known: set[str]):
                     mod = child.module
                 if mod == "__future__":
                     continue
-                out.append((mod, in_func, child.lineno))
-                # `from package import _module` imports a module too
-                out.extend((f"{mod}.{a.name}", in_func, child.lineno) for a in child.names
-                           if f"{mod}.{a.name}" in known)
+                subs = [f"{mod}.{a.name}" for a in child.names if f"{mod}.{a.name}" in known]
+                if len(subs) < len(child.names) or not child.names:  # a name of the package itself
+                    out.append((mod, in_func, child.lineno))
+                # `from package import _module` imports that module (its package is imported, but
+                # reaching its __init__ needs no name of it)
+                out.extend((s, in_func, child.lineno) for s in subs)
             visit(child, in_func or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
     visit(ast.parse(source), False)
@@ -182,9 +184,9 @@ def _core_file(module: str) -> str | None:
     """The node of the core's file graph: a module of ``stateremat.torch`` (a subpackage such as
     ``_preserve`` is one node), or None outside the core."""
     parts = module.split(".")
-    if parts[:2] != ["stateremat", "torch"] or len(parts) < 3:
+    if parts[:2] != ["stateremat", "torch"]:
         return None
-    return ".".join(parts[:3])
+    return ".".join(parts[:3]) if len(parts) >= 3 else "stateremat.torch.__init__"  # the face is a node
 
 
 def import_cycles(modules: dict[str, tuple[str, bool]], node) -> list[list[str]]:
