@@ -34,7 +34,7 @@ from ._compat import (
 )
 from ._errors import ReplayError, UnsupportedError
 from ._frame import Frame, RecomputeSink
-from ._mode import StrictMode
+from ._mode import strict_forward
 from ._preserve import PRESERVERS
 from ._runtime import runtime
 from ._scan import Declared, check_state, describe, reach, resolve_state, root_module
@@ -433,14 +433,4 @@ def journal_writes() -> contextlib.AbstractContextManager[None]:
     rt = runtime()
     if rt.strict_depth or not any(st.unmarkable for st in rt.storages.values()):
         return contextlib.nullcontext()
-    return _strict_outside(rt)
-
-
-@contextlib.contextmanager
-def _strict_outside(rt: Any):
-    rt.strict_depth += 1
-    try:
-        with StrictMode(rt, "forward"):
-            yield
-    finally:
-        rt.strict_depth -= 1
+    return strict_forward(rt)

@@ -21,9 +21,10 @@ Danger:
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -412,3 +413,15 @@ def warn_undeclared(msg: str) -> None:
 
 class UndeclaredStateWarning(UserWarning):
     """An undeclared in-place write inside a checkpointed segment (``on_undeclared="warn"``, R7)."""
+
+
+@contextlib.contextmanager
+def strict_forward(rt: Runtime) -> Iterator[None]:
+    """Watch every op on this thread as a forward (:class:`StrictMode`), counted in
+    ``rt.strict_depth`` so nested callers push it once."""
+    rt.strict_depth += 1
+    try:
+        with StrictMode(rt, "forward"):
+            yield
+    finally:
+        rt.strict_depth -= 1

@@ -31,7 +31,7 @@ from . import _mark
 from ._compat import DisableTorchFunctionSubclass, library_ops
 from ._framework import framework_swap
 from ._errors import UndeclaredStateError, UnsupportedError
-from ._mode import StrictMode, warn_undeclared
+from ._mode import StrictMode, strict_forward, warn_undeclared
 from ._plain import slot_id
 from ._pystate import cache_fingerprint, cache_message, python_state_arguments
 from ._runtime import Runtime
@@ -237,16 +237,11 @@ class Watch:
     @contextlib.contextmanager
     def forward_mode(self) -> Iterator[None]:
         """Around the forward's function: every op watched when :attr:`strict` (once per thread)."""
-        rt = self.rt
-        if not self.strict or rt.strict_depth:
+        if not self.strict or self.rt.strict_depth:
             yield
             return
-        rt.strict_depth += 1
-        try:
-            with StrictMode(rt, "forward"):
-                yield
-        finally:
-            rt.strict_depth -= 1
+        with strict_forward(self.rt):
+            yield
 
     def replay_mode(self, segment: Any) -> contextlib.AbstractContextManager:
         """Around the replay (``segment``: the frame): every op watched when the forward's were, and under
