@@ -236,8 +236,9 @@ def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: Progre
 
     def flush() -> None:
         for t, rows in buffers.items():
-            written[t] += stores[t].append(rows)
-            rows.clear()
+            batch = rows[:]
+            rows.clear()  # before the write: a stop inside append must not make `finally` write them twice
+            written[t] += stores[t].append(batch)  # (a stop before its atomic part: redone on resume)
         last[0] = time.monotonic()
 
     task = as_progress(progress, "run_semantics").task("semantics", total=len(pending))
