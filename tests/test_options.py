@@ -120,6 +120,20 @@ def test_replays_and_journals_come_from_the_registry(offload):
         [False, False, True, False, False]
     with pytest.raises(ValueError, match="unknown checkpoint option 'nope'"):
         OPTIONS.replays("nope")
+    assert OPTIONS.baseline == "eager"  # a registered fourth option that replays does not change it
+
+
+def test_no_library_module_spells_the_baseline_option_as_a_literal_plan():
+    """"Every segment without a checkpoint" is ``[OPTIONS.baseline] * n``, not ``["eager"] * n``:
+    the profiler, auto_checkpoint, the planner's budget, the integrations and the paper's MoCo."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "src" / "stateremat"
+    pattern = re.compile(r"""\[["']eager["']\]\s*\*|get\([^)]*,\s*["']eager["']\)|:\s*["']eager["']\}""")
+    hits = [f"{p.relative_to(root)}:{i}: {line.strip()}" for p in root.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == []
 
 
 def test_no_module_outside_the_registry_tests_an_option_by_name_or_replays_flag():

@@ -103,6 +103,12 @@ class OptionRegistry:
         """
         return name == RECOMPUTE_ONLY or self[name].replays
 
+    @property
+    def baseline(self) -> str:
+        """Name of the option that keeps its activations and never replays (``"eager"``): what a
+        segment runs when no checkpoint applies (the first registered option with ``replays=False``)."""
+        return next(o.name for o in self._options if not o.replays)
+
     def journals(self, name: str) -> bool:
         """True if ``name`` is a registered option whose preserver journals (``Option.journals``);
         False for ``recompute_only`` and unknown names."""

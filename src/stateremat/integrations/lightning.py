@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from stateremat.contract import OPTIONS
 from stateremat.torch import Checkpointer, apply_plan, resolve_segments
 
 try:  # the unified package first, then the standalone one (the same Callback API)
@@ -74,7 +75,7 @@ class StateAwareCheckpointing(_Callback):
     def teardown(self, trainer: Any, pl_module: nn.Module, stage: str) -> None:
         """Put the blocks back as they were (no checkpointing)."""
         if self.segment_names:
-            apply_plan(pl_module, {"options": ["eager"] * len(self.segment_names),
+            apply_plan(pl_module, {"options": [OPTIONS.baseline] * len(self.segment_names),
                                    "segment_names": self.segment_names})
             self.segment_names = []
 

@@ -19,6 +19,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from stateremat.contract import OPTIONS
 from stateremat.torch import Checkpointer, apply_plan, resolve_segments
 
 _API = "stateremat.integrations.timm"
@@ -86,7 +87,7 @@ def disable(model: nn.Module, segments: Any = None) -> nn.Module:
     back; returns ``model``."""
     names = resolve_segments(model, segments)
     model.__dict__.pop("set_grad_checkpointing", None)
-    return apply_plan(model, {"options": ["eager"] * len(names), "segment_names": names})
+    return apply_plan(model, {"options": [OPTIONS.baseline] * len(names), "segment_names": names})
 
 
 def _run(functions: list, start: int, end: int) -> Callable[[Any], Any]:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from ..contract import ProfileCard
+from ..contract import OPTIONS, ProfileCard
 
 
 def eager_fraction_budget(card: ProfileCard, fraction: float) -> int:
@@ -58,7 +58,7 @@ def all_eager_peak(card: ProfileCard, peak: str = "eq3") -> int:
     if peak == "chain":
         from ._chain import chain_peak_bytes
 
-        return chain_peak_bytes(card, ["eager"] * len(card.segments))
+        return chain_peak_bytes(card, [OPTIONS.baseline] * len(card.segments))
     from ._planners import all_eager
 
     return all_eager(card, 1).predicted_peak_bytes

@@ -195,7 +195,7 @@ def _nothing_fits(card: ProfileCard, res: Any, peak: str) -> ValueError:
     budget_bytes = res.budget_bytes
     from stateremat.planner import chain_peak_bytes, plan as _p
 
-    eager_opts = ["eager"] * len(card.segments)
+    eager_opts = [OPTIONS.baseline] * len(card.segments)
     eager_chain = chain_peak_bytes(card, eager_opts)
     eager_bound = _p(card, 2**53, "eager").predicted_peak_bytes
     err = ValueError(f"{_API}: no checkpoint plan fits the budget {format_bytes(budget_bytes)} "

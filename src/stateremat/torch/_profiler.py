@@ -80,7 +80,7 @@ class _Runner:
         """One eager step (memory tracked; what it creates and keeps is carried, as every memory
         step's); afterwards ``names`` are in the order the segments first ran. Returns them."""
         order: list[int] = []
-        self.step("eager", memory=True, order=order)
+        self.step(OPTIONS.baseline, memory=True, order=order)
         self.names = [self.names[i] for i in order]
         return self.names
 
@@ -143,7 +143,7 @@ def _chain_journal(runner: "_Runner", names: list[str], stateful: list[bool], op
     out = {}
     for i, name in enumerate(names):
         if stateful[i] and _shares_state(runner.model, name, runner.state):
-            plan = ["eager"] * len(names)
+            plan = [OPTIONS.baseline] * len(names)
             plan[i] = option
             out[i] = runner.step(plan, memory=True, journal=True).preserved_at_backward_bytes
     return out

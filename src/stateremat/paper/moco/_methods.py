@@ -14,6 +14,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as _torch_checkpoint
 
+from stateremat.contract import OPTIONS
+
 from .. import METHOD_OPTION
 from ..workloads import MOCO_SEGMENTS as SEGMENTS, MoCo
 from ._summary import METHODS
@@ -21,7 +23,7 @@ from ._summary import METHODS
 __all__ = ["METHODS", "FIXED_POLICY", "FunctionalSegment", "apply_method", "unwrap"]
 
 #: method -> the option every segment runs (the fixed methods' from :data:`METHOD_OPTION`).
-FIXED_POLICY = {**METHOD_OPTION, "functional": "functional", "deferred": "eager"}
+FIXED_POLICY = {**METHOD_OPTION, "functional": "functional", "deferred": OPTIONS.baseline}
 
 
 class FunctionalSegment(nn.Module):
@@ -90,7 +92,7 @@ def apply_method(model: MoCo, method: str, plan: Any = None) -> tuple[dict[str, 
                          "Tip: see paper §12 for the seven methods.")
     originals = {p: model.get_submodule(p) for p in SEGMENTS}
     if method in ("eager", "deferred"):
-        return originals, ["eager"] * len(SEGMENTS)
+        return originals, [OPTIONS.baseline] * len(SEGMENTS)
     if method == "functional":
         for p, m in originals.items():
             _set(model, p, FunctionalSegment(m))
@@ -107,7 +109,7 @@ def apply_method(model: MoCo, method: str, plan: Any = None) -> tuple[dict[str, 
                          "profile card first (stateremat.planner.plan).")
     apply_plan(model, plan, state="buffers")  # as profiled
     by_name = dict(zip(plan.segment_names, plan.options))
-    return originals, [str(by_name.get(p, "eager")) for p in SEGMENTS]
+    return originals, [str(by_name.get(p, OPTIONS.baseline)) for p in SEGMENTS]
 
 
 def unwrap(model: nn.Module, originals: dict[str, nn.Module]) -> None:
@@ -116,7 +118,7 @@ def unwrap(model: nn.Module, originals: dict[str, nn.Module]) -> None:
         _set(model, p, m)
     from stateremat.torch import apply_plan  # planner methods checkpoint segments in place: undo that too
 
-    apply_plan(model, {"options": ["eager"] * len(originals), "segment_names": list(originals)})
+    apply_plan(model, {"options": [OPTIONS.baseline] * len(originals), "segment_names": list(originals)})
 
 
 def segment_paths() -> Sequence[str]:
