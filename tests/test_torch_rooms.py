@@ -62,3 +62,37 @@ def test_the_replay_rooms_are_where_the_design_puts_them():
     assert [doc.index(o) for o in order] == sorted(doc.index(o) for o in order)
     for mod in (_frame, _watch, _txn, _bindings):
         assert "forward" in mod.__doc__
+
+
+#: What the frame, the watch and the write handler may ask of the transaction's module state.
+_MODULE_STATE_QUERIES = {"declares", "replayed_slots", "binds_plain", "slots_at_end"}
+
+
+def _reads_outside_the_transaction(src: str) -> list[str]:
+    """``txn.items`` / ``txn.modules.<record>`` reads in ``src``: what a replay puts back is read
+    only through the transaction's query methods (its module and _bindings own the records)."""
+    hits = []
+    for node in ast.walk(ast.parse(src)):
+        if not isinstance(node, ast.Attribute):
+            continue
+        base = node.value
+        if node.attr == "items" and isinstance(base, ast.Attribute) and base.attr == "txn":
+            hits.append("txn.items")
+        if isinstance(base, ast.Attribute) and base.attr == "modules" and isinstance(base.value, ast.Attribute) \
+                and base.value.attr == "txn" and node.attr not in _MODULE_STATE_QUERIES:
+            hits.append(f"txn.modules.{node.attr}")
+        if isinstance(base, ast.Name) and base.id == "mods" and node.attr not in _MODULE_STATE_QUERIES:
+            hits.append(f"mods.{node.attr}")
+    return hits
+
+
+def test_only_the_transaction_reads_what_a_replay_puts_back():
+    """Changing what a replay puts back touches the transaction's module (``_txn``, ``_bindings``,
+    ``_plain``) only: the other rooms ask it through a few query methods (issue 23)."""
+    own = {"_txn", "_bindings", "_plain"}
+    hits = {name: h for name, p in _modules().items() if name not in own
+            and (h := _reads_outside_the_transaction(p.read_text()))}
+    assert hits == {}
+    # the check sees the reads it forbids
+    planted = "def f(self):\n    a = self.txn.items\n    b = self.txn.modules.end_bindings\n    mods.held_keys\n"
+    assert _reads_outside_the_transaction(planted) == ["txn.items", "txn.modules.end_bindings", "mods.held_keys"]

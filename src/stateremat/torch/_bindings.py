@@ -264,6 +264,7 @@ class ModuleState:
         # what the replay reads
         self.views = view_records(t for i, (_, t) in r.tensors.items() if i not in declared_ids)
         self.end_bindings: list = []  # reached modules' bindings after the forward
+        self._ends: dict[int, dict] = {}  # the same, by id(module)
         #: (bindings, modes, views, plain bindings) of nested segments
         self.adopted: list[tuple[Bindings | None, list, list, PlainBindings | None]] = []
 
@@ -271,8 +272,29 @@ class ModuleState:
         """After the forward: note the reached ``modules``' bindings (once) and what the forward
         rebound; ``replay_queries``: the runtime's ``is_replaying()`` count now."""
         self.end_bindings = note_end_bindings(modules)
-        self.bindings.settle({id(m): slots for _, m, slots, _ in self.end_bindings})
+        self._ends = {id(m): slots for _, m, slots, _ in self.end_bindings}
+        self.bindings.settle(self._ends)
         self.plain.settle(guarded=replay_queries != self._queries)
+
+    # -- what the watch asks: which bindings the replay puts back itself (it reads nothing else) --
+    def declares(self, m: nn.Module) -> bool:
+        """True if ``m`` is (inside) a declared module: its bindings are the replay's."""
+        return id(m) in self.declared_modules
+
+    def replayed_slots(self, m: nn.Module) -> set[tuple[str, str]]:
+        """``(table, name)`` slots of the undeclared module ``m`` that the replay binds itself: those
+        holding a declared tensor, and (after the forward) those that held a non-tensor at its start
+        and a tensor after (``self.v = 0.0``, then ``self.v = self.v * 0.5 + ...``)."""
+        i = id(m)
+        return {(d, k) for j, d, k in self.held_keys | self.bindings.plain_keys if j == i}
+
+    def binds_plain(self, slot: tuple[int, Any]) -> bool:
+        """True if the replay binds the Python slot ``slot`` (``_plain.slot_id``) as of the forward."""
+        return slot in self.plain.keys
+
+    def slots_at_end(self, m: nn.Module) -> dict | None:
+        """``m``'s tensor slots as the forward ended (None before the end or if ``m`` was not reached)."""
+        return self._ends.get(id(m))
 
     def adopt(self, inner: "ModuleState") -> None:
         """A nested segment ended: its start bindings, flags and views are replayed by us too."""

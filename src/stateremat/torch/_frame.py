@@ -187,11 +187,10 @@ class Frame:
         Other inputs keep torch's saved-tensor version check: a later in-place write to them
         raises at backward instead of replaying on changed values (R8).
         """
-        items = self.txn.items
-        if not items or not has_storage(x):
+        if self.txn.declares_nothing() or not has_storage(x):
             return False
         with DisableTorchFunctionSubclass():
-            p = items.get(storage_key(x))
+            p = self.txn.preserver(storage_key(x))
         if p is None:
             return False
         # Both preservers cover every byte of the storage; a write through this input outside
@@ -212,7 +211,7 @@ class Frame:
         except RuntimeError:
             t = self._leaves[i]
             with DisableTorchFunctionSubclass():
-                p = self.txn.items.get(storage_key(t)) if has_storage(t) and not t.requires_grad else None
+                p = self.txn.preserver(storage_key(t)) if has_storage(t) and not t.requires_grad else None
             # only state (declared under a name that is no input's); an input itself keeps torch's error
             if p is not None and any(not is_input_name(n) for n in p.names) and self._restored_by_txn(t):
                 return t
@@ -288,8 +287,8 @@ class Frame:
 
     def _recompute_hooks(self, gid: Any) -> torch.autograd.graph.saved_tensors_hooks:
         seg = self
-        items = self.txn.items
-        declared_ptrs = {key[2] for key in items}  # storage addresses: a cheap first test per saved tensor
+        preserver = self.txn.preserver
+        declared_ptrs = {key[2] for key in self.txn.storages()}  # storage addresses: a cheap first test per saved tensor
 
         def pack(x: torch.Tensor) -> torch.Tensor:
             x = x.detach() if x.requires_grad else x
@@ -314,7 +313,7 @@ class Frame:
                 if declared_ptrs and has_storage(x):
                     with DisableTorchFunctionSubclass():
                         if x.untyped_storage().data_ptr() in declared_ptrs:
-                            p = items.get(storage_key(x))
+                            p = preserver(storage_key(x))
                 log = seg.rt_exec_replay()
                 if p is not None and not p.captures_replay_writes:
                     with library_ops():

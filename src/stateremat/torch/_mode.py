@@ -263,7 +263,7 @@ def on_write(st: DeclaredStorage, func: Any, args: tuple, kwargs: dict, w: torch
             "torch.utils.checkpoint; they nest."
         )
     for seg in reversed(rt.forward):  # innermost segment first (R7)
-        if st.key in seg.txn.items:
+        if seg.txn.preserver(st.key) is not None:
             break
         seg.check_write(st.key, func)
     owner = rt.forward[-1] if rt.forward else None

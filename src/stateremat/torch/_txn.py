@@ -285,6 +285,27 @@ class Transaction:
             self.items[key] = p.adopt(self.segment_id)
         self.modules.adopt(inner.modules)
 
+    # -- what the frame and the watch ask (they read no preserver or binding record themselves) --
+    def declares_nothing(self) -> bool:
+        """True if no storage is declared (nor adopted): nothing of an input can be the transaction's."""
+        return not self.items
+
+    def preserver(self, key: StorageKey) -> Preserver | None:
+        """The preserver of the declared storage ``key`` (None if it is not declared)."""
+        return self.items.get(key)
+
+    def storages(self) -> dict[StorageKey, DeclaredStorage]:
+        """Each declared storage by key, adopted ones included."""
+        return {k: p.storage for k, p in self.items.items()}
+
+    def owned_keys(self) -> set[StorageKey]:
+        """Keys of the storages whose preservers this segment owns (its own writes to them are expected)."""
+        return {k for k, p in self.items.items() if p.owned}
+
+    def witness_ids(self) -> set[int]:
+        """``id`` of every declared tensor (each storage's witnesses), adopted ones included."""
+        return {id(w) for p in self.items.values() for w in p.storage.witnesses.values()}
+
     def has_unmarkable(self) -> bool:
         """True if a journaled storage's tensors cannot be marked (every op must be watched)."""
         return any(p.storage.unmarkable for p in self.items.values())

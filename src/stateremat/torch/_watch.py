@@ -28,6 +28,7 @@ import torch
 from stateremat.contract import rule
 
 from . import _mark
+from ._bindings import ModuleState
 from ._compat import DisableTorchFunctionSubclass, library_ops
 from ._framework import framework_swap
 from ._errors import UndeclaredStateError, UnsupportedError
@@ -38,6 +39,7 @@ from ._runtime import Runtime
 from ._scan import Declared, Reach, describe, is_input_name, is_list_entry, reachable, rebound, tensor_slots
 from ._storage import fingerprint, fingerprint_changed, host_readable, storage_key
 from ._txn import Transaction
+from ._verdicts import Deferred, byte_checks, read_or_defer
 
 _NULL = contextlib.nullcontext  # the frame's recompute context when no context_fn was given
 
@@ -51,79 +53,11 @@ def _stat_like(t: torch.Tensor) -> bool:
     return t.dim() == 1 and not t.requires_grad and t.is_floating_point() and t.numel() <= _PROBE_MAX_NUMEL
 
 
-def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool | torch.Tensor:
-    """Bitwise equality (NaN == NaN, -0.0 != 0.0); on the device path (``a`` not
-    :func:`host_readable`) a 0-dim bool tensor on the device, to be read later."""
-    if a.shape != b.shape or a.device != b.device:
-        return False
-    a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
-    return torch.equal(a, b) if host_readable(a) else (a == b).all()
-
-
-class _Deferred:
-    """Device-side verdicts of the watch's byte checks, read on the host once they are computed.
-
-    The verdicts (one 0-dim bool tensor per name: "this tensor's bytes changed") are stacked and
-    copied to pinned host memory without waiting (an event marks the copy's end); :meth:`names`
-    reads them, waiting for that event only if the device has not reached it yet. The watch reads
-    them after the forward when they are ready, else just before the replay (before anything is
-    restored), so a forward never waits for its stream (issue 26).
-    """
-
-    def __init__(self, items: list[tuple[str, str, torch.Tensor]]) -> None:
-        by_device: dict[torch.device, list] = {}
-        for item in items:
-            by_device.setdefault(item[2].device, []).append(item)
-        self.groups = [self._send(group) for group in by_device.values()]  # (items, array, host, event)
-
-    @staticmethod
-    def _send(items: list) -> tuple:
-        with torch.no_grad(), DisableTorchFunctionSubclass():
-            v = torch.stack([f.reshape(()).to(torch.bool) for _, _, f in items])
-            event = None
-            if v.device.type == "cuda":
-                with torch.cuda.device(v.device):
-                    host = torch.empty(v.shape, dtype=torch.bool, pin_memory=True)
-                    array = host.numpy()  # (a view of pinned host memory: no device read)
-                    host.copy_(v, non_blocking=True)
-                    event = torch.cuda.Event()
-                    event.record()
-            else:
-                array = np.zeros(v.shape, dtype=bool)
-                host = torch.from_numpy(array)
-                host.copy_(v)  # (no stream to wait for)
-        return [(n, why) for n, why, _ in items], array, host, event
-
-    def ready(self) -> bool:
-        return all(event is None or event.query() for _, _, _, event in self.groups)
-
-    def names(self, found: dict[str, str]) -> list[str]:
-        """Add the changed ones to ``found`` (name -> why; the first reason kept); return ``found``'s names."""
-        for items, array, _, event in self.groups:
-            if event is not None:
-                event.synchronize()
-            for (n, why), changed in zip(items, array.tolist()):
-                if changed:
-                    found.setdefault(n, why)
-        return list(found)
-
-
-
-
 def _written_inputs(written: Any) -> list[str]:
     """Names of written tensors that are inputs of the segment: the replay needs them as they were
     at the forward, and autograd refuses a saved input written in place ('modified by an inplace
     operation'), so declaring them with on_undeclared='declare' cannot help."""
     return [describe(n) for n, _ in written if isinstance(n, str) and is_input_name(n)]
-
-
-def _leave_to_replay(slots: list, keys: set[tuple[int, str, str]]) -> list:
-    """Slots of undeclared modules that held a non-tensor at the forward's start and a tensor after
-    (``self.v = 0.0``, then ``self.v = self.v * 0.5 + ...``) are no undeclared rebinding: the
-    bindings replay them with their start value (nothing of theirs can change), then reinstate them."""
-    if not keys:
-        return slots
-    return [(path, m, before, held | {(d, k) for i, d, k in keys if i == id(m)}) for path, m, before, held in slots]
 
 
 def undeclared_message(seg: Any, names: str, when: str, reachable: bool = True, written: Any = ()) -> str:
@@ -182,8 +116,8 @@ class Watch:
         self.promoted: list[torch.Tensor] = []
         self.gaps: list[torch.Tensor] = []
         self._hook_only = r.hook_only  # a hook's own tensors: refused only if the replay writes them again
-        self._pending: _Deferred | None = None  # device-side byte checks of the forward, read before the replay
-        self._scan_reached(r, txn.declared, txn.modules.held_keys, txn.modules.declared_modules)
+        self._pending: Deferred | None = None  # device-side byte checks of the forward, read before the replay
+        self._scan_reached(r, txn.declared, txn.modules)
         self._mark_reachable_aliases()
         for enclosing in rt.forward:
             enclosing.check_inner_declaration(self)
@@ -192,7 +126,7 @@ class Watch:
         #: the forward runs under StrictMode (every op watched); so does the replay
         self.strict = on_undeclared == "declare" or verify or txn.has_unmarkable()
 
-    def _scan_reached(self, r: Reach, declared: Declared, held_keys: set, declared_mods: set[int]) -> None:
+    def _scan_reached(self, r: Reach, declared: Declared, mods: ModuleState) -> None:
         declared_ids = {id(t) for _, t, _ in declared.tensors}
         with DisableTorchFunctionSubclass():
             self.scan = [(n, t, t._version) for n, t in r.tensors.values() if id(t) not in declared_ids]
@@ -204,9 +138,9 @@ class Watch:
             self.ptrs = [(n, t, t.data_ptr()) for n, t, _ in self.scan]
             self.fingerprints = [(n, t, fingerprint(t)) for n, t, _ in self.scan  # (not a list's log entries)
                                  if not t.requires_grad and id(t) not in probes and t.numel() and not is_list_entry(n)]
-            #: tensor bindings of reached undeclared modules (less those the replay binds itself)
-            self.slots = [(path, m, tensor_slots(m), {(d, k) for (i, d, k) in held_keys if i == id(m)})
-                          for path, m in r.modules if id(m) not in declared_mods]
+            #: tensor bindings of reached undeclared modules (those the replay binds itself are
+            #: asked of the transaction's module state when checked)
+            self.slots = [(path, m, tensor_slots(m)) for path, m in r.modules if not mods.declares(m)]
             self.plain_slots = r.slots  # tensors bound outside modules: a rebinding is refused
             self.norm_probes: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
             if probes:
@@ -215,7 +149,7 @@ class Watch:
 
     def _mark_reachable_aliases(self) -> None:
         """Reachable tensors on a declared storage (the base of a declared view) are marked too."""
-        journaled = {k: p.storage for k, p in self.txn.items.items()}
+        journaled = self.txn.storages()
         if not journaled:
             return
         with DisableTorchFunctionSubclass():
@@ -252,14 +186,13 @@ class Watch:
     def end_forward(self) -> None:
         """After the forward (the transaction's end noted): refuse an updated Python-state cache,
         then report every undeclared write of the forward in one message."""
-        self.slots = _leave_to_replay(self.slots, self.txn.modules.bindings.plain_keys)
         caches, self._caches = self._caches, []
         for where, cache, before in caches:
             if cache_fingerprint(cache) != before:
                 raise UnsupportedError(cache_message("stateremat.torch.checkpoint", self.name, where, cache, "updated"))
         deferred: list = []
         names = self.undeclared_writes(skip=self._hook_only, deferred=deferred)
-        self.report_undeclared(_read_or_defer(self, names, deferred), "after the forward")
+        self.report_undeclared(read_or_defer(self, names, deferred), "after the forward")
 
     @property
     def candidates(self) -> dict:
@@ -308,9 +241,9 @@ class Watch:
         """Reachable undeclared tensors written since the forward began (versions and norm bytes),
         except those whose ids are in ``skip``. Byte checks of device tensors are computed on the
         device: with ``deferred`` (a list), their ``(name, why, 0-dim bool tensor)`` verdicts are
-        appended to it, to be read later (:class:`_Deferred`); without, they are read now."""
+        appended to it, to be read later (:class:`Deferred`); without, they are read now."""
         checks: list = [] if deferred is None else deferred
-        own = {k for k, p in self.txn.items.items() if p.owned}
+        own = self.txn.owned_keys()
         found: dict[str, str] = {}
         expected = self.expected
         with DisableTorchFunctionSubclass():
@@ -319,22 +252,10 @@ class Watch:
                     continue
                 if t._version != expected.get(id(t), t._version) and storage_key(t) not in own:
                     found.setdefault(describe(n), "version counter")
-            _byte_checks(self, skip, own, found, checks)
-        ends = {id(m): slots for _, m, slots, _ in self.txn.modules.end_bindings}  # taken at this forward's end
-        replayed = self.txn.modules.plain.keys  # rebound slots the replay binds as of the forward
-        for path, m, before, held in self.slots:
-            now = ends.get(id(m)) if id(m) in ends else tensor_slots(m)
-            for (d, k) in (set(before) | set(now)) - held:
-                if (id(getattr(m, d)), k) in replayed:
-                    continue
-                if before.get((d, k)) is not now.get((d, k)) and not framework_swap(d, before.get((d, k)), now.get((d, k))):
-                    kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
-                    full = f"{path}.{k}" if path else k
-                    found.setdefault(f"{kind} {full!r} (rebound to another tensor)", "binding")
-        for name in rebound([s for s in self.plain_slots if slot_id(s[1], s[2]) not in replayed]):
-            found.setdefault(name, "binding")
+            byte_checks(self, skip, own, found, checks)
+        _rebindings(self.slots, self.plain_slots, self.txn.modules, found)
         if checks and deferred is None:
-            return _Deferred(checks).names(found)
+            return Deferred(checks).names(found)
         return list(found)
 
     def report_undeclared(self, names: list[str], when: str) -> None:
@@ -354,10 +275,9 @@ class Watch:
         raise UndeclaredStateError(undeclared_message(self, listed, f"seen {when}", written=written))
 
     def adopt(self, inner: "Watch") -> None:
-        """An inner segment ended: our transaction replays its state too (both halves); what it
-        declared is no longer ours to watch from our start, only from now."""
-        self.txn.adopt(inner.txn)
-        keys = set(inner.txn.items)
+        """An inner segment ended (our transaction adopted its, ``run_segment``): what it declared
+        is no longer ours to watch from our start, only from now."""
+        keys = set(inner.txn.storages())
         with DisableTorchFunctionSubclass():
             for _, t, _ in self.scan:
                 if storage_key(t) in keys:
@@ -368,13 +288,13 @@ class Watch:
             self.fingerprints = [(n, t, fingerprint(t) if storage_key(t) in keys else fp)
                                  for n, t, fp in self.fingerprints]
             self.ptrs = [(n, t, t.data_ptr() if storage_key(t) in keys else ptr) for n, t, ptr in self.ptrs]
-        inner_ids = {id(w) for p in inner.txn.items.values() for w in p.storage.witnesses.values()}
-        self.slots = [(path, m, tensor_slots(m) if any(id(v) in inner_ids for v in before.values()) else before, skip)
-                      for path, m, before, skip in self.slots]  # bindings the inner segment replays itself
+        inner_ids = inner.txn.witness_ids()
+        self.slots = [(path, m, tensor_slots(m) if any(id(v) in inner_ids for v in before.values()) else before)
+                      for path, m, before in self.slots]  # bindings the inner segment replays itself
 
     def check_inner_declaration(self, inner: "Watch") -> None:
         """An inner segment declares state we reach: we must not have written it already (R7)."""
-        keys = set(inner.txn.items)
+        keys = set(inner.txn.storages())
         if not keys:
             return
         with DisableTorchFunctionSubclass():
@@ -403,45 +323,22 @@ class Watch:
                                       "once; the replay wrote it again)")
 
 
-def _byte_checks(self: "Watch", skip: set[int], own: set, found: dict[str, str], checks: list) -> None:
-    """The watch's byte checks (norm probes, pointers, fingerprints): changes read on the host go
-    to ``found`` (name -> why); device-side verdicts to ``checks`` as ``(name, why, 0-dim bool)``."""
-    if self.norm_probes:
-        with library_ops():
-            for n, t, before in self.norm_probes:
-                if id(t) in skip or storage_key(t) in own:
-                    continue
-                same = _same_bytes(t, before)
-                if isinstance(same, torch.Tensor):
-                    checks.append((describe(n), "bytes (a kernel that bumps no version)", ~same))
-                elif not same:
-                    found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
-    for n, t, ptr in self.ptrs:
-        if t.data_ptr() != ptr and id(t) not in skip:
-            found.setdefault(describe(n), "storage rebound (.data = / set_)")
-    for n, t, fp in self.fingerprints:
-        if id(t) in skip or describe(n) in found or storage_key(t) in own:
-            continue
-        changed = fingerprint_changed(t, fp)
-        if isinstance(changed, torch.Tensor):
-            checks.append((describe(n), "bytes (written through .data or another alias)", changed))
-        elif changed:
-            found.setdefault(describe(n), "bytes (written through .data or another alias)")
-
-
-def _read_or_defer(self: "Watch", names: list[str], deferred: list) -> list[str]:
-    """After the forward: ``names`` found on the host, plus the device-side verdicts ``deferred``
-    if they are ready (a CPU's always are); else those are kept in ``self._pending`` and read
-    before the replay (:meth:`Watch.versions`). ``state="auto"`` (learn) decides now whether this
-    forward keeps its activations, so it reads them now, waiting on a device (issue 26: not yet
-    deferred: the frame would have to settle later)."""
-    if not deferred:
-        return names
-    d = _Deferred(deferred)
-    if self.txn.auto or d.ready():
-        return d.names(dict.fromkeys(names, ""))
-    self._pending = d
-    return names
+def _rebindings(slots: list, plain_slots: list, mods: ModuleState, found: dict[str, str]) -> None:
+    """Add to ``found`` the undeclared rebindings of the forward: reached modules' tensor slots
+    (``slots``: ``(path, module, slots at the start)``) and tensors bound outside modules
+    (``plain_slots``), less what the replay binds itself (``mods``, the transaction's to say)."""
+    for path, m, before in slots:
+        now = mods.slots_at_end(m)  # taken at this forward's end
+        now = tensor_slots(m) if now is None else now
+        for (d, k) in (set(before) | set(now)) - mods.replayed_slots(m):
+            if mods.binds_plain((id(getattr(m, d)), k)):
+                continue
+            if before.get((d, k)) is not now.get((d, k)) and not framework_swap(d, before.get((d, k)), now.get((d, k))):
+                kind = {"_parameters": "parameter", "_buffers": "buffer"}.get(d, "tensor attribute")
+                full = f"{path}.{k}" if path else k
+                found.setdefault(f"{kind} {full!r} (rebound to another tensor)", "binding")
+    for name in rebound([s for s in plain_slots if not mods.binds_plain(slot_id(s[1], s[2]))]):
+        found.setdefault(name, "binding")
 
 
 def _split_gaps(names: list[str], written: list) -> tuple[list[torch.Tensor], list[str], list]:
