@@ -32,6 +32,7 @@ from ._compat import (
     make_saved_tensor,
     tree_flatten,
 )
+from ._compiled import warn_compiled
 from ._errors import ReplayError, UnsupportedError
 from ._frame import Frame, RecomputeSink
 from ._mode import strict_forward
@@ -317,6 +318,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     cuda_before = _rng.cuda_ready()
     r = reach(fn, args, kwargs, module_prefix)
     _refuse_lazy(r, name)
+    warn_compiled(fn, r.modules, name, root_module(fn) or fn)  # a compiled block in it runs uncompiled
     if auto:  # the state it wrote before, declared up front (_learn)
         declared, on_undeclared = _learn.begin(rt, r.tensors)
     txn = Transaction(rt, declared, preserve, granularity_bytes, auto)

@@ -21,7 +21,8 @@ once something imported it; without it no tensor can be a ``DTensor``).
 """
 from __future__ import annotations
 
-from typing import Any
+import sys
+from typing import Any, Iterable
 
 from ._compat import is_dtensor as _is_dtensor
 
@@ -30,3 +31,89 @@ def framework_swap(table: str, before: Any, after: Any) -> bool:
     """True if rebinding slot ``table`` (``"_parameters"``, ``"_buffers"``, ``"__dict__"``, ...)
     from ``before`` to ``after`` (either may be ``None``: unbound) is a framework's parameter swap."""
     return table == "_parameters" and (_is_dtensor(before) or _is_dtensor(after))
+
+
+# -- what profiling leaves to the framework (``ModelSnapshot``) -------------------------------
+#
+# ``profile`` runs whole training steps and then puts the model back (``_snapshot.ModelSnapshot``).
+# A parallelism framework's own bookkeeping is not the model's state: FSDP2's ``FSDPState`` (root
+# flag, contexts, param groups, prefetch lists), set up once at the first forward (lazy init) and
+# kept in the module's composable-API state. Putting it back as it was before the first forward
+# makes FSDP2 initialise a second time ("Parameter ... is shared with a parameter already managed
+# by another FSDP group"); it is left as the framework has it. FSDP2's unsharded parameters (bound
+# while a unit is unsharded, such as the root after a forward under ``no_grad``) are storage the
+# framework frees and refills: the snapshot saves and restores the sharded parameters instead
+# (every unit resharded first, with the public ``FSDPModule.reshard``) and unshards those units
+# again afterwards (``FSDPModule.unshard``, a collective every rank runs, as profiling's steps are).
+
+_STATE_KEY = "__composable_api_state_key"
+
+
+def _framework_roots(modules: Iterable[Any]) -> list[Any]:
+    """Each module's composable-API state (``fully_shard``'s, ``replicate``'s) and registry."""
+    cs = sys.modules.get("torch.distributed._composable_state")
+    roots = []
+    for m in modules:
+        roots += [v for k, v in vars(m).items() if k.startswith(_STATE_KEY)]
+        state = cs._get_module_state(m) if cs is not None else None
+        if state is not None and state is not m:
+            roots.append(state)
+    return roots
+
+
+def framework_objects(modules: Iterable[Any]) -> set[int]:
+    """``id`` of every container and plain object the framework keeps about ``modules`` (walked
+    from their composable-API state through containers and attributes; modules, tensors and
+    plain values end the walk)."""
+    import torch
+    from torch import nn
+
+    seen: set[int] = set()
+    stack = _framework_roots(modules)
+    while stack:
+        v = stack.pop()
+        if id(v) in seen or isinstance(v, (nn.Module, torch.Tensor, str, bytes, int, float, type)) or v is None:
+            continue
+        if isinstance(v, dict):
+            stack += list(v.values())
+        elif isinstance(v, (list, tuple, set, frozenset)):
+            stack += list(v)
+        elif isinstance(getattr(v, "__dict__", None), dict) and type(v).__module__.startswith("torch."):
+            stack += list(vars(v).values())
+        else:
+            continue
+        seen.add(id(v))
+    return seen
+
+
+def fsdp_units(model: Any) -> list[Any]:
+    """The model's FSDP2 units (``FSDPModule`` instances), outermost first; none unless
+    ``torch.distributed.fsdp`` was imported."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    kind = getattr(fsdp, "FSDPModule", None)
+    return [m for m in model.modules() if isinstance(m, kind)] if kind is not None else []
+
+
+def reshard_units(model: Any) -> list[Any]:
+    """Reshard every FSDP2 unit of ``model`` whose own parameters are bound unsharded (plain
+    tensors where FSDP2 binds its sharded ``DTensor`` between steps); returns those units, for
+    :func:`unshard_units` to bring back."""
+    units = fsdp_units(model)
+    ids = {id(u) for u in units}
+    out = []
+    for u in units:
+        mods, own = [u], []
+        while mods:
+            m = mods.pop()
+            own += [p for p in m._parameters.values() if p is not None]
+            mods += [c for c in m.children() if id(c) not in ids]
+        if any(not _is_dtensor(p) for p in own):
+            u.reshard()
+            out.append(u)
+    return out
+
+
+def unshard_units(units: Iterable[Any]) -> None:
+    """Unshard ``units`` again (their parameters all-gathered from the restored shards)."""
+    for u in units:
+        u.unshard()

@@ -9,6 +9,8 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from ._compat import has_storage
+
 
 
 def _clone(v: Any) -> Any:
@@ -27,8 +29,12 @@ class ModelSnapshot:
     """
 
     def __init__(self, model: nn.Module, optimizers: tuple = ()) -> None:
+        from ._framework import framework_objects, reshard_units
         from ._scan import reach
 
+        # FSDP2 units bound unsharded (the root after a no_grad forward): resharded, so that what is
+        # saved is the sharded parameters (FSDP frees the unsharded storage), and unsharded again
+        self.unsharded = reshard_units(model)
         found = reach(model, (), {})  # what a segment of the model can reach, as checkpoint sees it
         self.modules = list(model.modules())
         self.attrs = [dict(vars(m)) for m in self.modules]
@@ -47,9 +53,11 @@ class ModelSnapshot:
             if id(v) not in self.data:
                 self.data[id(v)] = (v, _clone(v))
         # containers the forward may append to, plain objects whose attributes it may rebind
-        self.containers = [(v, copy.copy(v)) for v in found.mutables if type(v) in (list, dict, set)]
-        self.objects = [(v, dict(vars(v))) for v in found.mutables
-                        if not isinstance(v, (list, dict, set))]
+        # (not the parallelism framework's own bookkeeping, FSDP2's state: see _framework)
+        theirs = framework_objects(self.modules)
+        ours = [v for v in found.mutables if id(v) not in theirs]
+        self.containers = [(v, copy.copy(v)) for v in ours if type(v) in (list, dict, set)]
+        self.objects = [(v, dict(vars(v))) for v in ours if not isinstance(v, (list, dict, set))]
         self.generators = [(g, g.get_state()) for _, g in found.generators.values()]
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
@@ -93,15 +101,23 @@ class ModelSnapshot:
 
     @torch.no_grad()
     def restore(self) -> None:
-        """Put every saved binding, byte, gradient, generator state and optimizer state back."""
+        """Put every saved binding, byte, gradient, generator state and optimizer state back (a
+        parameter slot FSDP2 rebinds stays as FSDP2 has it, see _framework)."""
+        from ._framework import framework_swap, unshard_units
+
         for m, attrs, tables in zip(self.modules, self.attrs, self.tables):
             for k in set(vars(m)) - set(attrs):
                 delattr(m, k)
             vars(m).update(attrs)
             for k, table in tables.items():
-                getattr(m, k).clear()
-                getattr(m, k).update(table)
+                now = getattr(m, k)
+                keep = {n: v for n, v in now.items() if framework_swap(k, table.get(n), v)}
+                now.clear()
+                now.update(table)
+                now.update(keep)
         for t, saved in self.data.values():
+            if t.numel() and has_storage(t) and not t.untyped_storage().nbytes():
+                continue  # storage a framework freed (FSDP2's unsharded parameter): FSDP2 refills it
             if t.shape != saved.shape:
                 t.data = saved.clone()
             else:
@@ -124,3 +140,4 @@ class ModelSnapshot:
             torch.cuda.set_rng_state_all(self.cuda_rng)
         for opt, state in self.optimizers:
             opt.load_state_dict(copy.deepcopy(state))
+        unshard_units(self.unsharded)
