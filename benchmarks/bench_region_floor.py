@@ -1,9 +1,10 @@
-"""Lower bound of regions/whole step time in the ``workloads3`` cells at the ``cpu`` scale (issue 15).
+"""Lower bound of regions/whole step time in the ``workloads3`` cells at the ``cpu`` scale (issue 15;
+``--preset cpu-faithful``, issue 26: the same cells with a 16 MiB state).
 
 A region journal can at best cost nothing; everything else in a step (compute, replay, the
 transaction, the write handler on the declared tensor) both methods pay. Per cell (feature
-queue, prototype memory, unrolled recurrence: 1 MiB state, write fraction 0.001, 64 live
-segments, width and batch 8, as the cohort runs them) this prints, measured side by side in one
+queue, prototype memory, unrolled recurrence: 1 MiB state (16 MiB at ``cpu-faithful``), write
+fraction 0.001, 64 live segments, width and batch 8, as the cohort runs them) this prints, measured side by side in one
 process on one thread, the three methods interleaved step by step (forward + backward + SGD
 update, median over ``--steps`` steps):
 
@@ -16,7 +17,7 @@ update, median over ``--steps`` steps):
 * ``torch_ms``: every segment under ``torch.utils.checkpoint`` (``recompute_only``: keeps and
   restores nothing, so its replays write the state twice — timing only), the cost of a
   checkpoint with no transaction at all; ``copy_ms``: two copies of every segment's 1 MiB
-  state (the least a whole snapshot copies per step: keep ``B0`` at the forward, put it back at
+  (16 MiB) state (the least a whole snapshot copies per step: keep ``B0`` at the forward, put it back at
   the replay), timed in the same loop;
 * ``floor_any``: ``torch_ms / (torch_ms + copy_ms)``, a bound on regions/whole for *any*
   implementation whose per-segment bookkeeping costs no more than torch's checkpoint and whose
@@ -27,7 +28,8 @@ update, median over ``--steps`` steps):
 ``clone``/``copy_``; that misses allocation costs, and on the 64 MiB queue of
 ``bench_journal.py`` it measured above what regions achieved.)
 
-Usage: ``.venv/bin/python benchmarks/bench_region_floor.py [--steps 20]``.
+Usage: ``.venv/bin/python benchmarks/bench_region_floor.py [--steps 20] [--preset cpu|cpu-faithful]
+[--workloads prototype_memory,...]``.
 """
 from __future__ import annotations
 
@@ -41,7 +43,8 @@ import torch
 
 from stateremat._shared.io import loadavg
 from stateremat.paper.bench._methods import build_method
-from stateremat.paper.workloads import WORKLOADS, WorkloadConfig
+from stateremat.paper.bench import experiment_spec
+from stateremat.paper.workloads import WORKLOADS
 from stateremat.torch._preserve import region
 
 
@@ -57,9 +60,10 @@ def free_journal() -> Iterator[None]:
         region.Journal.record, region.RegionPreserver.restore = saved
 
 
-def measure(workload: str, steps: int) -> dict:
-    cfg = WorkloadConfig(workload=workload, state_bytes=1 << 20, write_fraction=0.001,
-                         live_versions=64, segments=64, width=8, batch=8)
+def measure(workload: str, steps: int, preset: str = "cpu") -> dict:
+    """Median step times (ms) of the methods above in ``workload``'s ``workloads3`` cell at
+    ``preset`` (the cohort's own config: ``experiment_spec("workloads3", preset)``)."""
+    cfg = next(c.config for c in experiment_spec("workloads3", preset).cells if c.config.workload == workload)
     runs = {"whole": build_method("whole", cfg, ["whole"] * 64),
             "regions": build_method("regions", cfg, ["region"] * 64),
             "free": build_method("regions", cfg, ["region"] * 64),
@@ -97,11 +101,13 @@ def measure(workload: str, steps: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--preset", default="cpu", choices=["cpu", "cpu-faithful"])
+    ap.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated subset")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    print(f"load average before: {loadavg()}")
-    for wl in WORKLOADS:
-        r = measure(wl, args.steps)
+    print(f"preset {args.preset}; load average before: {loadavg()}")
+    for wl in args.workloads.split(","):
+        r = measure(wl, args.steps, args.preset)
         print(f"{r['workload']}: whole {r['whole_ms']:.1f} ms, regions {r['regions_ms']:.1f} ms, "
               f"regions/whole {r['ratio']:.3f}; regions with a free journal {r['free_ms']:.1f} ms -> "
               f"floor {r['floor']:.3f}; torch's checkpoint {r['torch_ms']:.1f} ms, whole's least copies "

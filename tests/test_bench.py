@@ -201,3 +201,46 @@ def test_bench_rejects_bad_counts_before_running(tmp_path, args, msg):
     res = CliRunner().invoke(app, ["bench", "fair", "--out", str(tmp_path / "o"), *args])
     assert res.exit_code == 2 and msg in res.output
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", [["bench", "calibrate"], ["cohort", "processes", "--experiment",
+                                                                "workloads3", "--processes", "1"]])
+def test_cpu_faithful_preset_is_accepted_and_an_unknown_one_refused_with_the_list(tmp_path, command):
+    from typer.testing import CliRunner
+    from stateremat.cli import app
+
+    out = str(tmp_path / "o")
+    res = CliRunner().invoke(app, [*command, "--preset", "cpu-faithfull", "--out", out])
+    assert res.exit_code == 2 and "--preset must be one of cpu, cpu-faithful, h100, tiny" in res.output
+    assert "cpu-faithful: the paper's share of state copies" in res.output  # the tip says which is which
+    # accepted: the next check (the budget's) is the one that refuses, before anything runs
+    res = CliRunner().invoke(app, [*command, "--preset", "cpu-faithful", "--budget", "0", "--out", out])
+    assert res.exit_code == 2 and "--budget must be positive" in res.output and "--preset" not in res.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_cpu_faithful_memory_check_sizes_the_largest_cell_with_the_faithful_state(tmp_path):
+    # workloads3 at cpu-faithful: (2 + 64 live) x 16 MiB state per process; 1,024 at once is ~1 TiB
+    from typer.testing import CliRunner
+    from stateremat.cli import app
+    from stateremat.paper.cli._bench import check_workload_memory
+
+    spec = experiment_spec("workloads3", "cpu-faithful")
+    biggest = max(c.config.estimated_peak_bytes for c in spec.cells)
+    assert biggest > 66 * 16 * MiB  # the state and its 64 + 1 whole snapshots, at least
+    check_workload_memory("t", "workloads3", "cpu-faithful", "cpu", 1)  # one process fits here
+    res = CliRunner().invoke(app, ["cohort", "processes", "--experiment", "workloads3", "--processes",
+                                   "1024", "--jobs", "1024", "--preset", "cpu-faithful",
+                                   "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2 and "--preset cpu-faithful (its largest cell" in res.output
+    assert f"{biggest * 1024:,} bytes" in res.output and not (tmp_path / "o").exists()
+
+
+def test_profile_names_cpu_faithful_among_the_presets(tmp_path):
+    from typer.testing import CliRunner
+    from stateremat.cli import app
+
+    res = CliRunner().invoke(app, ["profile", "feature_queue", "--preset", "bogus",
+                                   "--out", str(tmp_path / "card.json")])
+    assert res.exit_code == 2 and "'cpu-faithful'" in res.output and "Tip:" in res.output
+    assert not (tmp_path / "card.json").exists()

@@ -106,3 +106,87 @@ def test_eager_retention_does_not_grow_with_the_write_fraction(workload):
             kept[wf] = pm.current_bytes - pm.baseline_bytes
         del y
     assert kept[1.0] - kept[0.01] < 4096
+
+
+# ---------------------------------------------------------------- cpu-faithful preset (issue 26)
+@pytest.mark.parametrize("activations", ["large", "small"])
+@pytest.mark.parametrize("state_mib", [64, 1024])
+def test_cpu_faithful_is_cpu_with_the_state_divided_by_64_only(activations, state_mib):
+    cpu = preset_config("cpu", state_mib=state_mib, activations=activations, live_versions=64)
+    faithful = preset_config("cpu-faithful", state_mib=state_mib, activations=activations,
+                             live_versions=64)
+    h100 = preset_config("h100", state_mib=state_mib, activations=activations, live_versions=64)
+    assert faithful.state_bytes == h100.state_bytes // 64 == 16 * cpu.state_bytes
+    # activations, counts and write fraction exactly as cpu: only the state differs
+    assert faithful == cpu.replace(state_bytes=faithful.state_bytes)
+    assert preset_budget(20, "cpu-faithful") == preset_budget(20, "cpu") == 20 * 1024**2
+
+
+def test_cpu_faithful_workloads3_cells_differ_from_cpu_in_state_only():
+    from stateremat.paper.bench import experiment_spec
+
+    cpu, faithful = experiment_spec("workloads3", "cpu"), experiment_spec("workloads3", "cpu-faithful")
+    assert [c.name for c in faithful.cells] == [c.name for c in cpu.cells]
+    for a, b in zip(cpu.cells, faithful.cells):
+        assert b.config.state_bytes == 16 * 1024**2 and b.config.write_rows == 524
+        assert b.config == a.config.replace(state_bytes=b.config.state_bytes)
+        assert (b.methods, b.budget_bytes, b.warmups, b.steps) == (a.methods, a.budget_bytes, a.warmups, a.steps)
+
+
+def test_unknown_preset_is_refused_naming_cpu_faithful():
+    with pytest.raises(ValueError, match="cpu-faithful.*Tip"):
+        preset_config("cpu_faithful")
+
+
+# ---------------------------------------------------------------- prototype draws in O(k)
+def test_distinct_rows_are_distinct_sorted_in_range_and_a_function_of_the_generator():
+    from stateremat.paper.workloads._chain import distinct_rows
+
+    for rows, k in [(1, 1), (10, 5), (10, 6), (10, 10), (1000, 3), (1000, 500), (32768, 33)]:
+        for seed in range(20):
+            idx = distinct_rows(rows, k, torch.Generator().manual_seed(seed))
+            assert idx.dtype == torch.int64 and idx.numel() == k == idx.unique().numel()
+            assert bool((idx.diff() > 0).all()) and 0 <= int(idx.min()) and int(idx.max()) < rows
+            again = distinct_rows(rows, k, torch.Generator().manual_seed(seed))
+            assert torch.equal(idx, again)  # same generator state, same rows: replay sees them
+    draws = {tuple(distinct_rows(1000, 3, torch.Generator().manual_seed(s)).tolist()) for s in range(20)}
+    assert len(draws) == 20  # the generator decides the rows (not a fixed pattern)
+    with pytest.raises(ValueError, match="k must be in"):
+        distinct_rows(10, 11, torch.Generator())
+
+
+def test_distinct_rows_is_a_uniform_subset_even_with_collisions():
+    from stateremat.paper.workloads._chain import distinct_rows
+
+    g = torch.Generator().manual_seed(0)
+    counts = torch.zeros(10)
+    n = 4000
+    for _ in range(n):
+        counts[distinct_rows(10, 5, g)] += 1  # k = rows / 2: most draws collide
+    assert float((counts / n - 0.5).abs().max()) < 0.04  # each row in half the subsets
+
+
+def test_prototype_draws_allocate_o_k_not_o_rows():
+    # 2^24 rows (a 256 MiB state of width 4, never allocated here), k = 0.001 of them: a
+    # randperm(rows) would allocate 128 MiB of int64 per call; k indices need 16,777 x 8 bytes
+    from stateremat.torch import PeakMemory
+
+    cfg = WorkloadConfig(workload="prototype_memory", state_bytes=2**24 * 4 * 4, width=4, batch=8,
+                         write_fraction=0.001, live_versions=2, segments=2)
+    assert cfg.state_rows == 2**24 and cfg.write_rows == 16777
+    with PeakMemory("cpu") as mem:
+        idx = write_indices(cfg, 3, 1, "cpu")
+    assert idx.numel() == 16777 == idx.unique().numel()
+    assert mem.peak_bytes < 64 * cfg.write_rows * 8, mem.peak_bytes  # tens of k-sized tensors at most
+
+
+def test_prototype_chain_replays_its_draws_under_region_and_whole_checkpoints():
+    # the semantic check of the bench (replay equality against the functional reference, fp64)
+    from stateremat.paper.bench._semantic import check_method
+
+    cfg = WorkloadConfig(workload="prototype_memory", state_bytes=64 * 1024, width=16, batch=16,
+                         write_fraction=0.01, live_versions=4, segments=4)
+    for method, options in [("regions", ["region"] * 4), ("whole", ["whole"] * 4),
+                            ("joint", ["region", "whole", "eager", "region"])]:
+        res = check_method(method, cfg, options)
+        assert res["semantic_checks"] == "pass", res["semantic_detail"]

@@ -58,8 +58,8 @@ def profile_cmd(
                                    "workload: feature_queue, prototype_memory or unrolled_recurrence"),
     out: Path = typer.Option(..., "--out", parser=nonempty_path,
                              help="profile card JSON to write (a regular file; not the target's module)"),
-    preset: str = typer.Option("cpu", help="built-in workloads only: cpu (paper shapes / 1024), h100 (paper "
-                               "shapes) or tiny (paper shapes / 2^16, for tests)"),
+    preset: str = typer.Option("cpu", help="built-in workloads only: cpu (paper shapes / 1024), cpu-faithful "
+                               "(cpu with state / 64), h100 (paper shapes) or tiny (paper shapes / 2^16, for tests)"),
     activations: str = typer.Option("large", help="built-in workloads only: large (4096/65536) or small (256/256), paper units"),
     state_mib: int = typer.Option(1024, callback=in_range(1, MAX_STATE_MIB, "the paper uses 64 and "
                                                           "1024"),

@@ -26,7 +26,7 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
     Args:
         name: ``calibrate``, ``pressure``, ``fair`` (or any of ``experiment_spec``'s names).
         out: run folder; rerunning with the same folder and options resumes.
-        preset: ``cpu`` or ``h100``.
+        preset: ``cpu``, ``cpu-faithful``, ``h100`` or ``tiny``.
         device: ``cpu`` or ``cuda``.
         warmups: override the spec's warmup steps per method.
         steps: override the spec's measured steps per method.

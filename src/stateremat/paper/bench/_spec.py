@@ -2,7 +2,8 @@
 
 Each experiment is a frozen :class:`ExperimentSpec`: cells (workload shapes), the methods run in
 every cell, the logical budget, warmups and measured steps. Shapes and budgets are the paper's
-H100 values, scaled by the preset (``stateremat.paper.workloads.scale``; ``cpu`` = bytes / 1024),
+H100 values, scaled by the preset (``stateremat.paper.workloads.scale``; ``cpu`` = bytes / 1024,
+``cpu-faithful`` = ``cpu`` with state bytes / 64),
 except the fair-control budget at ``cpu`` scale, which keeps the paper's budget / eager-peak
 ratio on the cell's own measured card (:data:`FAIR_EAGER_FRACTION`, :func:`resolve_budget`).
 """
@@ -62,7 +63,7 @@ class ExperimentSpec:
 
     Attributes:
         name: one of :data:`EXPERIMENTS`.
-        preset: ``"cpu"`` or ``"h100"``.
+        preset: ``"cpu"``, ``"cpu-faithful"``, ``"h100"`` or ``"tiny"``.
         cells: the cells, in run order.
         methods: union of the cells' methods in :data:`METHODS` order.
         budget_bytes: the logical budget (every cell uses it; after :func:`resolve_budget`,
@@ -197,7 +198,8 @@ def experiment_spec(name: str, preset: str = "cpu") -> ExperimentSpec:
 
     Args:
         name: one of :data:`EXPERIMENTS`.
-        preset: ``"cpu"``, ``"h100"`` or ``"tiny"`` (tests: bytes / 2^16).
+        preset: ``"cpu"``, ``"cpu-faithful"`` (``cpu`` with state bytes / 64), ``"h100"`` or
+            ``"tiny"`` (tests: bytes / 2^16).
 
     Returns:
         The frozen :class:`ExperimentSpec`.

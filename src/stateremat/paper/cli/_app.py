@@ -117,14 +117,15 @@ def fail_from(api: str, exc: BaseException, code: int = 2) -> "typer.Exit":
 
 
 #: Shape presets of the chain experiments (bench, cohort processes, profile).
-PRESETS = ("cpu", "h100", "tiny")
+PRESETS = ("cpu", "cpu-faithful", "h100", "tiny")
 
 
 def check_preset(api: str, preset: str) -> None:
     """Refuse an unknown ``--preset`` of the chain experiments."""
     if preset not in PRESETS:
         raise fail(f"{api}: --preset must be one of {', '.join(PRESETS)}, got {preset!r}. Tip: "
-                   "cpu runs here in minutes (tiny in seconds, for tests).")
+                   "cpu runs here in minutes (cpu-faithful: the paper's share of state copies in "
+                   "a step, for time; tiny in seconds, for tests).")
 
 
 def parse_budget(api: str, budget: Optional[str]) -> Optional[int]:

@@ -37,7 +37,7 @@ def run_bench(name: str, out: Path, preset: str = "cpu", device: str = "cpu",
     Args:
         name: ``calibrate``, ``pressure`` or ``fair``.
         out: run folder (rerun to resume).
-        preset: ``cpu`` or ``h100``.
+        preset: ``cpu``, ``cpu-faithful``, ``h100`` or ``tiny``.
         device: ``cpu`` or ``cuda[:i]``.
         warmups, steps: per-method overrides (None: the spec's).
         budget: logical budget override, bytes or KiB/MiB/GiB (None: the paper's rule).
@@ -65,7 +65,8 @@ def run_bench(name: str, out: Path, preset: str = "cpu", device: str = "cpu",
 
 _OUT = typer.Option(..., "--out", parser=nonempty_path, help="run folder (rerun with the same folder to resume)")
 _PRESET = typer.Option("cpu", help="cpu (paper shapes and budgets / 1024; fair: the paper's "
-                       "budget/eager-peak ratio), h100, or tiny (bytes / 2^16, for tests)")
+                       "budget/eager-peak ratio), cpu-faithful (cpu with state / 64: the paper's "
+                       "share of state copies in a step, for time), h100, or tiny (bytes / 2^16, for tests)")
 _DEVICE = typer.Option("cpu", help="cpu, or cuda[:N] for the GPU path")
 _WARM = typer.Option(None, callback=in_range(0, MAX_WARMUPS, "omit it for the preset's count"),
                      help=f"override warmup steps per method, 0 to {MAX_WARMUPS:,}")

@@ -29,7 +29,8 @@ def processes(
     n_processes: int = typer.Option(..., "--processes", callback=in_range(
         1, MAX_PROCESSES, "the paper uses 50"), help=f"Independent processes N, 1 to "
         f"{MAX_PROCESSES:,}."),
-    preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu, h100 or tiny (tests)."),
+    preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu, cpu-faithful (cpu with "
+                                "state / 64: the paper's share of state copies in a step), h100 or tiny (tests)."),
     out: Path = typer.Option(..., "--out", parser=nonempty_path, help="Run folder (rerun to resume)."),
     jobs: Optional[int] = typer.Option(
         None, "--jobs", callback=in_range(1, MAX_JOBS, "omit it for cores // threads"),

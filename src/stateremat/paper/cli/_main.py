@@ -14,7 +14,7 @@ from ._bench import run_bench
 @paper_app.command("main")
 def main_job(
     out: Path = typer.Option(Path("out"), "--out", parser=nonempty_path, help="Folder for all records."),
-    preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu (minutes here), h100 (the paper's shapes) or tiny (tests)."),
+    preset: str = typer.Option("cpu", "--preset", help="Shapes preset: cpu (minutes here), cpu-faithful (cpu with state / 64), h100 (the paper's shapes) or tiny (tests)."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
 ) -> None:
     """The main job: ``bench fair`` — all seven methods on the large/sparse cell at the paper's

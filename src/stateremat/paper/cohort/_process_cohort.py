@@ -263,7 +263,7 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
         experiment: ``fair44``, ``pressure32`` or ``workloads3``.
         processes: number of independent processes ``N`` (processes ``0..N-1``; a rerun with
             a larger ``N`` extends the cohort).
-        preset: spec preset (``cpu``, ``h100``).
+        preset: spec preset (``cpu``, ``cpu-faithful``, ``h100``, ``tiny``).
         warmups, steps: per method and process; default: the spec's cells.
         jobs: concurrent local processes (ignored with ``dask_address``); default: one per
             ``threads`` CPU cores on ``cpu`` (2 on a 2-core machine), 1 on ``cuda`` (processes
