@@ -244,3 +244,27 @@ def test_profile_names_cpu_faithful_among_the_presets(tmp_path):
                                    "--out", str(tmp_path / "card.json")])
     assert res.exit_code == 2 and "'cpu-faithful'" in res.output and "Tip:" in res.output
     assert not (tmp_path / "card.json").exists()
+
+
+def test_threads_of_rows_without_them_come_from_the_cards_and_a_damaged_card_is_refused(rows,
+                                                                                      tmp_path):
+    """A bench folder of an older run (its rows lack ``torch_threads``): the summary reads the
+    threads from the run's profile cards, each validated; a damaged card is named, not skipped."""
+    from stateremat.contract import RecordsError, save_card
+    from stateremat.paper.bench import cell_card
+    from stateremat.paper.records import RecordStore
+
+    assert not any("torch_threads" in r for r in rows)
+    RecordStore(tmp_path, "bench", key=["cell", "method", "step"],
+                meta={"warmups": 1, "steps": 2}).append(rows)
+    spec = tiny_spec()
+    card = cell_card(spec, spec.cells[0], "cpu")
+    path = save_card(card, tmp_path / "cards" / "tiny.json")
+    assert _bench.bench_summary(tmp_path)["torch_threads"] == card.meta["torch_threads"]
+    path.write_text(path.read_text()[:40])  # cut short: not JSON
+    with pytest.raises(RecordsError) as err:
+        _bench.bench_summary(tmp_path)
+    assert str(path) in str(err.value) and "Tip:" in str(err.value)
+    path.write_text('{"meta": {"torch_threads": 2}}')  # JSON, but not a profile card
+    with pytest.raises(RecordsError, match="tiny.json"):
+        _bench.bench_summary(tmp_path)

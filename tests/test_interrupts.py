@@ -1,13 +1,20 @@
 """Interrupted, then resumed: the rows equal an uninterrupted run's (issue 16, kind 1 and "done").
 
-Each long command runs three times through the real ``stateremat`` command line, in
-subprocesses at the smallest sizes that still span several parts: once uninterrupted into a
-fresh ``--out`` (the reference), then into another folder that is stopped as soon as its first
-finished unit is on disk (SIGINT to the command only, Ctrl-C to its whole process group, or
-``kill -9`` of the command), then rerun there to resume. The stopped command must exit
-non-zero having kept its finished rows, leave no process running and, once resumed, no
+Each long command runs through the real ``stateremat`` command line, in subprocesses at the
+smallest sizes that still span several parts: once uninterrupted into a fresh ``--out`` (the
+reference), and once into another folder that is stopped several times, each stop as soon as a
+new finished unit is on disk, and rerun there after each stop: first a SIGINT to the command
+only (a fresh folder), then ``kill -9`` of the resumed command, and for the cohort also Ctrl-C
+to the whole process group of the run resumed after the kill. One folder per command takes
+every stop kind, so the commands are launched once per stop and once to finish, not twice per
+stop. Each stopped command must exit non-zero having kept its finished rows (more than at the
+stop before, fewer than the reference's), leave no process running and, once resumed, no
 temporary file; the resumed rows must equal the reference's in count, keys and every
 deterministic field (times, load, pids, timestamps and attempt counters differ by nature).
+
+The reference runs while the stops are made (two cores); where the stopped runs plan on its
+frozen profile cards, they wait until those are final (a cohort's sidecar is written, a bench's
+run is done).
 """
 from __future__ import annotations
 
@@ -21,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from _cli import run_cli
 from stateremat.paper.records import read_records
 
 pytest.importorskip("torch")
@@ -30,19 +38,24 @@ pytest.importorskip("torch")
 NONDETERMINISTIC = {"step_time_s", "loadavg", "pid", "process_wall_s", "encoder_time_s",
                     "elapsed_s", "created_utc", "attempt", "hostname"}
 
+#: Stops of each command's folder, in order: SIGINT of a fresh run, then kill -9 of the resumed
+#: one (and Ctrl-C after that for the cohort, which has a unit per stop and one more).
+TWO_STOPS = ("SIGINT", "SIGKILL")
 CASES = {
     "verify": dict(argv=["verify", "finite", "--programs", "1000"], table="finite",
-                   key=["suite", "seed", "program", "check"]),
+                   key=["suite", "seed", "program", "check"], stops=TWO_STOPS),
     "semantics": dict(argv=["cohort", "semantics", "--seeds", "0:1", "--no-progress"],
-                      table="semantics", key=["backend", "method", "family", "seed", "dtype"]),
+                      table="semantics", key=["backend", "method", "family", "seed", "dtype"],
+                      stops=TWO_STOPS),
     "bench": dict(argv=["bench", "pressure", "--preset", "tiny", "--warmups", "0", "--steps", "1"],
-                  table="bench", key=["cell", "method", "step"], frozen="cards"),
+                  table="bench", key=["cell", "method", "step"], frozen="cards", stops=TWO_STOPS),
     "moco": dict(argv=["app", "moco", "--preset", "tiny", "--seeds", "2701:2702",
-                       "--methods", "eager,whole,regions"], table="moco", key=["seed", "method"]),
+                       "--methods", "eager,whole,regions"], table="moco", key=["seed", "method"],
+                 stops=TWO_STOPS),
     "cohort": dict(argv=["cohort", "processes", "--experiment", "fair44", "--preset", "tiny",
-                         "--processes", "3", "--jobs", "1", "--warmups", "0", "--steps", "1"],
+                         "--processes", "4", "--jobs", "1", "--warmups", "0", "--steps", "1"],
                    table="cohort_timing", key=["process", "cell", "method", "step"],
-                   frozen="profile"),
+                   frozen="profile", stops=("SIGINT", "SIGKILL", "Ctrl-C")),
 }
 STOPS = {"SIGINT": 128 + signal.SIGINT, "Ctrl-C": 128 + signal.SIGINT, "SIGKILL": -signal.SIGKILL}
 
@@ -66,8 +79,7 @@ def _launch(case, out, ref, log: Path) -> subprocess.Popen:
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 
-def _finish(case, out, ref, log) -> None:
-    proc = _launch(case, out, ref, log)
+def _wait_ok(proc: subprocess.Popen, log: Path) -> None:
     assert proc.wait(timeout=600) == 0, log.read_text()
 
 
@@ -87,10 +99,17 @@ def _processes_using(path: Path) -> list[int]:
     return found
 
 
-def _started(out: Path, case: dict) -> bool:
-    if not any((out / case["table"]).glob("part-*.parquet")):
+def _parts(out: Path, case: dict) -> set[str]:
+    return {p.name for p in (out / case["table"]).glob("part-*.parquet")}
+
+
+def _started(out: Path, case: dict, before: set[str]) -> bool:
+    """A unit finished since the launch (a part not among ``before``) and, for a cohort, the
+    next process is running (its work folder exists: a finished one's is gone before its part
+    is written): stopping it is part of the test."""
+    if not _parts(out, case) - before:
         return False
-    return case["table"] != "cohort_timing" or len(list((out / ".tmp" / "cohort").glob("*"))) > 0
+    return case["table"] != "cohort_timing" or any((out / ".tmp" / "cohort").glob("*"))
 
 
 def _rows(out: Path, case: dict) -> pd.DataFrame:
@@ -101,32 +120,54 @@ def _rows(out: Path, case: dict) -> pd.DataFrame:
     return df.sort_values(case["key"]).reset_index(drop=True)
 
 
+class Reference:
+    """The uninterrupted run of one command, launched once and waited for when needed."""
+
+    def __init__(self, name: str, root: Path):
+        self.case, self.out, self.log = CASES[name], root / "run", root / "log.txt"
+        self.proc = _launch(self.case, self.out, None, self.log)
+
+    def wait(self) -> Path:
+        _wait_ok(self.proc, self.log)
+        return self.out
+
+    def frozen(self) -> Path:
+        """The folder, once the profile cards the stopped runs plan on are final: a cohort's
+        when its sidecar is written (the cards are frozen before it); a bench's per-cell cards
+        only when it is done."""
+        if self.case.get("frozen") != "profile":
+            return self.wait() if self.case.get("frozen") else self.out
+        deadline = time.monotonic() + 300
+        while not (self.out / f"{self.case['table']}.json").exists() and self.proc.poll() is None:
+            assert time.monotonic() < deadline, self.log.read_text()
+            time.sleep(0.05)
+        assert self.proc.poll() in (None, 0), self.log.read_text()
+        return self.out
+
+
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
-    made: dict[str, Path] = {}
+    made: dict[str, Reference] = {}
 
-    def get(name: str) -> Path:
+    def get(name: str) -> Reference:
         if name not in made:
-            ref = tmp_path_factory.mktemp(f"ref-{name}") / "run"
-            _finish(CASES[name], ref, None, ref.parent / "log.txt")
-            made[name] = ref
+            made[name] = Reference(name, tmp_path_factory.mktemp(f"ref-{name}"))
         return made[name]
 
-    return get
+    yield get
+    for ref in made.values():  # a failed test leaves none running
+        if ref.proc.poll() is None:
+            os.killpg(ref.proc.pid, signal.SIGKILL)
+            ref.proc.wait()
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("name, stop", [(n, s) for n in CASES for s in ("SIGINT", "SIGKILL")]
-                         + [("cohort", "Ctrl-C")])
-def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(references, tmp_path, name,
-                                                                 stop):
-    case, ref = CASES[name], references(name)
-    out, log = tmp_path / "run", tmp_path / "log.txt"
+def _stop_once(case: dict, out: Path, ref: Path, log: Path, stop: str) -> int:
+    """Launch the command into ``out``, stop it with ``stop`` once a new unit is on disk and
+    check what the stop left; returns the number of rows kept."""
+    before = _parts(out, case)
     proc = _launch(case, out, ref, log)
-    parts = out / case["table"]
     deadline = time.monotonic() + 300
-    while not _started(out, case):  # the first finished unit is on disk (and, for a cohort,
-        # the next process is running: stopping it is part of the test)
+    while not _started(out, case, before):
         assert proc.poll() is None, f"finished before it could be stopped:\n{log.read_text()}"
         assert time.monotonic() < deadline, log.read_text()
         time.sleep(0.02)
@@ -137,24 +178,38 @@ def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(references, tm
     assert proc.wait(timeout=120) == STOPS[stop], log.read_text()
     deadline = time.monotonic() + 20  # a killed parent's children die with it (PDEATHSIG)
     while _processes_using(out) and time.monotonic() < deadline:
-        time.sleep(0.1)
+        time.sleep(0.05)
     assert _processes_using(out) == [], "orphans left running"
     kept = read_records(out, case["table"])
-    full = read_records(ref, case["table"])
-    assert 0 < len(kept) < len(full), "the stop should fall between the first and the last unit"
     if stop != "SIGKILL":
         text = log.read_text()
         assert "stopped by SIGINT" in text and "rerun the same command to resume" in text, text
         assert not list(out.rglob(".*.tmp")) and not list((out / ".tmp").rglob("rows.parquet"))
-    if name == "cohort" and stop != "SIGKILL":
+    if case["table"] == "cohort_timing" and stop != "SIGKILL":
         st = read_records(out, "cohort_processes")
         assert "interrupted" in set(st["status"]), st[["process", "status"]]
         assert set(st[st["status"] == "ok"]["process"]) == set(kept["process"])
-    res = subprocess.run([sys.executable, "-m", "stateremat", "report", str(out)],
-                         capture_output=True, text=True)
-    assert res.returncode == 1 and "have no complete rows" in res.stderr, res.stderr
+    res = run_cli("report", out, "--out", log.with_suffix(".report"))  # in process: --out, so
+    # it holds no lock on the run folder (a report into the folder locks it for its lifetime)
+    assert res.exit_code == 1 and "have no complete rows" in res.output, res.output
+    return len(kept)
 
-    _finish(case, out, ref, log)  # resume
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(CASES))
+def test_stopped_at_each_kind_then_resumed_run_equals_an_uninterrupted_one(references, tmp_path,
+                                                                           name):
+    case, reference = CASES[name], references(name)
+    ref = reference.frozen()
+    out = tmp_path / "run"
+    kept = []
+    for i, stop in enumerate(case["stops"]):
+        kept.append(_stop_once(case, out, ref, tmp_path / f"log-{i}-{stop}.txt", stop))
+    log = tmp_path / "log-resume.txt"
+    _wait_ok(_launch(case, out, ref, log), log)  # resume to the end
+    full = len(read_records(reference.wait(), case["table"]))
+    assert 0 < kept[0] and kept == sorted(set(kept)) and kept[-1] < full, \
+        f"each stop should keep more rows than the one before and fewer than all: {kept} of {full}"
     got, want = _rows(out, case), _rows(ref, case)
     assert len(got) == len(want) and sorted(got.columns) == sorted(want.columns)
     pd.testing.assert_frame_equal(got[sorted(got.columns)], want[sorted(want.columns)],
@@ -163,6 +218,5 @@ def test_interrupted_then_resumed_run_equals_an_uninterrupted_one(references, tm
     if name == "moco":  # the per-image score files too, byte for byte
         for f in sorted((ref / "scores").rglob("*.npy")):
             assert (out / f.relative_to(ref)).read_bytes() == f.read_bytes()
-    res = subprocess.run([sys.executable, "-m", "stateremat", "report", str(out)],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr
+    res = run_cli("report", out, "--out", tmp_path / "report")
+    assert res.exit_code == 0, res.output

@@ -316,3 +316,24 @@ def test_a_moco_retry_gets_the_next_attempt(tmp_path):
     store.append([_moco_row(1, "eager", "error", attempt=1)])
     store.append([_moco_row(2, "eager", "ok", attempt=0)])
     assert _next_attempts(store) == {(1, "eager"): 2, (2, "eager"): 1}
+
+
+def test_dropping_rows_validates_each_part_first(tmp_path):
+    """``drop_rows`` (a moco rerun replacing rows whose score file is gone) reads every part
+    through the same checks as ``read_records``: a part with the right names but string types is
+    refused, named, and left as it was (not compared as text and silently kept)."""
+    part = _status_run(tmp_path)
+    store = RecordStore(tmp_path, "cohort_processes", key=STATUS_KEY, meta={"k": 1})
+    assert store.drop_rows(lambda df: df["process"] == 2) == 1  # a valid part: the row goes
+    tbl = pq.read_table(part)
+    junk = pa.table({n: pa.array([str(v) for v in tbl.column(n).to_pylist()])
+                     for n in tbl.schema.names})
+    pq.write_table(junk, part)
+    before = part.read_bytes()
+    with pytest.raises(RecordsError) as err:
+        store.drop_rows(lambda df: df["process"] == 1)
+    assert str(part) in str(err.value) and "has type string, not int64" in str(err.value)
+    assert part.read_bytes() == before
+    part.write_bytes(b"not parquet")
+    with pytest.raises(RecordsError, match="cannot read"):
+        store.drop_rows(lambda df: df["process"] == 1)

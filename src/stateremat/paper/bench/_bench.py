@@ -81,15 +81,24 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
 
 
 def _card_threads(cards: Path) -> list[int]:
-    """The distinct ``torch_threads`` of the profile cards cached in ``cards`` (meta)."""
-    import json
+    """The distinct ``torch_threads`` of the profile cards cached in ``cards`` (meta), each card
+    validated (:func:`~stateremat.contract.load_card`).
+
+    Raises:
+        RecordsError: a card cannot be read or is not a profile card (naming the file).
+    """
+    from ...contract import ProfileCardError, RecordsError, load_card
 
     found = set()
     for p in sorted(cards.glob("*.json")) if cards.is_dir() else []:
         try:
-            t = json.loads(p.read_text()).get("meta", {}).get("torch_threads")
-        except (OSError, ValueError, AttributeError):
-            continue
+            t = load_card(p).meta.get("torch_threads")
+        except ProfileCardError as exc:
+            raise RecordsError(
+                f"stateremat report: the bench run's profile card {p} is unreadable ({exc}); its "
+                "rows do not record their torch threads, so the card must. Tip: restore the card "
+                "from a copy of the run folder (a card measured again would not say which threads "
+                "these rows ran with).") from None
         if isinstance(t, int):
             found.add(t)
     return sorted(found)

@@ -499,13 +499,21 @@ class RecordStore:
 
         Returns:
             The number of rows dropped.
+
+        Raises:
+            RecordsError: a part cannot be read or differs from the table's schema (each part
+                is checked as :func:`read_records` checks it, before anything is rewritten).
         """
         dropped = 0
         for p in sorted(self.dir.glob("part-*.parquet")):
             if keep_last_part and p.name == self._last_part:
                 continue
-            tbl = pq.read_table(p)
-            df = tbl.to_pandas()
+            try:
+                tbl = pq.read_table(p)
+            except Exception as exc:  # unreadable or corrupt part: say which file
+                raise _unreadable(p, exc) from exc
+            spec = self.spec or _observed_spec(self.table, tbl, self.key)
+            df = _check_part(p, tbl, spec).to_pandas()  # typed as declared, same row order
             mask = match(df).to_numpy(dtype=bool)
             if not mask.any():
                 continue
