@@ -66,6 +66,9 @@ def test_the_replay_rooms_are_where_the_design_puts_them():
 
 #: What the frame, the watch and the write handler may ask of the transaction's module state.
 _MODULE_STATE_QUERIES = {"declares", "replayed_slots", "binds_plain", "slots_at_end"}
+#: ... and the records they must not read (a local ``mods`` is the module state, as in the watch).
+_MODULE_STATE_RECORDS = {"held_keys", "declared_modules", "bindings", "end_bindings", "plain", "modes",
+                         "views", "adopted", "_ends"}
 
 
 def _reads_outside_the_transaction(src: str) -> list[str]:
@@ -81,7 +84,7 @@ def _reads_outside_the_transaction(src: str) -> list[str]:
         if isinstance(base, ast.Attribute) and base.attr == "modules" and isinstance(base.value, ast.Attribute) \
                 and base.value.attr == "txn" and node.attr not in _MODULE_STATE_QUERIES:
             hits.append(f"txn.modules.{node.attr}")
-        if isinstance(base, ast.Name) and base.id == "mods" and node.attr not in _MODULE_STATE_QUERIES:
+        if isinstance(base, ast.Name) and base.id == "mods" and node.attr in _MODULE_STATE_RECORDS:
             hits.append(f"mods.{node.attr}")
     return hits
 
