@@ -209,6 +209,36 @@ def test_a_verdict_still_on_the_device_after_the_forward_is_read_before_the_repl
     checkpoint(lambda x: m2(x) + m2.kept, torch.randn(2, 4, requires_grad=True), state=None).sum().backward()
 
 
+@pytest.mark.parametrize("on_undeclared", ["raise", "warn"])
+def test_one_report_names_the_host_and_the_device_findings_together(device_path, monkeypatch, on_undeclared):
+    """A forward whose write the host sees (a version counter) and another only a device verdict
+    sees (through ``.data``): the one report at the forward's end names both, not the host's alone
+    now and the device's later (the wait happens only on this error path)."""
+    from stateremat.torch import UndeclaredStateError, _verdicts
+    monkeypatch.setattr(_verdicts.Deferred, "ready", lambda self: False)
+    m = nn.Linear(4, 4)
+    m.register_buffer("seen", torch.zeros(4))
+    m.register_buffer("hidden", torch.zeros(4))
+
+    def fn(x):
+        m.seen.add_(1.0)  # version counter: found on the host
+        m.hidden.data.add_(1.0)  # no version bump: the fingerprint, a device verdict
+        return m(x) + m.seen + m.hidden
+
+    x = torch.randn(2, 4, requires_grad=True)
+    if on_undeclared == "raise":
+        with pytest.raises(UndeclaredStateError) as err:
+            checkpoint(fn, x, state=None)
+        assert "'m.seen'" in str(err.value) and "'m.hidden'" in str(err.value)
+        return
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        checkpoint(fn, x, state=[], on_undeclared="warn")
+    reports = [str(w.message) for w in caught if "stateremat" in str(w.message)]
+    assert len(reports) == 1 and "'m.seen'" in reports[0] and "'m.hidden'" in reports[0], reports
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("preserve", ["whole", "region"])
 def test_cuda_steps_make_no_synchronizing_call_from_the_library(preserve):

@@ -154,3 +154,32 @@ def test_preservation_counters_are_keyed_by_the_preservers_option(preserve):
     loss.backward()
     assert st.preservation_stats().retained_by_option == {k: v for k, v in before.items() if v}
     assert buf[7].item() == 1.0 and w.grad.tolist() == [1.0, 1.0, 1.0]
+
+
+@pytest.mark.parametrize("preserve_rng_state", [True, False])
+def test_cuda_first_initialized_inside_a_segment_is_refused_after_its_forward(monkeypatch, preserve_rng_state):
+    """R3: a segment that initializes CUDA itself has no CUDA generator state from its forward's
+    start: refused (and released) after the forward, unless it keeps no RNG state at all."""
+    import stateremat.torch as st
+    from stateremat.torch import _rng
+
+    ready = [False]
+    monkeypatch.setattr(_rng, "cuda_ready", lambda: ready[0])
+    buf = torch.zeros(4)
+
+    def seg(x):
+        ready[0] = True  # as torch.cuda.init() inside the forward would
+        buf.add_(1.0)
+        return (x * 2).sum()
+
+    st.reset_preservation_stats()
+    x = torch.ones(3, requires_grad=True)
+    if preserve_rng_state:
+        with pytest.raises(st.ReplayError, match="CUDA was initialized inside segment") as err:
+            st.checkpoint(seg, x, state=[buf], preserve_rng_state=True)
+        assert "torch.cuda.init()" in str(err.value)
+        assert st.preservation_stats().retained_state_bytes == 0  # released
+        ready[0] = True  # the tip: CUDA initialized before the first checkpoint
+    loss = st.checkpoint(seg, x, state=[buf], preserve_rng_state=preserve_rng_state)
+    loss.backward()
+    assert x.grad.tolist() == [2.0, 2.0, 2.0]

@@ -27,7 +27,7 @@ from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops
 from ._errors import UnsupportedError
 from ._framework import framework_swap
 from ._plain import PlainBindings, plain_starts
-from ._scan import Declared, Reach, slot_starts, tensor_bound, tensor_slots
+from ._scan import Declared, Reach, tensor_slots
 
 
 _ABSENT = object()  # a slot that is not bound at all
@@ -103,6 +103,31 @@ def views_as_of(swaps: list[tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None
         with torch.no_grad():
             for t, v in now:
                 t.data = v
+
+
+
+def slot_starts(m: nn.Module) -> tuple:
+    """What ``m``'s slots hold at the forward's start, as shallow copies (cheap): its unregistered
+    attributes, buffers and parameters; read by :func:`tensor_bound` after the forward."""
+    return m, m.__dict__.copy(), m._buffers.copy(), m._parameters.copy()
+
+
+def tensor_bound(starts: list[tuple], ends: dict[int, dict]) -> list[tuple[nn.Module, str, str, Any]]:
+    """``(module, table, key, start value)`` of each slot that held a non-tensor at the forward's
+    start (``self.v = 0.0``, ``self.h = None``, a buffer registered as ``None``) and a tensor at its
+    end: the replay binds the start value again (it is immutable or not state), then the tensor.
+
+    Args:
+        starts: :func:`slot_starts` of the modules, taken as the forward began.
+        ends: ``id(module) -> tensor_slots(module)`` taken after the forward, if any.
+    """
+    out = []
+    for m, attrs, bufs, params in starts:
+        tables = {"__dict__": attrs, "_buffers": bufs, "_parameters": params}
+        for (d, k), v in (ends[id(m)] if id(m) in ends else tensor_slots(m)).items():
+            if v is not None and k in tables[d] and not isinstance(tables[d][k], torch.Tensor):
+                out.append((m, d, k, tables[d][k]))
+    return out
 
 
 class Bindings:

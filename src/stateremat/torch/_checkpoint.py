@@ -19,7 +19,7 @@ import torch
 
 from stateremat.contract import rule
 
-from . import _learn, _rng
+from . import _learn
 from ._compat import (
     DisableTorchFunctionSubclass,
     debug_override,
@@ -315,7 +315,6 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     rt = runtime()
     if _runs_eagerly(rt, name, declared):
         return _run_eagerly(fn, args, kwargs, declared)
-    cuda_before = _rng.cuda_ready()
     r = reach(fn, args, kwargs, module_prefix)
     _refuse_lazy(r, name)
     warn_compiled(fn, r.modules, name, root_module(fn) or fn)  # a compiled block in it runs uncompiled
@@ -338,13 +337,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     except BaseException:
         txn.release()
         raise
-    if preserve_rng_state and not cuda_before and _rng.cuda_ready():
-        txn.release()
-        raise ReplayError(
-            f"stateremat.torch.checkpoint: CUDA was initialized inside segment {name!r}, so its "
-            f"generator state at the forward's start is unknown ({rule('R3')}). Tip: initialize CUDA "
-            "before the first checkpoint (e.g. torch.cuda.init())."
-        )
+    txn.refuse_cuda_started(name)  # R3: a generator the forward's start did not know
     for enclosing in rt.forward:  # enclosing segments replay us too: our B0 is theirs
         enclosing.txn.adopt(txn)  # what the replay puts back: both halves, the transaction's
         enclosing.adopt(watch)  # what the enclosing watch no longer watches from its start

@@ -45,7 +45,6 @@ from ._compat import (
 from . import _learn
 from ._errors import ReplayDivergenceError, ReplayError
 from ._runtime import Runtime, runtime
-from ._scan import is_input_name
 from ._storage import storage_key
 from ._txn import Transaction
 from ._watch import Watch
@@ -175,28 +174,11 @@ class Frame:
         else:
             leaves, self._spec = tree_flatten((args, kwargs))
         self._saved = [
-            x if isinstance(x, torch.Tensor) and self._restored_by_txn(x)
+            x if isinstance(x, torch.Tensor) and self.txn.holds_input(x, f"input of segment {self.name!r}")
             else make_saved_tensor(x) if isinstance(x, torch.Tensor) else x
             for x in leaves
         ]
         self._leaves = leaves  # (the saved tensors hold them too)
-
-    def _restored_by_txn(self, x: torch.Tensor) -> bool:
-        """True if the transaction restores every byte of input ``x`` (then it is held as is).
-
-        Other inputs keep torch's saved-tensor version check: a later in-place write to them
-        raises at backward instead of replaying on changed values (R8).
-        """
-        if self.txn.declares_nothing() or not has_storage(x):
-            return False
-        with DisableTorchFunctionSubclass():
-            p = self.txn.preserver(storage_key(x))
-        if p is None:
-            return False
-        # Both preservers cover every byte of the storage; a write through this input outside
-        # the journal changes its version counter: a gap (R8).
-        p.storage.add_witness(x, f"input of segment {self.name!r}")
-        return True
 
     def inputs(self) -> tuple[tuple, dict]:
         leaves = [self._unpack_input(i, x) if isinstance(x, SavedTensor) else x for i, x in enumerate(self._saved)]
@@ -210,10 +192,9 @@ class Frame:
             return x.unpack()
         except RuntimeError:
             t = self._leaves[i]
-            with DisableTorchFunctionSubclass():
-                p = self.txn.preserver(storage_key(t)) if has_storage(t) and not t.requires_grad else None
             # only state (declared under a name that is no input's); an input itself keeps torch's error
-            if p is not None and any(not is_input_name(n) for n in p.names) and self._restored_by_txn(t):
+            if not t.requires_grad and self.txn.declares_as_state(t) and \
+                    self.txn.holds_input(t, f"input of segment {self.name!r}"):
                 return t
             raise
 

@@ -511,30 +511,6 @@ def tensor_slots(m: nn.Module) -> dict[tuple[str, str], Any]:
 _MISSING = object()
 
 
-def slot_starts(m: nn.Module) -> tuple:
-    """What ``m``'s slots hold at the forward's start, as shallow copies (cheap): its unregistered
-    attributes, buffers and parameters; read by :func:`tensor_bound` after the forward."""
-    return m, m.__dict__.copy(), m._buffers.copy(), m._parameters.copy()
-
-
-def tensor_bound(starts: list[tuple], ends: dict[int, dict]) -> list[tuple[nn.Module, str, str, Any]]:
-    """``(module, table, key, start value)`` of each slot that held a non-tensor at the forward's
-    start (``self.v = 0.0``, ``self.h = None``, a buffer registered as ``None``) and a tensor at its
-    end: the replay binds the start value again (it is immutable or not state), then the tensor.
-
-    Args:
-        starts: :func:`slot_starts` of the modules, taken as the forward began.
-        ends: ``id(module) -> tensor_slots(module)`` taken after the forward, if any.
-    """
-    out = []
-    for m, attrs, bufs, params in starts:
-        tables = {"__dict__": attrs, "_buffers": bufs, "_parameters": params}
-        for (d, k), v in (ends[id(m)] if id(m) in ends else tensor_slots(m)).items():
-            if v is not None and k in tables[d] and not isinstance(tables[d][k], torch.Tensor):
-                out.append((m, d, k, tables[d][k]))
-    return out
-
-
 def _may_hold_state(obj: Any) -> bool:
     """Plain objects of standard-library classes (loggers, locks, handlers) hold no tensors of
     a model's; ``SimpleNamespace`` is the exception users keep state in."""

@@ -1,10 +1,10 @@
 """The replay transaction of one segment: everything a replay puts back, in one order.
 
 Data flows forward → pack → backward → restore → recompute → reinstate. In the forward,
-:meth:`Transaction.begin` preserves, per declared storage, ``B0`` through one
-:class:`~._preserve.Preserver` of the segment's option (``whole`` or ``region``), and records
-the RNG state ``R0``, autocast, and (:class:`~._bindings.ModuleState`) the modules' bindings,
-views and training flags; :meth:`Transaction.end_forward` notes the bindings and parameter
+:meth:`Transaction.begin` records the RNG state ``R0``, preserves, per declared storage, ``B0``
+through one :class:`~._preserve.Preserver` of the segment's option (``whole`` or ``region``), and
+records (:class:`~._bindings.ModuleState`) the modules' bindings, views and training flags, and
+autocast; :meth:`Transaction.end_forward` notes the bindings and parameter
 versions at the forward's end. At recomputation :meth:`Transaction.replay` is the one room the
 frame re-runs the segment in. It refuses, then puts back, in this order:
 
@@ -44,7 +44,7 @@ from ._errors import ReplayError, UnsupportedError
 from stateremat.contract import rule
 from ._preserve import PRESERVERS, Preserver, Restored, WholePreserver
 from ._runtime import DeclaredStorage, Runtime, runtime
-from ._scan import Declared, Reach, describe, input_tensors
+from ._scan import Declared, Reach, describe, input_tensors, is_input_name
 from ._storage import StorageKey, gather, runs_within, scatter, storage_key, write_runs
 
 
@@ -169,6 +169,13 @@ def _refuse_moved(items: dict[StorageKey, Preserver], segment_name: str) -> None
             "rebinding the tensor's storage between forward and backward.")
 
 
+def _witness(st: DeclaredStorage, t: torch.Tensor, name: str) -> None:
+    """``t`` (declared as ``name``) watches ``st``'s version (R8), marked so that its writes reach
+    the journal from now on; a tensor that cannot be marked makes every op watched (StrictMode)."""
+    if st.add_witness(t, name) and not _mark.mark_tensor(t, st):
+        st.unmarkable = True
+
+
 class Transaction:
     """Declared state of one segment and everything its replay puts back (the module docstring's order).
 
@@ -213,6 +220,7 @@ class Transaction:
         Raises:
             UnsupportedError: a declared tensor has no dense strided storage.
         """
+        self._cuda_before = _rng.cuda_ready()
         gens = {id(g): g for _, g in self.declared.generators}
         gens.update({id(g): g for _, g in r.generators.values()})
         self.rng = _rng.capture(gens.values()) if preserve_rng_state else None
@@ -238,8 +246,7 @@ class Transaction:
             for key, members in by_key.items():
                 st = self.runtime.acquire(key, members[0][1])
                 for name, t in members:  # every declared tensor on the storage watches its version (R8)
-                    if st.add_witness(t, name) and not _mark.mark_tensor(t, st):
-                        st.unmarkable = True  # writes to it reach on_write from now on, or via StrictMode
+                    _witness(st, t, name)
                 whole = key in self.whole_keys or st.nbytes <= SMALL_STORAGE_BYTES
                 self._add(key, st, [n for n, _ in members], WholePreserver if whole else cls)
 
@@ -256,8 +263,7 @@ class Transaction:
         write about to happen is then journaled by the caller, ``_mode.StrictMode``)."""
         key = storage_key(t)
         st = self.runtime.acquire(key, t)
-        if st.add_witness(t, name) and not _mark.mark_tensor(t, st):
-            st.unmarkable = True
+        _witness(st, t, name)
         whole = not self.auto or key in self.whole_keys or st.nbytes <= SMALL_STORAGE_BYTES
         self._add(key, st, [name], WholePreserver if whole else PRESERVERS[self.preserve])
 
@@ -275,6 +281,22 @@ class Transaction:
         with DisableTorchFunctionSubclass():
             self.param_versions = [(n, t, t._version) for n, t, _ in scan if t.requires_grad and t.is_leaf]
 
+    def refuse_cuda_started(self, name: str) -> None:
+        """After the forward: refuse (releasing) if CUDA was first initialized inside it, so the
+        CUDA generators' ``R0`` is unknown (R3); nothing to refuse without ``preserve_rng_state``.
+
+        Raises:
+            ReplayError: CUDA was initialized inside segment ``name``.
+        """
+        if self.rng is None or self._cuda_before or not _rng.cuda_ready():
+            return
+        self.release()
+        raise ReplayError(
+            f"stateremat.torch.checkpoint: CUDA was initialized inside segment {name!r}, so its "
+            f"generator state at the forward's start is unknown ({rule('R3')}). Tip: initialize CUDA "
+            "before the first checkpoint (e.g. torch.cuda.init())."
+        )
+
     def adopt(self, inner: "Transaction") -> None:
         """A nested segment this one encloses ended: take over both halves of what its replay puts
         back (its ``B0`` is ours too): its declared storages, and its bindings, views and flags."""
@@ -286,13 +308,41 @@ class Transaction:
         self.modules.adopt(inner.modules)
 
     # -- what the frame and the watch ask (they read no preserver or binding record themselves) --
-    def declares_nothing(self) -> bool:
-        """True if no storage is declared (nor adopted): nothing of an input can be the transaction's."""
-        return not self.items
+    def holds_input(self, x: torch.Tensor, what: str) -> bool:
+        """True if the transaction restores every byte of input ``x`` (a tensor on a declared
+        storage): ``x`` is then held as is and watched as one of the storage's witnesses, since a
+        write through it outside the journal changes its version counter: a gap (R8). Other inputs
+        keep torch's saved-tensor version check (a later in-place write raises at backward)."""
+        if not self.items or not has_storage(x):
+            return False
+        with DisableTorchFunctionSubclass():
+            p = self.items.get(storage_key(x))
+        if p is None:
+            return False
+        p.storage.add_witness(x, what)
+        return True
+
+    def declares_as_state(self, t: torch.Tensor) -> bool:
+        """True if ``t``'s storage is declared under a name that is no segment input's (state the
+        segment reaches, e.g. in a dict it holds, that is also passed to it)."""
+        with DisableTorchFunctionSubclass():
+            p = self.items.get(storage_key(t)) if has_storage(t) else None
+        return p is not None and any(not is_input_name(n) for n in p.names)
 
     def preserver(self, key: StorageKey) -> Preserver | None:
         """The preserver of the declared storage ``key`` (None if it is not declared)."""
         return self.items.get(key)
+
+    def mark_aliases(self, tensors: list[torch.Tensor]) -> None:
+        """Mark those of ``tensors`` (reached by the segment) that live on a declared storage (the
+        base of a declared view, say): their writes reach the journal too (or every op is watched)."""
+        if not self.items:
+            return
+        with DisableTorchFunctionSubclass():
+            hits = [(p.storage, t) for t in tensors if (p := self.items.get(storage_key(t))) is not None]
+        for st, t in hits:
+            if not _mark.mark_tensor(t, st):
+                st.unmarkable = True
 
     def storages(self) -> dict[StorageKey, DeclaredStorage]:
         """Each declared storage by key, adopted ones included."""
@@ -360,53 +410,54 @@ class Transaction:
 
     @contextlib.contextmanager
     def _replay(self, segment: Any) -> Iterator[ReplayLog]:
-        with self.modules.as_of_forward(), self._bytes_as_of_forward(segment) as log, \
+        with self.modules.as_of_forward(), _bytes_as_of_forward(self.items, segment, self.runtime.counters) as log, \
                 _rng.replayed(self.rng), autocast_as_of(self.autocast):
             yield log
 
-    @contextlib.contextmanager
-    def _bytes_as_of_forward(self, segment: Any) -> Iterator[ReplayLog]:
-        """Restore ``B0`` of every item, yield for the re-run, then reinstate (R2, R5)."""
-        rt_exec = runtime()
-        log = ReplayLog(segment, dict(self.items))
-        if not self.items:
-            rt_exec.replay.append(log)
-            try:
-                yield log
-            finally:
-                rt_exec.replay.pop()
-            return
-        witnesses = {id(w): w for p in self.items.values() for w in p.storage.witnesses.values()}
-        _refuse_moved(self.items, segment.name)
-        for p in self.items.values():  # an unseen change before this replay is a gap for other
-            p.storage.observe(journaled=False)  # consumers; the replay's own writes are synced after
-        restored: list[tuple[Preserver, Restored]] = []
-        with library_ops():
-            for p in self.items.values():
-                r = p.restore(segment.name)
-                if r is not None:
-                    restored.append((p, r))
-                    log.covered[p.storage.key] = r.runs
-        versions = [(w, w._version) for w in witnesses.values()]
-        temp = sum(r.visible.numel() for _, r in restored)
+
+@contextlib.contextmanager
+def _bytes_as_of_forward(items: dict[StorageKey, Preserver], segment: Any, c: Any) -> Iterator[ReplayLog]:
+    """Step 4 of the replay: restore ``B0`` of every declared storage (``items``: its preservers),
+    yield for the re-run, then reinstate (R2, R5); the peak temporary bytes go to counters ``c``."""
+    rt_exec = runtime()
+    log = ReplayLog(segment, dict(items))
+    if not items:
         rt_exec.replay.append(log)
         try:
             yield log
         finally:
             rt_exec.replay.pop()
-            changing = {p.storage.key for p, _ in restored} | {st.key for st, _, _ in log.writes}
-            for key in changing:
-                temp += log.copy_aliases(key)
-            log.aliases.clear()  # the rest alias bytes that reinstatement leaves unchanged
-            temp += sum(d.numel() for _, _, d in log.writes) + log.alias_bytes
-            c = self.runtime.counters
-            c.peak_temporary = max(c.peak_temporary, temp)
-            with library_ops():
-                for st, runs, old in reversed(log.writes):  # back to B0 ...
-                    scatter(st.flat, runs, old)
-                for p, r in restored:  # ... then to the visible bytes
-                    p.reinstate(r)
-            if versions:
-                reset_versions(tuple(w for w, _ in versions), tuple(v for _, v in versions))
-            for p in self.items.values():
-                p.storage.observe(journaled=True)
+        return
+    witnesses = {id(w): w for p in items.values() for w in p.storage.witnesses.values()}
+    _refuse_moved(items, segment.name)
+    for p in items.values():  # an unseen change before this replay is a gap for other
+        p.storage.observe(journaled=False)  # consumers; the replay's own writes are synced after
+    restored: list[tuple[Preserver, Restored]] = []
+    with library_ops():
+        for p in items.values():
+            r = p.restore(segment.name)
+            if r is not None:
+                restored.append((p, r))
+                log.covered[p.storage.key] = r.runs
+    versions = [(w, w._version) for w in witnesses.values()]
+    temp = sum(r.visible.numel() for _, r in restored)
+    rt_exec.replay.append(log)
+    try:
+        yield log
+    finally:
+        rt_exec.replay.pop()
+        changing = {p.storage.key for p, _ in restored} | {st.key for st, _, _ in log.writes}
+        for key in changing:
+            temp += log.copy_aliases(key)
+        log.aliases.clear()  # the rest alias bytes that reinstatement leaves unchanged
+        temp += sum(d.numel() for _, _, d in log.writes) + log.alias_bytes
+        c.peak_temporary = max(c.peak_temporary, temp)
+        with library_ops():
+            for st, runs, old in reversed(log.writes):  # back to B0 ...
+                scatter(st.flat, runs, old)
+            for p, r in restored:  # ... then to the visible bytes
+                p.reinstate(r)
+        if versions:
+            reset_versions(tuple(w for w, _ in versions), tuple(v for _, v in versions))
+        for p in items.values():
+            p.storage.observe(journaled=True)

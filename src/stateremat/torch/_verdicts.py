@@ -101,16 +101,16 @@ def byte_checks(self: Any, skip: set[int], own: set, found: dict[str, str], chec
             found.setdefault(describe(n), "bytes (written through .data or another alias)")
 
 
-def read_or_defer(self: Any, names: list[str], deferred: list) -> list[str]:
-    """After the forward: ``names`` found on the host, plus the device-side verdicts ``deferred``
-    if they are ready (a CPU's always are); else those are kept in ``self._pending`` and read
-    before the replay (:meth:`Watch.versions`). ``state="auto"`` (learn) decides now whether this
-    forward keeps its activations, so it reads them now, waiting on a device (issue 26: not yet
-    deferred: the frame would have to settle later)."""
+def read_or_defer(names: list[str], deferred: list, wait: bool = False) -> tuple[list[str], Deferred | None]:
+    """After the forward: ``(names, pending)``: ``names`` found on the host plus the device-side
+    verdicts ``deferred`` when they are ready (a CPU's always are), or when ``names`` is not empty
+    (a report is made now and names every tensor, so it waits: only on the error path), or with
+    ``wait`` (``state="auto"`` decides now whether this forward keeps its activations: issue 26,
+    not yet deferred); else the verdicts are returned as ``pending``, read before the replay
+    (:meth:`Watch.versions`)."""
     if not deferred:
-        return names
+        return names, None
     d = Deferred(deferred)
-    if self.txn.auto or d.ready():
-        return d.names(dict.fromkeys(names, ""))
-    self._pending = d
-    return names
+    if wait or names or d.ready():
+        return d.names(dict.fromkeys(names, "")), None
+    return names, d

@@ -22,12 +22,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
-import numpy as np
 import torch
 
 from stateremat.contract import rule
 
-from . import _mark
 from ._bindings import ModuleState
 from ._compat import DisableTorchFunctionSubclass, library_ops
 from ._framework import framework_swap
@@ -37,7 +35,7 @@ from ._plain import slot_id
 from ._pystate import cache_fingerprint, cache_message, python_state_arguments
 from ._runtime import Runtime
 from ._scan import Declared, Reach, describe, is_input_name, is_list_entry, reachable, rebound, tensor_slots
-from ._storage import fingerprint, fingerprint_changed, host_readable, storage_key
+from ._storage import fingerprint, storage_key
 from ._txn import Transaction
 from ._verdicts import Deferred, byte_checks, read_or_defer
 
@@ -149,14 +147,7 @@ class Watch:
 
     def _mark_reachable_aliases(self) -> None:
         """Reachable tensors on a declared storage (the base of a declared view) are marked too."""
-        journaled = self.txn.storages()
-        if not journaled:
-            return
-        with DisableTorchFunctionSubclass():
-            hits = [(journaled[k], t) for _, t, _ in self.scan if (k := storage_key(t)) in journaled]
-        for st, t in hits:
-            if not _mark.mark_tensor(t, st):
-                st.unmarkable = True
+        self.txn.mark_aliases([t for _, t, _ in self.scan])
 
     # -- forward -------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -192,7 +183,8 @@ class Watch:
                 raise UnsupportedError(cache_message("stateremat.torch.checkpoint", self.name, where, cache, "updated"))
         deferred: list = []
         names = self.undeclared_writes(skip=self._hook_only, deferred=deferred)
-        self.report_undeclared(read_or_defer(self, names, deferred), "after the forward")
+        names, self._pending = read_or_defer(names, deferred, wait=self.txn.auto)
+        self.report_undeclared(names, "after the forward")
 
     @property
     def candidates(self) -> dict:
