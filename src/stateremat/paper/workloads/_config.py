@@ -15,8 +15,9 @@ The ``cpu-faithful`` preset is ``cpu`` with the state buffers 16 times larger: s
 the paper's divided by :data:`FAITHFUL_STATE_FACTOR` = 64 (1,024 MiB -> 16 MiB, 64 MiB -> 1 MiB),
 while activations, budgets and counts are exactly ``cpu``'s. It exists for *time*. Dividing every
 byte by 1,024 keeps the paper's memory ratios but not where a step's time goes: a 1 MiB state
-copies in about 40 us, so in the ``workloads3`` cells the copies a whole snapshot makes are
-~6 % of its step here, against 68 / 34 / 44 % (queue / prototype / recurrence) on the H100,
+copies in about 20 us (2.3-2.7 ms for a step's 128 copies, ``benchmarks/bench_region_floor.py``),
+so in the ``workloads3`` cells the copies a whole snapshot makes are ~6 % of its step here,
+against 68 / 34 / 44 % (queue / prototype / recurrence) on the H100 (issue 26),
 and the per-segment host cost both replay methods pay (Python bookkeeping, which does not shrink
 with bytes) decides regions/whole instead (about 1 at ``cpu``). At 16 MiB the copies again take
 the paper's share of the step, so regions/whole shows the paper's regime (regions < whole).
