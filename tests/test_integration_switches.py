@@ -77,6 +77,25 @@ def test_transformers_switch_with_another_function_is_refused_at_that_call_and_d
     assert all(is_ours(f) for f in layer_funcs(clone))
 
 
+@pytest.mark.filterwarnings("ignore:`gradient_checkpointing_(enable|disable)` is deprecated:FutureWarning")
+def test_transformers_switch_without_rng_replay_is_refused_at_that_call_and_the_tip_gets_eagers_result():
+    # preserve_rng_state=False would replay other dropout masks (attention_dropout=0.2): gradients unlike eager
+    ref = train_steps(llama(), lm_loss)
+    model = hf.enable(llama())
+    for call in (lambda: model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"preserve_rng_state": False}),
+                 lambda: model.activation_checkpointing_enable(
+                     activation_checkpointing_kwargs={"use_reentrant": False, "preserve_rng_state": False})):
+        with pytest.raises(ValueError, match=r"preserve_rng_state=False.*dropout masks.*Tip: drop preserve_rng_state"
+                                             r".*disable\(model\)"):
+            call()
+    assert all(is_ours(f) for f in layer_funcs(model))  # the refused calls changed nothing
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={})  # the tip: preserve_rng_state dropped
+    reset_preservation_stats()
+    ours = train_steps(model, lm_loss)
+    assert preservation_stats().recompute_count == 2 * len(model.model.layers)
+    assert_bitwise(ours, ref)
+
+
 def test_transformers_trainer_with_gradient_checkpointing_keeps_stateremats_checkpoint(tmp_path):
     ids = torch.randint(0, VOCAB, (8, 12), generator=torch.Generator().manual_seed(7))
     data = [{"input_ids": x, "labels": x} for x in ids]

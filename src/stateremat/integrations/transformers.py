@@ -12,8 +12,9 @@ The framework's own switches: after :func:`enable`, the model's ``_set_gradient_
 (where ``gradient_checkpointing_enable``, ``activation_checkpointing_enable`` and
 ``Trainer(args=TrainingArguments(gradient_checkpointing=True))`` all end) keeps stateremat's
 checkpoint: a later enable that passes torch's checkpoint gets stateremat's, with the torch
-keywords it was given (``gradient_checkpointing_kwargs``); one that passes any other function, or
-``use_reentrant=True``, is refused at that call. transformers' own disable turns checkpointing off
+keywords it was given (``gradient_checkpointing_kwargs``); one that passes any other function,
+``use_reentrant=True`` or ``preserve_rng_state=False`` (the replay would draw other dropout masks:
+gradients silently unlike training without checkpointing) is refused at that call. transformers' own disable turns checkpointing off
 and a later enable turns stateremat's back on; :func:`disable` turns it off and hands the switch
 back to transformers.
 
@@ -184,6 +185,15 @@ def _keep_stateremat(self: Any, enable: bool = True, gradient_checkpointing_func
                 f"non-reentrant checkpoint, which stateremat's replaces, got {got}). Tip: drop the option "
                 "(e.g. gradient_checkpointing_kwargs / offload), or call "
                 "stateremat.integrations.transformers.disable(model) first to use transformers' own.")
+        if not kw.get("preserve_rng_state", True):
+            raise ValueError(
+                f"{_API}: {type(self).__name__}'s layers are checkpointed by stateremat, which replays each layer "
+                "with the forward's random-number-generator states (dropout masks equal: gradients equal to "
+                "training without checkpointing); transformers was asked for preserve_rng_state=False (expected "
+                "True or nothing), with which the replay would draw other dropout masks than the forward and the "
+                "gradients would differ silently from training without checkpointing. Tip: drop "
+                "preserve_rng_state from gradient_checkpointing_kwargs (activation_checkpointing_kwargs), or call "
+                "stateremat.integrations.transformers.disable(model) first to use torch's checkpoint with it.")
         kw.pop("use_reentrant", None)
         gradient_checkpointing_func = functools.partial(ours, **kw) if kw else ours
     type(self)._set_gradient_checkpointing(self, enable=enable, gradient_checkpointing_func=gradient_checkpointing_func,

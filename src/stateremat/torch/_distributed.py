@@ -12,13 +12,17 @@ with another segment's forward on another rank: a silent divergence. Two rules, 
 * :func:`check_same_plan`: ``apply_plan`` all-gathers a hash of the plan (segment names and
   options) and refuses, on every rank, a plan that differs across ranks (``ValueError`` naming
   the ranks and the fix). Both are collectives: every rank of the group must call them.
+* :func:`every_rank_or_none`: a rank whose own checks or measuring raise before one of these
+  collectives still joins a collective that tells the other ranks, which then raise naming it,
+  instead of waiting for it forever.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import sys
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -45,13 +49,47 @@ def _digest(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "big")
 
 
-def _gather_digests(text: str) -> list[int]:
+def _gather_ints(value: int) -> list[int]:
+    """Every rank's ``value``, by rank (one all-gather)."""
     import torch.distributed as dist
 
-    mine = torch.tensor([_digest(text)], dtype=torch.int64, device=_device())
+    mine = torch.tensor([value], dtype=torch.int64, device=_device())
     out = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(out, mine)
     return [int(t.item()) for t in out]
+
+
+def _gather_digests(text: str) -> list[int]:
+    return _gather_ints(_digest(text))
+
+
+@contextlib.contextmanager
+def every_rank_or_none(api: str) -> Iterator[None]:
+    """Around one rank's part before the group's next collective (its local checks, its measuring).
+
+    On leaving, every rank all-gathers whether its part raised: a rank that failed still joins
+    that collective, then raises its own error, and the others raise ``RuntimeError`` naming it,
+    instead of waiting for it in the next collective forever. Nothing without a group of more than
+    one rank. A rank that fails inside a collective of the model's own (DDP's, FSDP's) is not covered.
+    """
+    if _group_size() == 1:
+        yield
+        return
+    try:
+        yield
+    except BaseException:
+        _gather_ints(1)  # tell the others; then this rank's own error
+        raise
+    flags = _gather_ints(0)
+    failed = [rank for rank, f in enumerate(flags) if f]
+    if failed:
+        import torch.distributed as dist
+
+        raise RuntimeError(
+            f"{api}: rank(s) {failed} of the process group raised an error in their part before this collective "
+            f"(each raises its own there) while this rank ({dist.get_rank()}) had none, so every rank stops here "
+            "instead of waiting for them in the collective forever (expected every rank to succeed). Tip: fix the "
+            f"error rank(s) {failed} raised; every rank must call {api} with the same arguments.")
 
 
 def _by_digest(digests: list[int]) -> str:

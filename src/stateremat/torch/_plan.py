@@ -7,7 +7,7 @@ from torch import nn
 
 from stateremat.contract import OPTIONS
 
-from ._distributed import check_same_plan
+from ._distributed import check_same_plan, every_rank_or_none
 from ._module import StatefulCheckpoint
 from ._segments import check_submodules, refuse_shared_segments
 from ._validate import check_plan_fields, require_module
@@ -30,6 +30,31 @@ def _plan_fields(plan: Any) -> tuple[list[str], list[str]]:
         raise ValueError("apply_plan: the plan is infeasible (options is None: no policy fits its budget). "
                          "Tip: print plan.explain() for the minimum peak, then raise the budget.")
     return list(options), list(names)
+
+
+def _checked_plan(model: nn.Module, plan: Any, state: Any, segment_options: dict) -> tuple[list[str], list[str]]:
+    """The plan's options and segment names, every local check of :func:`apply_plan` passed."""
+    require_module(model, "apply_plan")
+    options, names = _plan_fields(plan)
+    check_plan_fields(options, names)
+    if len(options) != len(names):
+        raise ValueError(f"apply_plan: plan has {len(options)} options but {len(names)} segment names "
+                         "(expected one option per segment). Tip: regenerate the plan for this model.")
+    bad = [o for o in options if o not in OPTIONS]
+    if bad:
+        raise ValueError(f"apply_plan: options must be in {list(OPTIONS.names)}, got {bad}. "
+                         "Tip: 'functional' is a fixed method, not a per-segment option.")
+    if "" in names:
+        raise ValueError("apply_plan: segment '' is the whole model; expected submodule paths. "
+                         "Tip: checkpoint a whole model with stateremat.torch.checkpoint(model, x).")
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"apply_plan: segment names must be unique, got {dup} more than once (one option "
+                         "would silently replace the other). Tip: regenerate the plan for this model.")
+    check_submodules(model, names, "apply_plan")
+    refuse_shared_segments(model, names, "apply_plan")
+    check_segment_options(state, segment_options, "apply_plan")  # not only at the first forward
+    return options, names
 
 
 def apply_plan(model: nn.Module, plan: Any, *, state: Any = "auto", **segment_options: Any) -> nn.Module:
@@ -75,26 +100,8 @@ def apply_plan(model: nn.Module, plan: Any, *, state: Any = "auto", **segment_op
     References:
         Paper §4 (options eager / whole / region per segment).
     """
-    require_module(model, "apply_plan")
-    options, names = _plan_fields(plan)
-    check_plan_fields(options, names)
-    if len(options) != len(names):
-        raise ValueError(f"apply_plan: plan has {len(options)} options but {len(names)} segment names "
-                         "(expected one option per segment). Tip: regenerate the plan for this model.")
-    bad = [o for o in options if o not in OPTIONS]
-    if bad:
-        raise ValueError(f"apply_plan: options must be in {list(OPTIONS.names)}, got {bad}. "
-                         "Tip: 'functional' is a fixed method, not a per-segment option.")
-    if "" in names:
-        raise ValueError("apply_plan: segment '' is the whole model; expected submodule paths. "
-                         "Tip: checkpoint a whole model with stateremat.torch.checkpoint(model, x).")
-    dup = sorted({n for n in names if names.count(n) > 1})
-    if dup:
-        raise ValueError(f"apply_plan: segment names must be unique, got {dup} more than once (one option "
-                         "would silently replace the other). Tip: regenerate the plan for this model.")
-    check_submodules(model, names, "apply_plan")
-    refuse_shared_segments(model, names, "apply_plan")
-    check_segment_options(state, segment_options, "apply_plan")  # not only at the first forward
+    with every_rank_or_none("apply_plan"):  # a rank failing its checks: the others raise, not hang
+        options, names = _checked_plan(model, plan, state, segment_options)
     check_same_plan(options, names)  # with a process group: the same plan on every rank
     for option, name in zip(options, names):
         sub = model.get_submodule(name)

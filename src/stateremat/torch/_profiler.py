@@ -21,7 +21,7 @@ from torch import nn
 from stateremat.contract import OPTIONS, RECOMPUTE_ONLY, OptionCost, ProfileCard, SegmentCard
 from stateremat._shared.io import loadavg, source_hash
 
-from ._distributed import agree_card
+from ._distributed import agree_card, every_rank_or_none
 from ._memory import PeakMemory, memory_method
 from ._probe import Probe
 from ._segments import resolve_segments
@@ -248,16 +248,27 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
     References:
         Paper §4 (profile cards: r, q, c and P; eq. 3).
     """
-    require_module(model, _API)
-    refuse_framework_checkpointing(model)
-    check_segment_options(state, segment_options, _API)
-    names = resolve_segments(model, segments)
-    option_names = _option_names(options)
-    _check_repeats(repeats)
-    run, inputs = make_step(model, step)
-    device = model_device(model, device)
-    snapshot = ModelSnapshot(model, tuple(optimizers))
-    runner = _Runner(model, names, run, inputs, device, state, segment_options, list(optimizers))
+    # with a process group, a rank whose checks or measuring raise tells the others, which raise too
+    with every_rank_or_none(_API):  # (instead of waiting for it in the next collective forever)
+        require_module(model, _API)
+        refuse_framework_checkpointing(model)
+        check_segment_options(state, segment_options, _API)
+        names = resolve_segments(model, segments)
+        option_names = _option_names(options)
+        _check_repeats(repeats)
+        run, inputs = make_step(model, step)
+        device = model_device(model, device)
+    with every_rank_or_none(_API):
+        runner = _Runner(model, names, run, inputs, device, state, segment_options, list(optimizers))
+        card = _measured_card(runner, option_names, repeats)
+    # with a process group: every figure the max over the ranks, so every rank makes the same plan
+    return agree_card(card)
+
+
+def _measured_card(runner: "_Runner", option_names: list[str], repeats: int) -> ProfileCard:
+    """This rank's card: measure, then put the model (and the optimizers) back as they were."""
+    model, state = runner.model, runner.state
+    snapshot = ModelSnapshot(model, tuple(runner.optimizers))
     try:
         # an optimizer step_fn steps but that was not given is found at its first step: saved and
         # restored like the given ones, its state counted in P
@@ -267,8 +278,7 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         for name in runner.names:
             unwrap_module(model.get_submodule(name))
         snapshot.restore()
-    # with a process group: every figure the max over the ranks, so every rank makes the same plan
-    return agree_card(_card(model, names, option_names, mem, secs, device, state, repeats, stateful, chain))
+    return _card(model, names, option_names, mem, secs, runner.device, state, repeats, stateful, chain)
 
 
 def _check_repeats(repeats: Any) -> None:
