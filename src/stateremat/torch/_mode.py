@@ -300,6 +300,7 @@ class WriteMode(TorchDispatchMode):
             if st is not None:
                 on_write(st, func, args, kwargs, w)
                 self.hit.append(st)
+                st.bumps_due += 1
         watched = watch_resized_outs(func, args, kwargs, self.known)
         out = func(*args, **kwargs)
         note_resized_outs(func, watched)
@@ -365,6 +366,7 @@ class StrictMode(TorchDispatchMode):
                 if st is not None:
                     on_write(st, func, args, kwargs, w)
                     hit.append(st)
+                    st.bumps_due += 1
                 elif self.role == "forward":
                     for seg in reversed(self.rt.forward):
                         seg.check_write(key, func)
@@ -372,6 +374,7 @@ class StrictMode(TorchDispatchMode):
                     if st is not None:  # declared just now (on_undeclared="declare", state="auto"):
                         on_write(st, func, args, kwargs, w)  # a journal keeps this first write too
                         hit.append(st)
+                        st.bumps_due += 1
                 elif w.untyped_storage().data_ptr() not in self.created and self.segment is not None:
                     self.segment.undeclared_at_replay(w, func, "a storage that is not declared")
         watched = watch_resized_outs(func, args, kwargs, self.rt.storages) if writes else []

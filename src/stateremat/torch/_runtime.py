@@ -97,6 +97,9 @@ class DeclaredStorage:
         self.gap_note = ""
         self.marks: list[Any] = []  # weak references to tensors whose class was swapped (_mark)
         self.unmarkable = False  # a declared tensor's class cannot carry the write handler
+        #: journaled writes whose version bumps come after a dispatch mode saw them (autograd's
+        #: in-place layer runs above it): a change of at most this many is no gap
+        self.bumps_due = 0
 
     @property
     def flat(self) -> torch.Tensor:
@@ -125,6 +128,9 @@ class DeclaredStorage:
         changed = [i for i, t in self.witnesses.items() if t._version != self.synced[i]]
         if not changed:
             return
+        due, self.bumps_due = self.bumps_due, 0
+        if due and all(self.witnesses[i]._version - self.synced[i] <= due for i in changed):
+            journaled = True  # the bumps of writes a mode journaled, seen before the mode settled them
         if not journaled:
             self.gap_seq = self.rt.next_seq()
             i = changed[0]
