@@ -28,7 +28,13 @@ shared). Targets are the issue's; the script reports what it measures, met or no
    (its spares raised measured peaks) — beside fresh clones (what ``whole`` does) and
    one ``copy_``; the journal's own copies are printed as ``journal copies``.
 
-Usage: ``.venv/bin/python benchmarks/bench_journal.py [--pairs 20] [--threads 2]``.
+7. ``block`` (issue 26): the project's ResNet-18 (width 16) layer2.0 block at batch 2, one segment
+   per step, in CPU time: region, whole (``state="buffers"``) and the default over torch, with
+   the extra microseconds per segment. Target <= 1.25. ``small_mlp``: plain MLP blocks (width 32
+   batch 16 x 32 blocks, width 256 batch 64 x 16) under the default; ``long_list``: a segment
+   whose module holds a list of 268 tensors (a log grown each step), under the default.
+
+Usage: ``.venv/bin/python benchmarks/bench_journal.py [--pairs 20] [--threads 2] [--cases block,resnet]``.
 """
 from __future__ import annotations
 
@@ -107,7 +113,8 @@ def no_state(pairs: int, device: torch.device) -> dict:
 
     t = _interleaved({"torch": run(lambda b, h: tuc.checkpoint(b, h, use_reentrant=False)),
                       "ours": run(lambda b, h: checkpoint(b, h))}, pairs)
-    return {"ours_over_torch": _ratio(t, "ours", "torch"), "torch_step_s": statistics.median(t["torch"])}
+    return {"ours_over_torch": _ratio(t, "ours", "torch"), "torch_step_s": statistics.median(t["torch"]),
+            "extra_us_per_segment": statistics.median(a - b for a, b in zip(t["ours"], t["torch"])) * 1e6 / len(blocks)}
 
 
 def queue(pairs: int, device: torch.device, K: int = 65536, D: int = 256) -> dict:
@@ -233,7 +240,14 @@ def whole_copies(device: torch.device, nbytes: int = 64 << 20) -> dict:
     """Bytes/s of ``whole``'s four copies of a storage per segment (snapshot, set-aside, restore,
     reinstatement) into reused buffers, beside the same four into fresh clones (the former way)
     and one ``copy_`` (the memcpy reference); the time of one cycle too."""
-    from stateremat.torch._preserve.whole import copy_of, give_back
+    spares: list[torch.Tensor] = []  # the backed-out prototype's reused buffers (23be5d0), kept here
+
+    def copy_of(t: torch.Tensor) -> torch.Tensor:
+        buf = spares.pop() if spares else torch.empty_like(t)
+        return buf.copy_(t)
+
+    def give_back(buf: torch.Tensor) -> None:
+        spares.append(buf)
 
     flat = torch.randn(nbytes // 4, device=device).view(torch.uint8)
 
@@ -258,42 +272,159 @@ def whole_copies(device: torch.device, nbytes: int = 64 << 20) -> dict:
             "copy_Bps": nbytes / med["copy"], "reused_s": med["reused"], "fresh_s": med["fresh"], "nbytes": nbytes}
 
 
+def _cpu_interleaved(steps: dict[str, Callable[[], None]], pairs: int, warmups: int = 20) -> dict[str, list[float]]:
+    """As :func:`_interleaved`, in CPU seconds of this process (``time.process_time``)."""
+    for _ in range(warmups):
+        for f in steps.values():
+            f()
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for i in range(pairs):
+        for k in (list(steps) if i % 2 == 0 else list(reversed(steps))):
+            _sync()
+            t0 = time.process_time()
+            steps[k]()
+            _sync()
+            times[k].append(time.process_time() - t0)
+    return times
+
+
+def _per_segment(t: dict[str, list[float]], segments: int) -> dict:
+    """Ratios over torch and the median extra CPU microseconds per segment, per method."""
+    return {k: {"over_torch": _ratio(t, k, "torch"),
+                "extra_us": statistics.median(a - b for a, b in zip(v, t["torch"])) * 1e6 / segments,
+                "step_us": statistics.median(v) * 1e6}
+            for k, v in t.items() if k != "torch"} | {"torch_step_us": statistics.median(t["torch"]) * 1e6}
+
+
+def block(pairs: int, device: torch.device) -> dict:
+    """Issue 26's per-segment host cost: the project's ResNet-18 (width 16) layer2.0 block (3
+    BatchNorms, 9 buffers, a strided conv and its shortcut) at batch 2, one segment per step:
+    ``StatefulCheckpoint(block, state="buffers")`` under region and whole, and the default
+    (``checkpoint(block, h)``), over torch's checkpoint, in CPU time. Targets: <= 1.25."""
+    from stateremat.paper.workloads import ResNet18
+
+    torch.manual_seed(0)
+    blk = ResNet18(width=16).to(device).layer2[0]
+    x = torch.randn(2, 16, 32, 32, device=device, requires_grad=True)
+    wrapped = {p: StatefulCheckpoint(blk, state="buffers", preserve=p) for p in ("region", "whole")}
+
+    def step(f) -> Callable[[], None]:
+        def run() -> None:
+            f(x).sum().backward()
+            for p in blk.parameters():
+                p.grad = None
+            x.grad = None
+        return run
+
+    t = _cpu_interleaved({"torch": step(lambda h: tuc.checkpoint(blk, h, use_reentrant=False)),
+                          "region": step(wrapped["region"]), "whole": step(wrapped["whole"]),
+                          "auto": step(lambda h: checkpoint(blk, h))}, 10 * pairs)
+    return _per_segment(t, 1)
+
+
+def small_mlp(pairs: int, device: torch.device, width: int = 32, batch: int = 16, depth: int = 32) -> dict:
+    """Plain MLP blocks (nothing to preserve) under the default ``checkpoint(b, h)`` over torch's
+    checkpoint, in CPU time: the per-segment cost small blocks cannot hide."""
+    torch.manual_seed(0)
+    blocks = nn.ModuleList([nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(depth)]).to(device)
+    x = torch.randn(batch, width, device=device)
+
+    def run(ckpt) -> Callable[[], None]:
+        def step() -> None:
+            h = x
+            for b in blocks:
+                h = ckpt(b, h)
+            h.square().mean().backward()
+            for p in blocks.parameters():
+                p.grad = None
+        return step
+
+    t = _cpu_interleaved({"torch": run(lambda b, h: tuc.checkpoint(b, h, use_reentrant=False)),
+                          "auto": run(lambda b, h: checkpoint(b, h))}, pairs)
+    return _per_segment(t, depth)
+
+
+def long_list(pairs: int, device: torch.device, entries: int = 268) -> dict:
+    """A segment whose module holds a log (a list of ``entries`` tensors, as one appended each
+    step would after ``entries`` steps): the default's reach scans it every step."""
+    torch.manual_seed(0)
+    m = nn.Linear(16, 16).to(device)
+    m.log = [torch.zeros(4, device=device) for _ in range(entries)]
+    x = torch.randn(4, 16, device=device)
+
+    def run(ckpt) -> Callable[[], None]:
+        def step() -> None:
+            ckpt(m, x).sum().backward()
+            m.weight.grad = m.bias.grad = None
+        return step
+
+    t = _cpu_interleaved({"torch": run(lambda b, h: tuc.checkpoint(b, h, use_reentrant=False)),
+                          "auto": run(lambda b, h: checkpoint(b, h))}, 5 * pairs)
+    return _per_segment(t, 1)
+
+
+def _print_per_segment(name: str, r: dict) -> None:
+    parts = [f"{k}/torch={v['over_torch']:.3f} (+{v['extra_us']:.0f} us per segment)"
+             for k, v in r.items() if k != "torch_step_us"]
+    print(f"{name}: " + ", ".join(parts) + f"; torch step {r['torch_step_us']:.0f} us CPU")
+
+
+CASES = ("tiny_ops", "no_state", "queue", "copies", "journal_bytes", "resnet", "block", "small_mlp", "long_list")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pairs", type=int, default=20, help="interleaved rounds per comparison")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--cases", default=",".join(CASES), help=f"comma-separated subset of {','.join(CASES)}")
     args = ap.parse_args()
+    cases = set(args.cases.split(","))
     torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     print(f"device={device} threads={args.threads} torch={torch.__version__} loadavg_before='{loadavg()}'")
-    t = tiny_ops(args.pairs, device)
-    print(f"tiny_ops: region/torch={t['region_over_torch']:.3f} (target <= 1.10) whole/torch="
-          f"{t['whole_over_torch']:.3f}; torch step {t['torch_step_s'] * 1e3:.3f} ms")
-    n = no_state(args.pairs, device)
-    print(f"no_state: ours (default state='auto')/torch={n['ours_over_torch']:.3f} (target <= 1.05); torch step {n['torch_step_s']:.4f} s")
-    q = queue(args.pairs, device)
-    print(f"queue: region/whole time={q['region_over_whole_time']:.3f} (target <= 0.45; floor "
-          f"{q['floor']:.3f} = torch/whole; region/torch {q['region_over_torch']:.3f}); whole step "
-          f"{q['whole_step_s']:.4f} s ({4 * q['whole_kept_bytes'] / q['whole_step_s'] / 1e9:.2f} GB/s of its 4 "
-          "state copies over the step); "
-          f"kept region={q['region_kept_bytes']} whole={q['whole_kept_bytes']} "
-          f"written={q['written_bytes']} bytes")
-    rates = copy_rates(device)
-    print(f"journal copies (256 runs of 4 KiB): gather {rates['gather'] / 1e9:.2f} GB/s, scatter "
-          f"{rates['scatter'] / 1e9:.2f} GB/s (target >= 5); one copy_ of the same bytes {rates['copy'] / 1e9:.2f} GB/s")
-    w = whole_copies(device)
-    print(f"whole copies ({w['nbytes'] >> 20} MiB storage, 4 per segment): reused buffers {w['reused_s'] * 1e3:.2f} ms "
-          f"= {w['reused_Bps'] / 1e9:.2f} GB/s, fresh clones {w['fresh_s'] * 1e3:.2f} ms = {w['fresh_Bps'] / 1e9:.2f} GB/s; "
-          f"one copy_ {w['copy_Bps'] / 1e9:.2f} GB/s")
-    for name, j in journal_bytes(device).items():
-        print(f"journal_bytes[{name}]: kept={j['kept_bytes']} written={j['written_bytes']} runs={j['runs']} "
-              f"kept/written={j['kept_over_written']:.3f} kept/(1.1 written + 16 runs)={j['kept_over_bound']:.3f} "
-              "(target <= 1)")
-    r = resnet(max(4, args.pairs // 2), device)
-    print(f"resnet18 w16 b32: region/torch={r['region_over_torch']:.3f} (target <= 1.05), whole/torch="
-          f"{r['whole_over_torch']:.3f}; default state='auto' over state='buffers' (region) "
-          f"{r['auto_over_buffers']:.3f} (target <= 1.00); torch step "
-          f"{r['torch_step_s']:.3f} s")
+    if "tiny_ops" in cases:
+        t = tiny_ops(args.pairs, device)
+        print(f"tiny_ops: region/torch={t['region_over_torch']:.3f} (target <= 1.10) whole/torch="
+              f"{t['whole_over_torch']:.3f}; torch step {t['torch_step_s'] * 1e3:.3f} ms")
+    if "no_state" in cases:
+        n = no_state(args.pairs, device)
+        print(f"no_state: ours (default state='auto')/torch={n['ours_over_torch']:.3f} (target <= 1.05); "
+              f"torch step {n['torch_step_s']:.4f} s; ours - torch {n['extra_us_per_segment']:.0f} us per segment "
+              "(target <= 150)")
+    if "queue" in cases:
+        q = queue(args.pairs, device)
+        print(f"queue: region/whole time={q['region_over_whole_time']:.3f} (target <= 0.45; floor "
+              f"{q['floor']:.3f} = torch/whole; region/torch {q['region_over_torch']:.3f}); whole step "
+              f"{q['whole_step_s']:.4f} s ({4 * q['whole_kept_bytes'] / q['whole_step_s'] / 1e9:.2f} GB/s of its 4 "
+              "state copies over the step); "
+              f"kept region={q['region_kept_bytes']} whole={q['whole_kept_bytes']} "
+              f"written={q['written_bytes']} bytes")
+    if "copies" in cases:
+        rates = copy_rates(device)
+        print(f"journal copies (256 runs of 4 KiB): gather {rates['gather'] / 1e9:.2f} GB/s, scatter "
+              f"{rates['scatter'] / 1e9:.2f} GB/s (target >= 5); one copy_ of the same bytes {rates['copy'] / 1e9:.2f} GB/s")
+        w = whole_copies(device)
+        print(f"whole copies ({w['nbytes'] >> 20} MiB storage, 4 per segment): reused buffers {w['reused_s'] * 1e3:.2f} ms "
+              f"= {w['reused_Bps'] / 1e9:.2f} GB/s, fresh clones {w['fresh_s'] * 1e3:.2f} ms = {w['fresh_Bps'] / 1e9:.2f} GB/s; "
+              f"one copy_ {w['copy_Bps'] / 1e9:.2f} GB/s")
+    if "journal_bytes" in cases:
+        for name, j in journal_bytes(device).items():
+            print(f"journal_bytes[{name}]: kept={j['kept_bytes']} written={j['written_bytes']} runs={j['runs']} "
+                  f"kept/written={j['kept_over_written']:.3f} kept/(1.1 written + 16 runs)={j['kept_over_bound']:.3f} "
+                  "(target <= 1)")
+    if "resnet" in cases:
+        r = resnet(max(4, args.pairs // 2), device)
+        print(f"resnet18 w16 b32: region/torch={r['region_over_torch']:.3f} (target <= 1.05), whole/torch="
+              f"{r['whole_over_torch']:.3f}; default state='auto' over state='buffers' (region) "
+              f"{r['auto_over_buffers']:.3f} (target <= 1.00); torch step "
+              f"{r['torch_step_s']:.3f} s")
+    if "block" in cases:
+        _print_per_segment("layer2.0 block b2 (target <= 1.25)", block(args.pairs, device))
+    if "small_mlp" in cases:
+        _print_per_segment("small MLP w32 b16 x32", small_mlp(args.pairs, device))
+        _print_per_segment("small MLP w256 b64 x16", small_mlp(args.pairs, device, 256, 64, 16))
+    if "long_list" in cases:
+        _print_per_segment("a reached list of 268 tensors", long_list(args.pairs, device))
     print(f"loadavg_after='{loadavg()}'")
 
 

@@ -274,7 +274,11 @@ def has_storage(t: torch.Tensor) -> bool:
 
 def is_dtensor(t: Any) -> bool:
     """Is ``t`` a ``torch.distributed.tensor.DTensor``? (Looked up only once something imported
-    ``torch.distributed.tensor``: without it no tensor can be one, and nothing is loaded.)"""
+    ``torch.distributed.tensor``: without it no tensor can be one, and nothing is loaded; a
+    tensor of a plain class is none either, without the lookup: torch loads that module during a
+    first backward, and this is asked for every tensor an op writes or a replay makes.)"""
+    if type(t) in PLAIN_TENSOR_TYPES:
+        return False
     mod = sys.modules.get("torch.distributed.tensor")
     return mod is not None and isinstance(t, mod.DTensor)
 

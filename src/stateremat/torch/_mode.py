@@ -30,7 +30,7 @@ import torch
 
 from stateremat.contract import rule
 
-from ._compat import TorchDispatchMode, dtensor_local, has_storage, in_foreign_recompute
+from ._compat import PLAIN_TENSOR_TYPES, TorchDispatchMode, dtensor_local, has_storage, in_foreign_recompute
 from ._errors import ReplayError
 from ._preserve import PRESERVERS, Preserver
 from ._runtime import DeclaredStorage, Runtime, runtime
@@ -147,6 +147,8 @@ def written_tensors(func: Any, args: tuple, kwargs: dict) -> list[torch.Tensor]:
 def _shard(t: torch.Tensor) -> torch.Tensor:
     """``t``, or the local shard a written ``DTensor`` (view) writes: a mode sees the DTensor-level
     op, and the DTensor's dispatch then runs it on the shard, out of any mode's and handler's sight."""
+    if type(t) in PLAIN_TENSOR_TYPES:  # (not a DTensor: the common case, without the lookup)
+        return t
     local = dtensor_local(t)
     return t if local is None else local
 
@@ -392,9 +394,9 @@ class StrictMode(TorchDispatchMode):
 
     def _record_one(self, t: torch.Tensor, args: tuple) -> None:
         # Keys are raw storage addresses (host and device allocations do not share addresses).
-        if "torch.distributed.tensor" in sys.modules:  # a DTensor made in the replay: its shard is new
+        dist = "torch.distributed.tensor" in sys.modules
+        if dist:  # a DTensor made in the replay: its shard is new
             t = _shard(t)
-            args = tuple(_shard(a) if isinstance(a, torch.Tensor) else a for a in args)
         if not has_storage(t):
             return
         try:
@@ -404,7 +406,11 @@ class StrictMode(TorchDispatchMode):
         if ptr and ptr not in self.created:
             # Some ops (``_unsafe_view``, ``unsafe_split``) return an unannotated alias of an argument.
             for a in args:
-                if isinstance(a, torch.Tensor) and has_storage(a) and a.untyped_storage().data_ptr() == ptr:
+                if not isinstance(a, torch.Tensor):
+                    continue
+                if dist:
+                    a = _shard(a)
+                if has_storage(a) and a.untyped_storage().data_ptr() == ptr:
                     return
             self.created.add(ptr)
 

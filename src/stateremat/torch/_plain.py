@@ -51,6 +51,8 @@ def slot_id(holder: Any, key: Any) -> tuple[int, Any]:
 
 
 def _get(holder: Any, key: Any) -> Any:
+    if type(holder) is dict:  # (the common case: a module's or object's __dict__, first)
+        return holder.get(key, _ABSENT)
     if isinstance(holder, list):
         return holder[key] if key < len(holder) else _ABSENT
     return (vars(holder) if isinstance(holder, type) else _table(holder)).get(key, _ABSENT)
@@ -73,7 +75,7 @@ def _put(holder: Any, key: Any, value: Any) -> None:
 
 def _same(a: Any, b: Any) -> bool:
     """The same binding: the same object, or an equal scalar of the same type (``1`` is not ``1.0``)."""
-    return a is b or (isinstance(a, SCALARS) and type(a) is type(b) and a == b)
+    return a is b or (type(a) is type(b) and isinstance(a, SCALARS) and a == b)
 
 
 def _replayable(v: Any) -> bool:

@@ -18,7 +18,8 @@ import torch
 from stateremat.contract import OPTIONS
 
 from ._compat import library_ops
-from ._storage import StorageKey, flat_bytes
+from ._hostcache import flat_of
+from ._storage import StorageKey
 
 
 #: Called with a :class:`DeclaredStorage` nobody uses any more. ``_mark`` registers its
@@ -103,9 +104,10 @@ class DeclaredStorage:
 
     @property
     def flat(self) -> torch.Tensor:
-        """``uint8`` view of every byte of the storage (made on first use)."""
+        """``uint8`` view of every byte of the storage (made on first use; a small storage's is
+        reused across steps, ``_hostcache``)."""
         if self._flat is None:
-            self._flat = flat_bytes(self._tensor)
+            self._flat = flat_of(self._tensor)
         return self._flat
 
     # -- version witnesses (R8) -----------------------------------------------------------

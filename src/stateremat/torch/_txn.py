@@ -43,6 +43,7 @@ from ._compat import DisableTorchFunctionSubclass, autocast_kwargs, has_storage,
 from ._errors import ReplayError, UnsupportedError
 from stateremat.contract import rule
 from ._preserve import PRESERVERS, Preserver, Restored, WholePreserver
+from ._preserve.whole import begin_all, reinstate_all, restore_all
 from ._runtime import DeclaredStorage, Runtime, runtime
 from ._scan import Declared, Reach, describe, input_tensors, is_input_name
 from ._storage import StorageKey, gather, runs_within, scatter, storage_key, write_runs
@@ -248,12 +249,15 @@ class Transaction:
                 for name, t in members:  # every declared tensor on the storage watches its version (R8)
                     _witness(st, t, name)
                 whole = key in self.whole_keys or st.nbytes <= SMALL_STORAGE_BYTES
-                self._add(key, st, [n for n, _ in members], WholePreserver if whole else cls)
+                self._add(key, st, [n for n, _ in members], WholePreserver if whole else cls, begin=False)
+            begin_all(list(self.items.values()))  # small whole snapshots in one copy (whole.py)
 
-    def _add(self, key: StorageKey, st: DeclaredStorage, names: list[str], cls: type[Preserver]) -> Preserver:
+    def _add(self, key: StorageKey, st: DeclaredStorage, names: list[str], cls: type[Preserver],
+             begin: bool = True) -> Preserver:
         p = cls(st, self.segment_id, self.granularity_bytes)
         p.names = names
-        p.begin()
+        if begin:
+            p.begin()
         self.items[key] = p
         return p
 
@@ -432,13 +436,9 @@ def _bytes_as_of_forward(items: dict[StorageKey, Preserver], segment: Any, c: An
     _refuse_moved(items, segment.name)
     for p in items.values():  # an unseen change before this replay is a gap for other
         p.storage.observe(journaled=False)  # consumers; the replay's own writes are synced after
-    restored: list[tuple[Preserver, Restored]] = []
-    with library_ops():
-        for p in items.values():
-            r = p.restore(segment.name)
-            if r is not None:
-                restored.append((p, r))
-                log.covered[p.storage.key] = r.runs
+    restored = restore_all(items.values(), segment.name)  # small whole ones batched (whole.py)
+    for p, r in restored:
+        log.covered[p.storage.key] = r.runs
     versions = [(w, w._version) for w in witnesses.values()]
     temp = sum(r.visible.numel() for _, r in restored)
     rt_exec.replay.append(log)
@@ -455,8 +455,7 @@ def _bytes_as_of_forward(items: dict[StorageKey, Preserver], segment: Any, c: An
         with library_ops():
             for st, runs, old in reversed(log.writes):  # back to B0 ...
                 scatter(st.flat, runs, old)
-            for p, r in restored:  # ... then to the visible bytes
-                p.reinstate(r)
+            reinstate_all(restored)  # ... then to the visible bytes
         if versions:
             reset_versions(tuple(w for w, _ in versions), tuple(v for _, v in versions))
         for p in items.values():

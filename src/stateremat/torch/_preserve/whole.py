@@ -7,6 +7,8 @@ start cover every byte a replay can change.
 """
 from __future__ import annotations
 
+from typing import Iterable
+
 import numpy as np
 import torch
 
@@ -52,3 +54,76 @@ class WholePreserver(Preserver):
     @property
     def retained_bytes(self) -> int:
         return self.storage.nbytes if self.owned and self.snapshot is not None else 0
+
+
+#: Whole snapshots of storages up to this size (bytes) are copied in batches: one ``cat`` for
+#: the snapshots of a transaction, one ``cat`` and one ``_foreach_copy_`` for its restores, one
+#: ``_foreach_copy_`` for its reinstatements (per device), instead of one clone or ``copy_`` and
+#: its Python per storage (a BatchNorm's three buffers are 3 x 4 tiny copies per segment).
+BATCHED_BYTES = 1 << 14
+
+
+def _batches(ps: Iterable[Preserver]) -> tuple[dict[torch.device, list[WholePreserver]], list[Preserver]]:
+    """Whole preservers of small storages by device (only groups of two or more), and the rest."""
+    groups: dict[torch.device, list[WholePreserver]] = {}
+    rest: list[Preserver] = []
+    for p in ps:
+        if type(p) is WholePreserver and p.storage.nbytes <= BATCHED_BYTES:
+            groups.setdefault(p.storage.flat.device, []).append(p)
+        else:
+            rest.append(p)
+    for dev in [d for d, g in groups.items() if len(g) < 2]:
+        rest.extend(groups.pop(dev))
+    return groups, rest
+
+
+def begin_all(ps: Iterable[Preserver]) -> None:
+    """:meth:`Preserver.begin` of each of ``ps``, small whole snapshots copied in one ``cat`` per
+    device (each preserver's snapshot is its slice of the batch: the batch lives as long as one
+    of them, at most :data:`BATCHED_BYTES` per storage)."""
+    groups, rest = _batches(ps)
+    with library_ops():
+        for g in groups.values():
+            flats = [p.storage.flat for p in g]
+            snaps = torch.cat(flats).split([f.numel() for f in flats])
+            for p, s in zip(g, snaps):
+                p.snapshot = s
+                p.storage.rt.counters.hold(p.name, p.storage.nbytes)
+    for p in rest:
+        p.begin()
+
+
+def restore_all(ps: Iterable[Preserver], segment_name: str) -> list[tuple[Preserver, Restored]]:
+    """:meth:`Preserver.restore` of each of ``ps`` (those that changed something, with what they
+    return); the others first (a region journal's refusal, R8, then leaves the batched ones
+    untouched), then the small whole ones batched per device.
+
+    Raises:
+        ReplayError: a preserver cannot reconstruct ``B0`` (R8).
+    """
+    groups, rest = _batches(ps)
+    out: list[tuple[Preserver, Restored]] = []
+    with library_ops():
+        for p in rest:
+            r = p.restore(segment_name)
+            if r is not None:
+                out.append((p, r))
+        for g in groups.values():
+            flats = [p.storage.flat for p in g]
+            sizes = [f.numel() for f in flats]
+            visible = torch.cat(flats).split(sizes)
+            torch._foreach_copy_(flats, [p.snapshot for p in g])
+            out.extend((p, Restored(np.array([[0, n]], dtype=np.int64), v)) for p, n, v in zip(g, sizes, visible))
+    return out
+
+
+def reinstate_all(restored: list[tuple[Preserver, Restored]]) -> None:
+    """:meth:`Preserver.reinstate` of each pair :func:`restore_all` returned, the small whole
+    ones in one ``_foreach_copy_`` per device."""
+    groups, rest = _batches(p for p, _ in restored)
+    visible = {id(p): r for p, r in restored}
+    with library_ops():
+        for p in rest:
+            p.reinstate(visible[id(p)])
+        for g in groups.values():
+            torch._foreach_copy_([p.storage.flat for p in g], [visible[id(p)].visible for p in g])
