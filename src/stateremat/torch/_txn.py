@@ -42,7 +42,7 @@ from ._compat import DisableTorchFunctionSubclass, autocast_kwargs, has_storage,
     reset_versions
 from ._errors import ReplayError, UnsupportedError
 from stateremat.contract import rule
-from ._preserve import PRESERVERS, Preserver, Restored, WholePreserver
+from ._preserve import PRESERVERS, Preserver, WholePreserver
 from ._preserve.whole import begin_all, reinstate_all, restore_all
 from ._runtime import DeclaredStorage, Runtime, runtime
 from ._scan import Declared, Reach, describe, input_tensors, is_input_name
