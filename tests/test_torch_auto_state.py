@@ -7,6 +7,7 @@ what it found, and a write found only at a forward's end makes that one forward 
 """
 from __future__ import annotations
 
+import collections
 import copy
 import gc
 import types
@@ -560,3 +561,52 @@ def test_several_writes_to_one_state_tensor_in_the_first_watched_forward_are_exa
     got = copy.deepcopy(ref)
     want = _steps(ref, lambda m, x: m(x))
     _equal(want, _steps(got, CALLS[call](preserve)))
+
+
+class _Slotted:
+    __slots__ = ("acc",)
+
+
+def _unreachable_holders():
+    """State the reach scan does not enter: a __slots__ object, a deque, nesting past its depth."""
+    slotted = _Slotted()
+    slotted.acc = torch.zeros(8, dtype=D)
+    deque = collections.deque([torch.zeros(8, dtype=D)])
+    deep = {"a": [{"b": [{"c": [torch.zeros(8, dtype=D)]}]}]}
+    return {"slots": lambda: slotted.acc, "deque": lambda: deque[0],
+            "deep": lambda: deep["a"][0]["b"][0]["c"][0]}
+
+
+@pytest.mark.parametrize("holder", ["slots", "deque", "deep"])
+@pytest.mark.parametrize("preserve", PRESERVERS)
+def test_state_the_reach_misses_is_refused_at_the_replay_and_the_tip_gives_eagers_result(holder, preserve):
+    """A tensor the scan cannot reach, read and then written in place after the segment's last saved
+    tensor: the replay runs to the end under the default (early stop would skip the write and let
+    the replay read the advanced value: silently wrong gradients from the second step), so the
+    write is seen and refused, naming it; the tip (declare it) then gives eager's result."""
+    def run(ck, steps=3):
+        torch.manual_seed(0)
+        lin = nn.Linear(8, 8).to(D)
+        get = _unreachable_holders()[holder]
+
+        def fn(x):
+            y = lin(x)
+            t = get()
+            out = y * t.clone()
+            t.add_(1.0)
+            return out
+
+        out = []
+        for step in range(steps):
+            lin.zero_grad()
+            x = torch.randn(4, 8, dtype=D, generator=torch.Generator().manual_seed(step))
+            ck(fn, x, get).pow(2).sum().backward()
+            out.append((lin.weight.grad.clone(), get().clone()))
+        return out
+
+    with pytest.raises(UndeclaredStateError, match="the scan cannot name") as err:
+        run(lambda fn, x, get: checkpoint(fn, x, preserve=preserve))
+    assert "declare it" in str(err.value)
+    want = run(lambda fn, x, get: fn(x))
+    got = run(lambda fn, x, get: checkpoint(fn, x, state=[get()], preserve=preserve))
+    assert all(torch.equal(a, b) for (ga, sa), (gb, sb) in zip(want, got) for a, b in ((ga, gb), (sa, sb)))

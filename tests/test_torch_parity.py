@@ -627,6 +627,15 @@ def test_backward_from_a_hook_during_backward(ckpt, early_stop):
     assert torch.allclose(a.grad, want, rtol=1e-12, atol=0)
 
 
+def _strict(ckpt):
+    """Ours in strict mode (``state=None``): torch's early stop exactly. Under the default
+    (``state="auto"``) a replay runs on past the early-stop point, watched, so that a write after the
+    last saved tensor to state the reach misses is refused instead of skipped (Frame.run_on)."""
+    if isinstance(ckpt, Checkpointer):
+        ckpt.state = None
+    return ckpt
+
+
 def _counting_fn(counter):
     def clone(x):
         counter[0] += 1
@@ -639,6 +648,7 @@ def _counting_fn(counter):
 
 @impls()
 def test_early_stop_local_global_and_precedence(ckpt):
+    ckpt = _strict(ckpt)
     # TestNestedCheckpoint.test_nested_checkpoint_set_early_stop
     def run(expected, local=None, ctx=()):
         counter = [0]
@@ -675,6 +685,7 @@ class _SinCounter(TorchDispatchMode):
 @impls()
 @pytest.mark.parametrize("early_stop", [True, False])
 def test_early_stop_when_no_recomputation_is_needed(ckpt, early_stop):
+    ckpt = _strict(ckpt)
     # TestNestedCheckpoint.test_nested_checkpoint_set_early_stop_no_recompution_needed
     counter = [0]
 
@@ -1742,3 +1753,20 @@ def test_reentrant_with_debug_says_torchs_phrase(ckpt):
     x = torch.randn(3, dtype=F64, requires_grad=True)
     with pytest.raises(ValueError, match="only supported when use_reentrant=False"):
         ckpt(torch.sin, x, use_reentrant=True, debug=True)
+
+
+@impls(only=OURS)
+def test_the_default_replay_runs_on_past_the_early_stop_point_and_strict_mode_stops(ckpt):
+    """Under ``state="auto"`` the replay runs to the segment's end (the tail after the last saved
+    tensor runs once more, as with torch's ``early_stop=False``); strict mode stops as torch does;
+    ``early_stop=False`` runs on either way, and a context_fn (its modes innermost) keeps early stop."""
+    def run(c, **kw):
+        counter = [0]
+        c(_counting_fn(counter), torch.tensor(1.0, dtype=F64, requires_grad=True), **kw).backward()
+        return counter[0]
+
+    assert run(ckpt) == 2
+    assert run(_strict(Checkpointer(preserve=ckpt.preserve))) == 1
+    assert run(Checkpointer(preserve=ckpt.preserve, state=None), early_stop=False) == 2
+    from torch.utils.checkpoint import create_selective_checkpoint_contexts
+    assert run(ckpt, context_fn=lambda: create_selective_checkpoint_contexts([])) == 1

@@ -151,7 +151,12 @@ class Frame:
         weakref.finalize(self, _release, txn, rt)
         self.verify = verify
         self.sink = sink
-        self.early_stop = early_stop
+        #: state="auto" (``keep``) replays run on, watched, past torch's early-stop point: a write
+        #: after the last saved tensor to state the reach misses is then seen (refused, R7), where
+        #: stopping would skip it and let the replay read the advanced value; surplus saved
+        #: tensors are ignored there, as early stop ignores them
+        self.run_on = keep and early_stop and (recompute_context is None or type(recompute_context) is contextlib.nullcontext)
+        self.early_stop = early_stop and not self.run_on
         self.debug_ops: tuple[list[str], list[str]] | None = ([], []) if debug else None
         self.check_metadata = check_metadata
         self.recompute_context: Any = recompute_context if recompute_context is not None else contextlib.nullcontext()
@@ -274,6 +279,8 @@ class Frame:
         def pack(x: torch.Tensor) -> torch.Tensor:
             x = x.detach() if x.requires_grad else x
             idx = seg.recomp_counter[gid]
+            if idx >= len(seg.weak_holders) and seg.run_on and seg.forward_completed:
+                return x  # past the early-stop point (run_on): not counted, as early stop saves none
             seg.recomp_counter[gid] += 1
             if idx >= len(seg.weak_holders) and not seg.forward_completed:
                 # a backward inside the forward (early stop off) recomputes the whole function
