@@ -532,6 +532,8 @@ _TWO_WRITES = {
     "zero_then_add": lambda e, v: e.zero_().add_(v),
     "copy_then_add": lambda e, v: e.copy_(e * 0.5).add_(v),
     "three": lambda e, v: (e.mul_(0.9), e.add_(v), e.sub_(v * 0.5)),
+    "foreach_two_views": lambda e, v: torch._foreach_mul_([e[-4:], e[:4]], 0.5),  # one call, two writes
+    "foreach_views_add": lambda e, v: torch._foreach_add_([e[:2], e[2:6], e[-3:]], [v, v, v]),
 }
 
 

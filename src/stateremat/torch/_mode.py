@@ -360,10 +360,11 @@ class StrictMode(TorchDispatchMode):
             writes = _writes(func)
         hit = self.pending
         if writes:
+            declared_now: set = set()  # storages this call declared: their handler came too late for it
             for w in written_tensors(func, args, kwargs):
                 key = storage_key(w)
                 st = self.rt.storages.get(key)
-                if st is not None and st.marks and not st.unmarkable:
+                if st is not None and st.marks and not st.unmarkable and key not in declared_now:
                     continue  # the marked tensors' handler sees this write
                 if st is not None:
                     on_write(st, func, args, kwargs, w)
@@ -374,6 +375,7 @@ class StrictMode(TorchDispatchMode):
                         seg.check_write(key, func)
                     st = self.rt.storages.get(key)
                     if st is not None:  # declared just now (on_undeclared="declare", state="auto"):
+                        declared_now.add(key)
                         on_write(st, func, args, kwargs, w)  # a journal keeps this first write too
                         hit.append(st)
                         st.bumps_due += 1
