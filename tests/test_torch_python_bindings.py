@@ -238,3 +238,48 @@ def test_an_idempotent_rebinding_is_no_update():
     assert m.last == 3
     checkpoint(m, torch.randn(3, 4, dtype=D)).backward()
     assert m.last == 3
+
+
+def _closure_model(how: str):
+    """A captured tensor rebound through ``nonlocal``: in the segment itself, or in a helper it calls."""
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 4).to(D)
+    acc = torch.zeros(4, dtype=D)
+
+    def helper(y):
+        nonlocal acc
+        out = y * acc
+        acc = acc + 1.0
+        return out
+
+    def direct(x):
+        nonlocal acc
+        y = lin(x)
+        out = y * acc
+        acc = acc + 1.0
+        return out
+
+    fn = direct if how == "direct" else (lambda x: helper(lin(x)))
+    return lin, fn, lambda: acc
+
+
+@pytest.mark.parametrize("how", ["direct", "helper"])
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("state", ["auto", None])
+def test_a_nonlocal_tensor_rebinding_replays_as_of_the_forward(how, preserve, state):
+    """``nonlocal acc; acc = acc + 1`` rebinds a closure cell: the replay reads the cell as the
+    forward did (it read the advanced tensor: wrong gradients from the second step), then the
+    cell holds the forward's result again; bit for bit as eager over 4 steps."""
+    def run(ck):
+        lin, fn, acc = _closure_model(how)
+        out = []
+        for step in range(4):
+            lin.zero_grad()
+            x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(step))
+            ck(fn, x).pow(2).sum().backward()
+            out.append((lin.weight.grad.clone(), acc().clone()))
+        return out
+
+    want = run(lambda fn, x: fn(x))
+    got = run(lambda fn, x: checkpoint(fn, x, state=state, preserve=preserve))
+    assert all(torch.equal(a, b) for (ga, sa), (gb, sb) in zip(want, got) for a, b in ((ga, gb), (sa, sb)))

@@ -27,6 +27,7 @@ code counts calls, replays included (torch's own tests do), as a list's appends 
 from __future__ import annotations
 
 import contextlib
+import types
 from typing import Any, Iterator
 
 import torch
@@ -42,7 +43,7 @@ SCALARS = (bool, int, float, complex, str, bytes, type(None))
 
 def _table(holder: Any) -> Any:
     """The dict (or a class's mapping) a slot of ``holder`` lives in."""
-    return holder if isinstance(holder, (dict, type, list)) else vars(holder)
+    return holder if isinstance(holder, (dict, type, list, types.CellType)) else vars(holder)
 
 
 def slot_id(holder: Any, key: Any) -> tuple[int, Any]:
@@ -55,6 +56,11 @@ def _get(holder: Any, key: Any) -> Any:
         return holder.get(key, _ABSENT)
     if isinstance(holder, list):
         return holder[key] if key < len(holder) else _ABSENT
+    if type(holder) is types.CellType:  # a closure variable (``nonlocal acc; acc = acc + 1``)
+        try:
+            return holder.cell_contents
+        except ValueError:
+            return _ABSENT
     return (vars(holder) if isinstance(holder, type) else _table(holder)).get(key, _ABSENT)
 
 
@@ -62,6 +68,14 @@ def _put(holder: Any, key: Any, value: Any) -> None:
     if isinstance(holder, list):
         if value is not _ABSENT and key < len(holder):
             holder[key] = value
+    elif type(holder) is types.CellType:
+        if value is not _ABSENT:
+            holder.cell_contents = value
+        else:
+            try:
+                del holder.cell_contents
+            except ValueError:
+                pass
     elif isinstance(holder, type):  # a class's mapping is read-only: go through the class
         if value is not _ABSENT:
             setattr(holder, key, value)

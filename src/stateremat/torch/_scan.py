@@ -382,6 +382,8 @@ def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
             v = cell.cell_contents
         except ValueError:  # empty cell
             continue
+        if isinstance(v, torch.Tensor):  # a nonlocal rebinding replays as of the forward (_plain)
+            r.slots.append((f"captured variable {name!r}", cell, "cell_contents", v))
         _add_value(r, v, f"captured variable {name!r}", depth, name)
     defaults = (getattr(fn, "__defaults__", None) or ()) + tuple((getattr(fn, "__kwdefaults__", None) or {}).values())
     for i, v in enumerate(defaults):
@@ -529,7 +531,10 @@ def rebound(slots: list[tuple[str, Any, Any, torch.Tensor]]) -> list[str]:
         elif isinstance(holder, dict):
             now = holder.get(key, _MISSING)
         else:
-            now = getattr(holder, key, _MISSING)
+            try:
+                now = getattr(holder, key, _MISSING)
+            except ValueError:  # an emptied closure cell
+                now = _MISSING
         if now is not t:
             out.append(f"{name} (rebound to another tensor)")
     return out
