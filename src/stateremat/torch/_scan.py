@@ -363,8 +363,11 @@ def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
         return
     if isinstance(fn, functools.partial):
         _add_callable(r, fn.func, prefix, depth + 1)
-        for i, v in enumerate(list(fn.args) + list(fn.keywords.values())):
-            _add_value(r, v, f"partial argument {i}", depth)
+        # bound by the partial, not passed to the segment: state it reaches, not an input
+        for i, v in enumerate(fn.args):
+            _add_value(r, v, f"bound partial argument {i}", depth)
+        for k, v in fn.keywords.items():
+            _add_value(r, v, f"bound partial keyword {k!r}", depth)
         return
     root = root_module(fn)
     if root is not None:
