@@ -362,7 +362,7 @@ def test_a_reader_whose_state_a_later_segment_first_writes_is_refused_never_sile
                 got(x, True).pow(2).sum().backward()
                 break
             except ReplayError as exc:
-                assert "buffer 'q'" in str(exc) and "Tip: rerun this step" in str(exc)
+                assert "buffer 'q'" in str(exc) and "Tip: put the tensor back as it was before this step and rerun" in str(exc)
                 refused.append(step)
                 with torch.no_grad():  # the user reruns the step from the state before it
                     got.q.copy_(q0)

@@ -157,7 +157,8 @@ def refuse_changed_reads(rt: Any, watch: Any, name: str) -> None:
             "it for the first time (state='auto' learns a write on the step it first happens); this "
             "segment kept no copy, so its replay cannot read the bytes its forward read (R2). The tensor "
             "is preserved wherever it is reached from the next forward on (expected the bytes the "
-            "forward read, got bytes written since). Tip: rerun this step; to be exact from the first "
-            "step, run one step before checkpointing or declare it where it is read "
-            "(checkpoint(fn, ..., state=[tensor]))."
+            "forward read, got bytes written since). Tip: put the tensor back as it was before this step "
+            "and rerun the step (this step's forward already wrote it once, and the parameters' gradients "
+            "may be partial: zero them); to be exact from the first step, run one step before "
+            "checkpointing or declare it where it is read (checkpoint(fn, ..., state=[tensor]))."
         )
