@@ -112,6 +112,7 @@ class Watch:
         self.on_undeclared = on_undeclared
         self._candidates: dict | None = None
         self.promoted: list[torch.Tensor] = []
+        self._promoted_scan: list = []  # their scan records
         self.gaps: list[torch.Tensor] = []
         self._hook_only = r.hook_only  # a hook's own tensors: refused only if the replay writes them again
         self._pending: Deferred | None = None  # device-side byte checks of the forward, read before the replay
@@ -211,6 +212,7 @@ class Watch:
             self.txn.promote(name, t)
             self.promoted.append(t)
             self.candidates.pop(key, None)
+            self._promoted_scan += [s for s in self.scan if s[1] is t]  # (a set_ of it is still seen at the end)
             self.scan = [s for s in self.scan if s[1] is not t]
 
     def undeclared_at_replay(self, w: torch.Tensor, func: Any, what: str,
@@ -255,7 +257,7 @@ class Watch:
         if not names:
             return
         wanted = set(names)
-        written = [(n, t) for n, t, _ in self.scan if describe(n) in wanted]
+        written = [(n, t) for n, t, _ in [*self.scan, *self._promoted_scan] if describe(n) in wanted]
         if self.txn.auto and when == "after the forward":  # state="auto": a gap, this forward eager
             self.gaps, names, written = _split_gaps(names, written)
             if not names:
