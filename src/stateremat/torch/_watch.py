@@ -84,7 +84,9 @@ def undeclared_message(seg: Any, names: str, when: str, reachable: bool = True, 
         + ("leave state= at its default (state='auto' finds and preserves what the segment writes), or "
            if reachable else "")
         + "declare it, e.g. checkpoint(fn, ..., state=[tensor_or_module]) or "
-        f"StatefulCheckpoint(block, state='buffers'){alt}."
+        f"StatefulCheckpoint(block, state='buffers'){alt}"
+        + ("; a module or state='buffers' declares its buffers, not a plain tensor attribute: "
+           "list that tensor itself (state=[module, module.attr])." if "tensor attribute" in names else ".")
     )
 
 
