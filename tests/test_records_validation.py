@@ -337,3 +337,15 @@ def test_dropping_rows_validates_each_part_first(tmp_path):
     part.write_bytes(b"not parquet")
     with pytest.raises(RecordsError, match="cannot read"):
         store.drop_rows(lambda df: df["process"] == 1)
+
+
+def test_rows_of_the_wrong_type_are_refused_on_write_naming_the_table(tmp_path):
+    """What a writer hands over is checked against the declared types too (a cohort's rows come
+    from its processes' files): a clear error, not pyarrow's."""
+    store = RecordStore(tmp_path, "cohort_processes", key=STATUS_KEY, meta={})
+    bad = _status_rows(2)
+    bad[1]["wall_s"] = "slow"
+    with pytest.raises(RecordsError) as err:
+        store.append(bad)
+    assert "'cohort_processes'" in str(err.value) and "wall_s" in str(err.value)
+    assert not list((tmp_path / "cohort_processes").glob("part-*"))

@@ -387,6 +387,25 @@ def _rows_dir(out_dir: Path, table: str) -> Path:
     return d
 
 
+def _rows_table(table: str, rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
+    """``rows`` as a table of ``schema``; a value that does not fit its column's declared type is
+    refused naming the table, the column and the value."""
+    try:
+        return pa.Table.from_pylist([dict(r) for r in rows], schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        for f in schema:
+            for r in rows:
+                try:
+                    pa.array([r.get(f.name)], type=f.type)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                    raise RecordsError(
+                        f"stateremat records: rows for {table!r} give column {f.name!r} the "
+                        f"value {r.get(f.name)!r}, not of its declared type {f.type}. This is a "
+                        "bug in the caller, please report it.") from exc
+        raise RecordsError(f"stateremat records: rows for {table!r} do not fit its declared "
+                           f"schema ({exc}). This is a bug in the caller, please report it.") from exc
+
+
 class RecordStore:
     """Append-only, resumable store of raw rows for one table of one run.
 
@@ -476,7 +495,7 @@ class RecordStore:
             schema = pa.schema([f for f in self.spec.schema if f.name in have])
             absent = [f.name for f in self.spec.schema if f.name not in have and f.name not in self.spec.optional]
             schema = schema.with_metadata({ABSENT_KEY: json.dumps(absent).encode()})
-            tbl = pa.Table.from_pylist([dict(r) for r in rows], schema=schema)
+            tbl = _rows_table(self.table, rows, schema)
             _check_part(self.dir / "(new part)", tbl, self.spec)
         buf = io.BytesIO()
         pq.write_table(tbl, buf)
