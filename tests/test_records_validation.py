@@ -349,3 +349,33 @@ def test_rows_of_the_wrong_type_are_refused_on_write_naming_the_table(tmp_path):
         store.append(bad)
     assert "'cohort_processes'" in str(err.value) and "wall_s" in str(err.value)
     assert not list((tmp_path / "cohort_processes").glob("part-*"))
+
+
+def test_a_stop_signal_during_an_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """A stop (SIGINT) whose handler raises right after the temporary file is created, before
+    the writer holds its name, still removes it and leaves the old file intact
+    (test_interrupts[moco] found a ``.moco.json.*.tmp`` left by a sidecar write cut short right
+    after the first part)."""
+    import signal
+
+    (tmp_path / "sidecar.json").write_bytes(b'{"old": true}')
+    real = os.open
+
+    def open_then_stop(path, *args, **kwargs):
+        fd = real(path, *args, **kwargs)
+        if str(path).endswith(".tmp"):
+            os.kill(os.getpid(), signal.SIGINT)  # the file exists; the handler raises now
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_stop)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            atomic_write_bytes(tmp_path / "sidecar.json", b'{"new": true}')
+    finally:
+        signal.signal(signal.SIGINT, old)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["sidecar.json"]
+    assert (tmp_path / "sidecar.json").read_bytes() == b'{"old": true}'
+    atomic_write_bytes(tmp_path / "sidecar.json", b'{"new": true}')  # and it writes as before
+    assert (tmp_path / "sidecar.json").read_bytes() == b'{"new": true}'
