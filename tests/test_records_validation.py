@@ -16,7 +16,7 @@ import pytest
 from _cli import run_cli
 from stateremat._shared.io import atomic_write_bytes
 from stateremat.contract import RecordsError
-from stateremat.paper.records import RecordStore, read_records, table_spec
+from stateremat.paper.records import RecordStore, check_resumable, read_records, table_spec
 
 STATUS_KEY = ["process", "attempt"]
 TIMING_KEY = ["process", "cell", "method", "step"]
@@ -379,3 +379,26 @@ def test_a_stop_signal_during_an_atomic_write_leaves_no_temporary_file(tmp_path,
     assert (tmp_path / "sidecar.json").read_bytes() == b'{"old": true}'
     atomic_write_bytes(tmp_path / "sidecar.json", b'{"new": true}')  # and it writes as before
     assert (tmp_path / "sidecar.json").read_bytes() == b'{"new": true}'
+
+
+@pytest.mark.parametrize("field,value", [("config", [1]), ("config", "abc"), ("launches", "x"),
+                                         ("launches", [1, 2]), ("has_rows", "yes"),
+                                         ("resumed_utc", "now"), ("key", "process")])
+def test_a_sidecar_with_a_field_of_the_wrong_kind_is_refused_naming_file_and_field(tmp_path, field,
+                                                                                   value):
+    """A sidecar is validated like a part: JSON of the right shape, not only an object (a
+    list for ``config`` crashed a resume with AttributeError; report rendered over a string
+    ``launches``)."""
+    _status_run(tmp_path)
+    sidecar = tmp_path / "cohort_processes.json"
+    doc = json.loads(sidecar.read_text())
+    doc[field] = value
+    sidecar.write_text(json.dumps(doc))
+    for attempt in (lambda: read_records(tmp_path, "cohort_processes"),
+                    lambda: check_resumable(tmp_path, "cohort_processes", {"k": 1}),
+                    lambda: RecordStore(tmp_path, "cohort_processes", key=STATUS_KEY, meta={"k": 1})):
+        with pytest.raises(RecordsError) as err:
+            attempt()
+        assert str(sidecar) in str(err.value) and repr(field) in str(err.value)
+    res = run_cli("report", tmp_path, "--out", tmp_path.parent / f"rep-{field}")
+    assert res.exit_code == 2 and str(sidecar) in res.output, res.output

@@ -184,7 +184,33 @@ def read_sidecar(path: Path) -> dict:
     if not isinstance(doc, dict):
         raise RecordsError(f"stateremat records: sidecar {path} holds {type(doc).__name__}, not "
                            "a JSON object. Tip: restore it from a copy, or use a new --out folder.")
+    for field, (ok, what) in _SIDECAR_FIELDS.items():
+        if field in doc and not ok(doc[field]):
+            raise RecordsError(
+                f"stateremat records: sidecar {path} gives {field!r} as "
+                f"{_short(doc[field], 60)} ({type(doc[field]).__name__}), not {what}; it was "
+                "changed by something else than its run. Tip: restore it from a copy, or use a "
+                "new --out folder.")
     return doc
+
+
+def _list_of(kind: type) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(isinstance(x, kind) for x in v)
+
+
+#: The fields a sidecar (or a run folder's manifest) may hold, each with its check: a field of
+#: another kind is refused before anything reads it.
+_SIDECAR_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "table": (lambda v: isinstance(v, str), "a table name"),
+    "key": (_list_of(str), "a list of column names"),
+    "config": (lambda v: v is None or isinstance(v, dict), "an object (the run's config)"),
+    "provenance": (lambda v: isinstance(v, dict), "an object"),
+    "launches": (_list_of(dict), "a list of objects (one per launch)"),
+    "resumed_utc": (_list_of(str), "a list of UTC times"),
+    "has_rows": (lambda v: isinstance(v, bool), "true or false"),
+    "command": (lambda v: isinstance(v, str), "a command"),
+    "created_utc": (lambda v: isinstance(v, str), "a UTC time"),
+}
 
 
 def check_resumable(out_dir: str | os.PathLike, table: str, config: Mapping[str, Any], *,
