@@ -16,7 +16,7 @@ import pytest
 from _cli import run_cli
 from stateremat._shared.io import atomic_write_bytes
 from stateremat.contract import RecordsError
-from stateremat.paper.records import RecordStore, read_records, table_spec
+from stateremat.paper.records import RecordStore, check_resumable, read_records, table_spec
 
 STATUS_KEY = ["process", "attempt"]
 TIMING_KEY = ["process", "cell", "method", "step"]
@@ -337,3 +337,68 @@ def test_dropping_rows_validates_each_part_first(tmp_path):
     part.write_bytes(b"not parquet")
     with pytest.raises(RecordsError, match="cannot read"):
         store.drop_rows(lambda df: df["process"] == 1)
+
+
+def test_rows_of_the_wrong_type_are_refused_on_write_naming_the_table(tmp_path):
+    """What a writer hands over is checked against the declared types too (a cohort's rows come
+    from its processes' files): a clear error, not pyarrow's."""
+    store = RecordStore(tmp_path, "cohort_processes", key=STATUS_KEY, meta={})
+    bad = _status_rows(2)
+    bad[1]["wall_s"] = "slow"
+    with pytest.raises(RecordsError) as err:
+        store.append(bad)
+    assert "'cohort_processes'" in str(err.value) and "wall_s" in str(err.value)
+    assert not list((tmp_path / "cohort_processes").glob("part-*"))
+
+
+def test_a_stop_signal_during_an_atomic_write_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """A stop (SIGINT) whose handler raises right after the temporary file is created, before
+    the writer holds its name, still removes it and leaves the old file intact
+    (test_interrupts[moco] found a ``.moco.json.*.tmp`` left by a sidecar write cut short right
+    after the first part)."""
+    import signal
+
+    (tmp_path / "sidecar.json").write_bytes(b'{"old": true}')
+    real = os.open
+
+    def open_then_stop(path, *args, **kwargs):
+        fd = real(path, *args, **kwargs)
+        if str(path).endswith(".tmp"):
+            os.kill(os.getpid(), signal.SIGINT)  # the file exists; the handler raises now
+        return fd
+
+    monkeypatch.setattr(os, "open", open_then_stop)
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            atomic_write_bytes(tmp_path / "sidecar.json", b'{"new": true}')
+    finally:
+        signal.signal(signal.SIGINT, old)
+    monkeypatch.undo()
+    assert [p.name for p in tmp_path.iterdir()] == ["sidecar.json"]
+    assert (tmp_path / "sidecar.json").read_bytes() == b'{"old": true}'
+    atomic_write_bytes(tmp_path / "sidecar.json", b'{"new": true}')  # and it writes as before
+    assert (tmp_path / "sidecar.json").read_bytes() == b'{"new": true}'
+
+
+@pytest.mark.parametrize("field,value", [("config", [1]), ("config", "abc"), ("launches", "x"),
+                                         ("launches", [1, 2]), ("has_rows", "yes"),
+                                         ("resumed_utc", "now"), ("key", "process")])
+def test_a_sidecar_with_a_field_of_the_wrong_kind_is_refused_naming_file_and_field(tmp_path, field,
+                                                                                   value):
+    """A sidecar is validated like a part: JSON of the right shape, not only an object (a
+    list for ``config`` crashed a resume with AttributeError; report rendered over a string
+    ``launches``)."""
+    _status_run(tmp_path)
+    sidecar = tmp_path / "cohort_processes.json"
+    doc = json.loads(sidecar.read_text())
+    doc[field] = value
+    sidecar.write_text(json.dumps(doc))
+    for attempt in (lambda: read_records(tmp_path, "cohort_processes"),
+                    lambda: check_resumable(tmp_path, "cohort_processes", {"k": 1}),
+                    lambda: RecordStore(tmp_path, "cohort_processes", key=STATUS_KEY, meta={"k": 1})):
+        with pytest.raises(RecordsError) as err:
+            attempt()
+        assert str(sidecar) in str(err.value) and repr(field) in str(err.value)
+    res = run_cli("report", tmp_path, "--out", tmp_path.parent / f"rep-{field}")
+    assert res.exit_code == 2 and str(sidecar) in res.output, res.output

@@ -7,8 +7,8 @@ import json
 import math
 import os
 import platform
+import secrets
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,25 +34,32 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         name_max = 255
     stem = os.fsencode(path.name)[: max(1, name_max - 14)]
     stem_s = os.fsdecode(stem.decode("utf-8", "ignore").encode("utf-8")) if stem else "t"
-    fd, tmp = tempfile.mkstemp(prefix=f".{stem_s}.", suffix=".tmp", dir=path.parent)
+    # The temporary name is chosen before the file is created, and the file created inside the
+    # ``try``: a stop signal whose handler raises right after its creation still removes it
+    # (``tempfile.mkstemp`` names it only once the call returns, too late for that).
+    tmp = None
     try:
+        for _ in range(100):
+            tmp = os.path.join(path.parent, f".{stem_s}.{secrets.token_hex(4)}.tmp")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                             | getattr(os, "O_CLOEXEC", 0), 0o666)  # the umask applies
+            except FileExistsError:  # another writer's: not ours to remove
+                tmp = None
+                continue
+            break
+        else:  # pragma: no cover - 100 collisions of 32 random bits
+            raise FileExistsError(f"no free temporary name beside {path}")
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp creates 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
-        if os.path.exists(tmp):
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
         raise
     return given
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def json_default(obj: Any) -> Any:

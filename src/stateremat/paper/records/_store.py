@@ -184,7 +184,33 @@ def read_sidecar(path: Path) -> dict:
     if not isinstance(doc, dict):
         raise RecordsError(f"stateremat records: sidecar {path} holds {type(doc).__name__}, not "
                            "a JSON object. Tip: restore it from a copy, or use a new --out folder.")
+    for field, (ok, what) in _SIDECAR_FIELDS.items():
+        if field in doc and not ok(doc[field]):
+            raise RecordsError(
+                f"stateremat records: sidecar {path} gives {field!r} as "
+                f"{_short(doc[field], 60)} ({type(doc[field]).__name__}), not {what}; it was "
+                "changed by something else than its run. Tip: restore it from a copy, or use a "
+                "new --out folder.")
     return doc
+
+
+def _list_of(kind: type) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, list) and all(isinstance(x, kind) for x in v)
+
+
+#: The fields a sidecar (or a run folder's manifest) may hold, each with its check: a field of
+#: another kind is refused before anything reads it.
+_SIDECAR_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "table": (lambda v: isinstance(v, str), "a table name"),
+    "key": (_list_of(str), "a list of column names"),
+    "config": (lambda v: v is None or isinstance(v, dict), "an object (the run's config)"),
+    "provenance": (lambda v: isinstance(v, dict), "an object"),
+    "launches": (_list_of(dict), "a list of objects (one per launch)"),
+    "resumed_utc": (_list_of(str), "a list of UTC times"),
+    "has_rows": (lambda v: isinstance(v, bool), "true or false"),
+    "command": (lambda v: isinstance(v, str), "a command"),
+    "created_utc": (lambda v: isinstance(v, str), "a UTC time"),
+}
 
 
 def check_resumable(out_dir: str | os.PathLike, table: str, config: Mapping[str, Any], *,
@@ -387,6 +413,25 @@ def _rows_dir(out_dir: Path, table: str) -> Path:
     return d
 
 
+def _rows_table(table: str, rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
+    """``rows`` as a table of ``schema``; a value that does not fit its column's declared type is
+    refused naming the table, the column and the value."""
+    try:
+        return pa.Table.from_pylist([dict(r) for r in rows], schema=schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+        for f in schema:
+            for r in rows:
+                try:
+                    pa.array([r.get(f.name)], type=f.type)
+                except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                    raise RecordsError(
+                        f"stateremat records: rows for {table!r} give column {f.name!r} the "
+                        f"value {r.get(f.name)!r}, not of its declared type {f.type}. This is a "
+                        "bug in the caller, please report it.") from exc
+        raise RecordsError(f"stateremat records: rows for {table!r} do not fit its declared "
+                           f"schema ({exc}). This is a bug in the caller, please report it.") from exc
+
+
 class RecordStore:
     """Append-only, resumable store of raw rows for one table of one run.
 
@@ -476,7 +521,7 @@ class RecordStore:
             schema = pa.schema([f for f in self.spec.schema if f.name in have])
             absent = [f.name for f in self.spec.schema if f.name not in have and f.name not in self.spec.optional]
             schema = schema.with_metadata({ABSENT_KEY: json.dumps(absent).encode()})
-            tbl = pa.Table.from_pylist([dict(r) for r in rows], schema=schema)
+            tbl = _rows_table(self.table, rows, schema)
             _check_part(self.dir / "(new part)", tbl, self.spec)
         buf = io.BytesIO()
         pq.write_table(tbl, buf)
