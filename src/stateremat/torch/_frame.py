@@ -30,22 +30,18 @@ import torch
 from stateremat.contract import internal_assert, rule
 
 from ._compat import (
-    DisableTorchFunctionSubclass,
     SavedTensor,
     TorchDispatchMode,
     current_graph_id,
     entered_hiding,
-    has_storage,
     in_graph_exec_group,
     library_ops,
     make_saved_tensor,
     tree_flatten,
     tree_unflatten,
 )
-from . import _learn
 from ._errors import ReplayDivergenceError, ReplayError
 from ._runtime import Runtime, runtime
-from ._storage import storage_key
 from ._txn import Transaction
 from ._watch import Watch
 
@@ -61,20 +57,6 @@ class _Holder:
 
 class _Handle:
     __slots__ = ("__weakref__",)
-
-
-def _copier(store: weakref.WeakKeyDictionary, handle: _Handle) -> Callable[[], int]:
-    ref = weakref.ref(handle)
-
-    def copy() -> int:
-        h = ref()
-        if h is None or h not in store:
-            return 0
-        with library_ops():
-            store[h] = store[h].clone()
-        return store[h].numel() * store[h].element_size()
-
-    return copy
 
 
 def _unpack_kept(kept: tuple[torch.Tensor, int]) -> torch.Tensor:
@@ -271,10 +253,9 @@ class Frame:
 
         return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
-    def _recompute_hooks(self, gid: Any) -> torch.autograd.graph.saved_tensors_hooks:
+    def _recompute_hooks(self, gid: Any, log: Any) -> torch.autograd.graph.saved_tensors_hooks:
         seg = self
-        preserver = self.txn.preserver
-        declared_ptrs = {key[2] for key in self.txn.storages()}  # storage addresses: a cheap first test per saved tensor
+        keep = log.keep_saved  # R1: saved aliases of declared state keep the replayed bytes (_txn)
 
         def pack(x: torch.Tensor) -> torch.Tensor:
             x = x.detach() if x.requires_grad else x
@@ -297,45 +278,24 @@ class Frame:
                 if seg.verify:
                     _compare(seg, gid, idx, x)
                 handle = holder.handles[gid] = _Handle()
-                p = None
-                if declared_ptrs and has_storage(x):
-                    with DisableTorchFunctionSubclass():
-                        if x.untyped_storage().data_ptr() in declared_ptrs:
-                            p = preserver(storage_key(x))
-                log = seg.rt_exec_replay()
-                if p is not None and not p.captures_replay_writes:
-                    with library_ops():
-                        x = x.clone()  # an alias of whole-preserved state: keep the replayed version (R1)
-                    if log is not None:
-                        log.alias_bytes += x.numel() * x.element_size()
-                elif p is not None and log is not None:
-                    # Region storage: copy only if its bytes change later (copy on write).
-                    log.aliases.append((p.storage.key, _copier(seg.recomputed[gid], handle)))
-                seg.recomputed[gid][handle] = x
+                seg.recomputed[gid][handle] = keep(x, seg.recomputed[gid], handle)
             if seg.early_stop and seg.recomp_counter[gid] == len(seg.weak_holders):
                 raise _StopRecomputation
             return x
 
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x)
 
-    @staticmethod
-    def rt_exec_replay() -> Any:
-        rt = runtime()
-        return rt.replay[-1] if rt.replay else None
-
     # -- recomputation -------------------------------------------------------------------
     def recompute(self, gid: Any) -> None:
         """Re-run the segment once for backward ``gid`` inside the replay transaction."""
-        if self.txn.auto:  # state read by the forward that others first wrote since: refused (R2)
-            _learn.refuse_changed_reads(self.rt, self.watch, self.name)
-        replay = self.txn.replay(self)  # refuses parameters changed since the forward first (R8)
+        replay = self.txn.replay(self)  # refuses first: changed reads (R2, auto), parameters (R8)
         args, kwargs = self.inputs()
         oplog = _OpLog(self.debug_ops[1]) if self.debug_ops is not None else contextlib.nullcontext()
         if self.debug_ops is not None:
             self.debug_ops[1].clear()
         versions = self.watch.versions()
-        with replay:  # end bindings; flags, views, start and Python bindings; B0, R0, autocast (_txn)
-            with self._recompute_hooks(gid), torch.autograd.enable_grad(), \
+        with replay as log:  # end bindings; flags, views, start and Python bindings; B0, R0, autocast (_txn)
+            with self._recompute_hooks(gid, log), torch.autograd.enable_grad(), \
                     entered_hiding(self.recompute_context), self.watch.replay_mode(self), oplog:
                 try:
                     self.fn(*args, **kwargs)

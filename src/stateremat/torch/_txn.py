@@ -31,12 +31,13 @@ were before the replay. The module-side helpers live in ``_bindings``, the Pytho
 from __future__ import annotations
 
 import contextlib
+import weakref
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
-from . import _mark, _rng
+from . import _learn, _mark, _rng
 from ._bindings import ModuleState
 from ._compat import DisableTorchFunctionSubclass, autocast_kwargs, has_storage, infer_device_type, library_ops, \
     reset_versions
@@ -60,6 +61,21 @@ from ._storage import StorageKey, gather, runs_within, scatter, storage_key, wri
 SMALL_STORAGE_BYTES = 1 << 14
 
 
+def _copier(store: weakref.WeakKeyDictionary, handle: Any) -> Callable[[], int]:
+    """A copy-on-write callback: replace ``store[handle]`` (a recomputed saved tensor) by its copy; its bytes."""
+    ref = weakref.ref(handle)
+
+    def copy() -> int:
+        h = ref()
+        if h is None or h not in store:
+            return 0
+        with library_ops():
+            store[h] = store[h].clone()
+        return store[h].numel() * store[h].element_size()
+
+    return copy
+
+
 class ReplayLog:
     """Pre-write bytes of writes made during a replay (undone to reinstate, R5).
 
@@ -79,6 +95,7 @@ class ReplayLog:
         # key -> runs the restore set aside and reinstates after the replay: a replay write
         # inside them needs no undo (the reinstatement overwrites it)
         self.covered: dict[StorageKey, np.ndarray] = {}
+        self._ptrs = {key[2] for key in items}  # storage addresses: a cheap first test per saved tensor
 
     def on_write(self, st: DeclaredStorage, func: Any, args: tuple, kwargs: dict, w: torch.Tensor) -> None:
         """A write to declared storage ``st`` during this replay."""
@@ -96,6 +113,25 @@ class ReplayLog:
         if runs.shape[0]:
             with library_ops():
                 self.writes.append((st, runs, gather(st.flat, runs)))
+
+    def keep_saved(self, x: torch.Tensor, store: Any, handle: Any) -> torch.Tensor:
+        """The tensor to store as ``store[handle]`` for a recomputed saved tensor ``x``. One that
+        aliases a declared storage must keep the replayed bytes after the reinstatement (R1): of a
+        whole-kept storage it is copied now; of a journaled one only before its bytes change (copy
+        on write, :meth:`copy_aliases`)."""
+        if not self._ptrs or not has_storage(x):
+            return x
+        with DisableTorchFunctionSubclass():
+            p = self.items.get(storage_key(x)) if x.untyped_storage().data_ptr() in self._ptrs else None
+        if p is None:
+            return x
+        if not p.captures_replay_writes:
+            with library_ops():
+                x = x.clone()  # an alias of whole-preserved state: keep the replayed version
+            self.alias_bytes += x.numel() * x.element_size()
+        else:
+            self.aliases.append((p.storage.key, _copier(store, handle)))
+        return x
 
     def copy_aliases(self, key: StorageKey) -> int:
         """Copy the pending aliases of ``key`` (called before their bytes change); return bytes copied."""
@@ -397,18 +433,22 @@ class Transaction:
                 f"{rule('R8')}). Tip: run backward before the optimizer step, or declare them as state.")
 
     def replay(self, segment: Any) -> contextlib.AbstractContextManager[ReplayLog]:
-        """The room a replay runs in: refuse changed parameters now, then (entered) put back, in the
+        """The room a replay runs in: refuse now a ``state="auto"`` forward's read of a tensor written
+        since by code first seen writing it (R2) and changed parameters (R8), then (entered) put back, in the
         module docstring's order: end bindings, then flags, views, start bindings and Python
         bindings, then ``B0`` (moved storages and journal gaps refused first, R8), ``R0``, autocast; reinstate
         on exit (R2, R3, R5).
 
         Args:
-            segment: the replaying segment's frame (``name``; ``undeclared_at_replay``).
+            segment: the replaying segment's frame (``name``, ``watch``; ``undeclared_at_replay``).
 
         Raises:
-            ReplayError: a parameter changed in place since the forward, or a region journal has a
-                gap since the segment's forward (R8).
+            ReplayError: a read tensor written since by code first seen writing it (R2, auto), a
+                parameter changed in place since the forward, or a region journal has a gap since the
+                segment's forward (R8).
         """
+        if self.auto:  # state the forward read that code first seen writing it wrote since (R2)
+            _learn.refuse_changed_reads(self.runtime, segment.watch, segment.name)
         self.check_parameters(segment.name)
         return self._replay(segment)
 
