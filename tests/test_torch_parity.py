@@ -1756,15 +1756,21 @@ def test_reentrant_with_debug_says_torchs_phrase(ckpt):
 
 
 @impls(only=OURS)
-def test_the_default_replay_runs_on_past_the_early_stop_point_and_strict_mode_stops(ckpt):
-    """Under ``state="auto"`` the replay runs to the segment's end (the tail after the last saved
-    tensor runs once more, as with torch's ``early_stop=False``); strict mode stops as torch does;
+def test_the_default_replay_runs_on_past_the_early_stop_point_once_unreached_state_was_written(ckpt, monkeypatch):
+    """Under ``state="auto"`` the replay stops early as torch's does until a watched forward wrote
+    state no scan reaches; from then on it runs to the segment's end (the tail after the last saved
+    tensor runs once more, as with ``early_stop=False``); strict mode always stops as torch does;
     ``early_stop=False`` runs on either way, and a context_fn (its modes innermost) keeps early stop."""
+    from stateremat.torch._runtime import runtime
+
     def run(c, **kw):
         counter = [0]
         c(_counting_fn(counter), torch.tensor(1.0, dtype=F64, requires_grad=True), **kw).backward()
         return counter[0]
 
+    monkeypatch.setattr(runtime(), "unreached_writes", False)
+    assert run(ckpt) == 1
+    monkeypatch.setattr(runtime(), "unreached_writes", True)
     assert run(ckpt) == 2
     assert run(_strict(Checkpointer(preserve=ckpt.preserve))) == 1
     assert run(Checkpointer(preserve=ckpt.preserve, state=None), early_stop=False) == 2

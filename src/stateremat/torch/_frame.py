@@ -133,11 +133,12 @@ class Frame:
         weakref.finalize(self, _release, txn, rt)
         self.verify = verify
         self.sink = sink
-        #: state="auto" (``keep``) replays run on, watched, past torch's early-stop point: a write
-        #: after the last saved tensor to state the reach misses is then seen (refused, R7), where
-        #: stopping would skip it and let the replay read the advanced value; surplus saved
-        #: tensors are ignored there, as early stop ignores them
-        self.run_on = keep and early_stop and (recompute_context is None or type(recompute_context) is contextlib.nullcontext)
+        #: state="auto" (``keep``) replays run on, watched, past torch's early-stop point once a
+        #: watched forward wrote state no scan reaches (``Runtime.unreached_writes``): such a
+        #: write after the last saved tensor is then seen (refused, R7), where stopping would skip
+        #: it and let the replay read the advanced value; surplus saved tensors are ignored there
+        self.run_on = keep and early_stop and rt.unreached_writes and \
+            (recompute_context is None or type(recompute_context) is contextlib.nullcontext)
         self.early_stop = early_stop and not self.run_on
         self.debug_ops: tuple[list[str], list[str]] | None = ([], []) if debug else None
         self.check_metadata = check_metadata

@@ -379,12 +379,14 @@ class StrictMode(TorchDispatchMode):
                         on_write(st, func, args, kwargs, w)  # a journal keeps this first write too
                         hit.append(st)
                         st.bumps_due += 1
+                    elif self.rt.forward and w.untyped_storage().data_ptr() not in self.created:
+                        self.rt.forward[-1].unreached_write(w)  # pre-existing, yet no scan reached it
                 elif w.untyped_storage().data_ptr() not in self.created and self.segment is not None:
                     self.segment.undeclared_at_replay(w, func, "a storage that is not declared")
         watched = watch_resized_outs(func, args, kwargs, self.rt.storages) if writes else []
         out = func(*args, **kwargs)
         note_resized_outs(func, watched)
-        if self.role == "replay":
+        if self.role == "replay" or self.rt.forward:  # (a watched forward: what it creates is no state)
             fresh = _FRESH.get(func)
             if fresh is None:
                 fresh = _fresh(func)

@@ -168,6 +168,9 @@ class Runtime:
         self.replay_queries = 0  # calls of is_replaying(): a forward that asks guards its side effects
         #: storage keys of the tensors a watched state="auto" forward passed to an op (``_learn``)
         self.touched: set | None = None
+        #: a watched state="auto" forward wrote a pre-existing tensor no scan reached: auto
+        #: replays run on past the early-stop point from now on (``_frame.Frame.run_on``)
+        self.unreached_writes = False
         self.counters = Counters()
         self._seq = itertools.count(1)
 

@@ -217,6 +217,15 @@ class Watch:
             self._promoted_scan += [s for s in self.scan if s[1] is t]  # (a set_ of it is still seen at the end)
             self.scan = [s for s in self.scan if s[1] is not t]
 
+    def unreached_write(self, w: torch.Tensor) -> None:
+        """A watched forward writes ``w``, which existed before it but no scan reached (a ``__slots__``
+        object, a deque, nesting past the scan's depth). Under ``state="auto"`` this forward keeps
+        its activations (a gap), and from now on auto replays run on past the early-stop point
+        (``Frame.run_on``), so such a write at a replay is refused, naming it (R7)."""
+        if self.txn.auto:
+            self.gaps.append(w)
+            self.rt.unreached_writes = True
+
     def undeclared_at_replay(self, w: torch.Tensor, func: Any, what: str,
                              inputs: Callable[[], tuple[tuple, dict]]) -> None:
         """Called before ``func`` writes pre-existing undeclared state during the replay (R7);
