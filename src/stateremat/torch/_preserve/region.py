@@ -24,14 +24,18 @@ import torch
 from .._compat import library_ops
 from .._errors import ReplayError
 from .._runtime import DeclaredStorage
-from .._storage import ElementWrite, element_write, first_cover, gather, merge_close, merge_runs, round_runs, \
-    scatter, write_runs
+from .._storage import ElementWrite, chunk_runs, element_write, first_chunks, first_cover, gather, \
+    gather_chunks, merge_close, merge_runs, round_runs, scatter, scatter_chunks, write_runs
 from stateremat.contract import rule
 from ._base import Preserver, Restored
 
 
 #: Automatic granularity: runs closer than this are merged (a run costs 16 bytes of metadata).
 MERGE_GAP_BYTES = 16
+#: Overlapping entries are restored chunk by chunk (:meth:`Journal._restore_chunks`) while their
+#: runs hold at most this many common-size chunks each on average (one sort of the chunk ids;
+#: longer runs of a finer grid take :func:`first_cover`, whose cost is per run).
+CHUNKS_PER_RUN = 8
 
 
 @dataclass
@@ -127,6 +131,9 @@ class Journal:
                 visible = gather(flat, by_start)
                 scatter(flat, runs, torch.cat([e.old for e in entries]))
             return Restored(by_start, visible)
+        c = max(1, int(np.gcd.reduce(runs.reshape(-1))))
+        if int((runs[:, 1] - runs[:, 0]).sum()) // c <= CHUNKS_PER_RUN * runs.shape[0]:
+            return self._restore_chunks(flat, entries, c)
         counts = np.array([e.runs.shape[0] for e in entries])
         entry = np.repeat(np.arange(len(entries)), counts)
         lengths = runs[:, 1] - runs[:, 0]
@@ -146,6 +153,29 @@ class Journal:
                     sel = who == k
                     scatter(flat, pieces[sel], gather(entries[k].old, src_runs[sel] - base[k]))
         return Restored(union, visible)
+
+    @staticmethod
+    def _restore_chunks(flat: torch.Tensor, entries: list[_Entry], c: int) -> Restored:
+        """Overlapping ``entries`` (oldest first, every run bound a multiple of ``c`` bytes): each
+        ``c``-byte chunk of their union takes the old bytes of the first entry covering it (its
+        ``B0``). One sort of the chunk ids and one indexed copy per direction: the cost is in the
+        union's chunks, not in entries times runs (a replay of random rows written by 64 segments)."""
+        uniq, first = first_chunks([e.runs for e in entries], c)
+        sizes = np.array([e.old.numel() // c for e in entries], dtype=np.int64)
+        with library_ops():
+            visible = gather_chunks(flat, uniq, c)
+            if int(sizes.sum()) <= 2 * uniq.size:  # little overlap: one copy from all entries' bytes
+                scatter_chunks(flat, uniq, c, gather_chunks(torch.cat([e.old for e in entries]), first, c))
+            else:  # much overlap: no temporary of every entry's bytes, one copy per owning entry
+                order = np.argsort(first, kind="stable")
+                first, dest = first[order], uniq[order]
+                ends = np.cumsum(sizes)
+                cut = np.searchsorted(first, ends)
+                for k in np.flatnonzero(np.diff(np.concatenate([[0], cut]))):
+                    a, b = (int(cut[k - 1]) if k else 0), int(cut[k])
+                    src = first[a:b] - (ends[k] - sizes[k])
+                    scatter_chunks(flat, dest[a:b], c, gather_chunks(entries[k].old, src, c))
+        return Restored(chunk_runs(uniq, c), visible)
 
     @staticmethod
     def _undo(flat: torch.Tensor, entries: list[_Entry]) -> "_Undone":
