@@ -135,17 +135,18 @@ def chunk_runs(ids: np.ndarray, c: int) -> np.ndarray:
     return np.stack([ids[first] * c, (ids[last] + 1) * c], axis=1).astype(np.int64)
 
 
-def first_chunks(runs_by_age: list[np.ndarray], c: int) -> tuple[np.ndarray, np.ndarray]:
-    """The union of the ``c``-aligned ``runs_by_age`` (each sorted and disjoint, oldest first) as
-    sorted unique chunk ids, and for each the position of its chunk in the concatenation of
-    every list's chunks (in list order) that is the *first* (oldest) to cover it.
+def first_chunks(runs: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The chunks of ``c``-aligned ``runs`` (shape ``(n, 2)``: several entries' sorted disjoint
+    runs, concatenated oldest entry first), and which of them is the *first* to cover each chunk.
 
-    One stable sort of the chunk ids (``np.unique`` with ``return_index`` takes each value's
-    first occurrence): O(m log m) in the ``m`` chunks, with no per-run or per-list Python.
+    Returns ``(ids, uniq, first)``: ``ids`` the chunk ids of ``runs`` in run order (the order of
+    the entries' concatenated bytes), ``uniq`` their sorted unique values and ``first`` (int64)
+    for each the position in ``ids`` of its first occurrence (the oldest entry's). One stable sort
+    (``np.unique`` with ``return_index``): O(m log m) in the ``m`` chunks, no Python per run.
     """
-    ids = np.concatenate([_run_ids(r, c) for r in runs_by_age]) if runs_by_age else np.zeros(0, np.int64)
+    ids = _run_ids(runs, c) if runs.shape[0] else np.zeros(0, np.int64)
     uniq, first = np.unique(ids, return_index=True)
-    return uniq, first.astype(np.int64)
+    return ids, uniq, first.astype(np.int64)
 
 
 #: Mean run length (bytes) from which a CPU journal copies run by run through NumPy views: about

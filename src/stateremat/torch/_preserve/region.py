@@ -25,7 +25,7 @@ from .._compat import library_ops
 from .._errors import ReplayError
 from .._runtime import DeclaredStorage
 from .._storage import ElementWrite, chunk_runs, element_write, first_chunks, first_cover, gather, \
-    gather_chunks, merge_close, merge_runs, round_runs, scatter, scatter_chunks, write_runs
+    gather_chunks, host_readable, merge_close, merge_runs, round_runs, scatter, scatter_chunks, write_runs
 from stateremat.contract import rule
 from ._base import Preserver, Restored
 
@@ -47,6 +47,13 @@ class _Entry:
 
 
 _NO_RUNS = np.zeros((0, 2), dtype=np.int64)
+
+
+def _cat(olds: list[torch.Tensor]) -> torch.Tensor:
+    """Entries' old bytes concatenated (through NumPy on the host: ~10x less per tensor than ``torch.cat``)."""
+    if host_readable(olds[0]):
+        return torch.from_numpy(np.concatenate([o.numpy() for o in olds]))
+    return torch.cat(olds)
 
 
 class _Undone(Restored):
@@ -124,16 +131,16 @@ class Journal:
                 scatter(flat, e.runs, e.old)
             return Restored(e.runs, visible)
         runs = np.concatenate([e.runs for e in entries])
+        c = max(1, int(np.gcd.reduce(runs.reshape(-1))))
+        if int((runs[:, 1] - runs[:, 0]).sum()) // c <= CHUNKS_PER_RUN * runs.shape[0]:
+            return self._restore_chunks(flat, entries, runs, c)
         order = np.argsort(runs[:, 0], kind="stable")
         by_start = runs[order]
         if (by_start[1:, 0] >= by_start[:-1, 1]).all():  # disjoint entries (a ring buffer's windows): B0
             with library_ops():  # of each byte is in the one entry that covers it
                 visible = gather(flat, by_start)
-                scatter(flat, runs, torch.cat([e.old for e in entries]))
+                scatter(flat, runs, _cat([e.old for e in entries]))
             return Restored(by_start, visible)
-        c = max(1, int(np.gcd.reduce(runs.reshape(-1))))
-        if int((runs[:, 1] - runs[:, 0]).sum()) // c <= CHUNKS_PER_RUN * runs.shape[0]:
-            return self._restore_chunks(flat, entries, c)
         counts = np.array([e.runs.shape[0] for e in entries])
         entry = np.repeat(np.arange(len(entries)), counts)
         lengths = runs[:, 1] - runs[:, 0]
@@ -155,17 +162,20 @@ class Journal:
         return Restored(union, visible)
 
     @staticmethod
-    def _restore_chunks(flat: torch.Tensor, entries: list[_Entry], c: int) -> Restored:
-        """Overlapping ``entries`` (oldest first, every run bound a multiple of ``c`` bytes): each
-        ``c``-byte chunk of their union takes the old bytes of the first entry covering it (its
-        ``B0``). One sort of the chunk ids and one indexed copy per direction: the cost is in the
-        union's chunks, not in entries times runs (a replay of random rows written by 64 segments)."""
-        uniq, first = first_chunks([e.runs for e in entries], c)
+    def _restore_chunks(flat: torch.Tensor, entries: list[_Entry], runs: np.ndarray, c: int) -> Restored:
+        """``entries`` (oldest first; ``runs``: their runs concatenated, every bound a multiple of
+        ``c`` bytes) whose runs are short: each ``c``-byte chunk of their union takes the old bytes
+        of the first entry covering it (its ``B0``). One sort of the chunk ids and one indexed copy
+        per direction: the cost is in the union's chunks, not in entries times runs (a replay of
+        the random or strided rows written by 64 segments)."""
+        ids, uniq, first = first_chunks(runs, c)
         sizes = np.array([e.old.numel() // c for e in entries], dtype=np.int64)
         with library_ops():
             visible = gather_chunks(flat, uniq, c)
-            if int(sizes.sum()) <= 2 * uniq.size:  # little overlap: one copy from all entries' bytes
-                scatter_chunks(flat, uniq, c, gather_chunks(torch.cat([e.old for e in entries]), first, c))
+            if uniq.size == ids.size:  # disjoint entries: every entry's bytes go where they came from
+                scatter_chunks(flat, ids, c, _cat([e.old for e in entries]))
+            elif int(sizes.sum()) <= 2 * uniq.size:  # little overlap: one copy from all entries' bytes
+                scatter_chunks(flat, uniq, c, gather_chunks(_cat([e.old for e in entries]), first, c))
             else:  # much overlap: no temporary of every entry's bytes, one copy per owning entry
                 order = np.argsort(first, kind="stable")
                 first, dest = first[order], uniq[order]
