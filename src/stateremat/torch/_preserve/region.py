@@ -24,7 +24,7 @@ import torch
 from .._compat import library_ops
 from .._errors import ReplayError
 from .._runtime import DeclaredStorage
-from .._storage import ElementWrite, chunk_runs, element_write, first_chunks, first_cover, gather, \
+from .._storage import ElementWrite, chunk_runs, common_chunk, element_write, first_chunks, first_cover, gather, \
     gather_chunks, host_readable, merge_close, merge_runs, round_runs, scatter, scatter_chunks, write_runs
 from stateremat.contract import rule
 from ._base import Preserver, Restored
@@ -131,7 +131,7 @@ class Journal:
                 scatter(flat, e.runs, e.old)
             return Restored(e.runs, visible)
         runs = np.concatenate([e.runs for e in entries])
-        c = max(1, int(np.gcd.reduce(runs.reshape(-1))))
+        c = common_chunk(runs)
         if int((runs[:, 1] - runs[:, 0]).sum()) // c <= CHUNKS_PER_RUN * runs.shape[0]:
             return self._restore_chunks(flat, entries, runs, c)
         order = np.argsort(runs[:, 0], kind="stable")
