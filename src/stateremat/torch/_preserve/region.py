@@ -115,8 +115,11 @@ class Journal:
         """Put back the bytes the storage had at ``start_seq``; return what was visible.
 
         Each byte takes its old value from the *first* entry covering it since ``start_seq``
-        (its ``B0``), found for all entries at once (:func:`first_cover`): a replay copies each
-        written byte once, whatever the number of later writes, in a handful of tensor ops.
+        (its ``B0``), found for all entries at once: a replay copies each written byte once,
+        whatever the number of later writes, in a handful of tensor ops. Entries of short runs
+        (rows, scattered elements: at most :data:`CHUNKS_PER_RUN` common chunks a run) go chunk
+        by chunk (:meth:`_restore_chunks`, one sort of chunk ids); long runs by pieces
+        (:func:`first_cover`, whose cost is per run) or, disjoint, straight back.
         """
         entries = [e for e in self.entries if e.seq >= start_seq]
         if not entries:
