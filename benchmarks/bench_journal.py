@@ -217,16 +217,17 @@ def resnet(pairs: int, device: torch.device) -> dict:
             "auto_over_buffers": _ratio(t, "auto", "region"), "torch_step_s": statistics.median(t["torch"])}
 
 
-def copy_rates(device: torch.device, run_bytes: int = 4096, runs: int = 256) -> dict:
+def copy_rates(device: torch.device, run_bytes: int = 4096, runs: int = 256, offset: int = 4) -> dict:
     """Bytes/s of the journal's gather (keep pre-write bytes) and scatter (restore/reinstate) over
-    ``runs`` disjoint runs of ``run_bytes`` (target >= 5 GB/s from 4 KiB runs), beside one
-    ``copy_`` of the same bytes (the memcpy reference)."""
+    ``runs`` disjoint runs of ``run_bytes`` every ``2 * run_bytes`` from byte ``offset`` (target
+    >= 5 GB/s from 4 KiB runs; 32-byte rows at offset 0 are the ``cpu-faithful`` prototype's and
+    recurrence's rows), beside one ``copy_`` of the same bytes (the memcpy reference)."""
     import numpy as np
 
     from stateremat.torch._storage import gather, scatter
 
     flat = torch.zeros(2 * runs * run_bytes + 4, dtype=torch.uint8, device=device)
-    starts = np.arange(runs, dtype=np.int64) * 2 * run_bytes + 4  # unaligned, as element writes are
+    starts = np.arange(runs, dtype=np.int64) * 2 * run_bytes + offset  # 4: unaligned, as element writes are
     spans = np.stack([starts, starts + run_bytes], axis=1)
     dst = torch.empty(runs * run_bytes, dtype=torch.uint8, device=device)
     data = gather(flat, spans)
@@ -403,6 +404,9 @@ def main() -> None:
         rates = copy_rates(device)
         print(f"journal copies (256 runs of 4 KiB): gather {rates['gather'] / 1e9:.2f} GB/s, scatter "
               f"{rates['scatter'] / 1e9:.2f} GB/s (target >= 5); one copy_ of the same bytes {rates['copy'] / 1e9:.2f} GB/s")
+        rows = copy_rates(device, run_bytes=32, runs=16384, offset=0)
+        print(f"journal copies (16384 rows of 32 B): gather {rows['gather'] / 1e9:.2f} GB/s, scatter "
+              f"{rows['scatter'] / 1e9:.2f} GB/s; one copy_ of the same bytes {rows['copy'] / 1e9:.2f} GB/s")
         w = whole_copies(device)
         print(f"whole copies ({w['nbytes'] >> 20} MiB storage, 4 per segment): reused buffers {w['reused_s'] * 1e3:.2f} ms "
               f"= {w['reused_Bps'] / 1e9:.2f} GB/s, fresh clones {w['fresh_s'] * 1e3:.2f} ms = {w['fresh_Bps'] / 1e9:.2f} GB/s; "

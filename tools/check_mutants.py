@@ -41,12 +41,17 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
     "version_counters_not_reset": (f"{TORCH}/_txn.py", "        if versions:\n", "        if False:\n"),
     "outside_writes_not_journaled": (f"{TORCH}/_preserve/region.py", "        if j is None or not storage.consumers:",
                                      "        if True:"),
+    "journal_first_writer_is_last": (f"{TORCH}/_storage.py", "    uniq, first = np.unique(ids, return_index=True)\n",
+                                     "    uniq, first = np.unique(ids[::-1], return_index=True)\n"
+                                     "    first = ids.size - 1 - first\n"),
+    "journal_disjoint_chunks_misplaced": (f"{TORCH}/_preserve/region.py", "scatter_chunks(flat, ids, c, _cat(",
+                                          "scatter_chunks(flat, uniq, c, _cat("),
     "rebinding_not_replayed": (f"{TORCH}/_bindings.py", "        if not (self.rebound or self.swapped or regeometried):",
                                "        if True:"),
 }
 
 TESTS = ["tests/test_torch_semantics.py", "tests/test_torch_review.py", "tests/test_torch_state.py",
-         "tests/test_torch_correctness.py", "tests/test_torch_journal_properties.py",
+         "tests/test_torch_correctness.py", "tests/test_torch_journal_properties.py", "tests/test_torch_journal_chunks.py",
          "tests/test_torch_families.py", "tests/test_torch_parity.py", "tests/test_torch_runtime.py"]
 
 
