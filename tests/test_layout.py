@@ -293,16 +293,19 @@ def _run(code: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_import_stateremat_is_light_and_fast():
-    code = ("import sys, time\nt = time.perf_counter()\nimport stateremat\n"
-            "dt = time.perf_counter() - t\nimport json\n"
-            "print(json.dumps([dt, sorted(m for m in %r if m in sys.modules)]))" % (HEAVY,))
+    """No heavy module at ``import stateremat``, and its own import (after numpy, which it needs)
+    costs at most 3x numpy's in the same interpreter: a ratio, so a loaded machine does not fail it
+    (measured at idle: ~0.12 s against numpy's ~0.07 s; a planner or pandas import would be 10x)."""
+    code = ("import sys, time\nt = time.perf_counter()\nimport numpy\nt_np = time.perf_counter() - t\n"
+            "t = time.perf_counter()\nimport stateremat\ndt = time.perf_counter() - t\nimport json\n"
+            "print(json.dumps([dt, t_np, sorted(m for m in %r if m in sys.modules)]))" % (HEAVY,))
     runs = []
     for _ in range(5):
         res = _run(code)
         assert res.returncode == 0, res.stderr
         runs.append(json.loads(res.stdout))
-    assert all(loaded == [] for _, loaded in runs), runs
-    assert min(dt for dt, _ in runs) < 0.3, runs
+    assert all(loaded == [] for _, _, loaded in runs), runs
+    assert min(dt / t_np for dt, t_np, _ in runs) < 3.0, runs
 
 
 def test_import_stateremat_torch_loads_no_paper_extras():
