@@ -89,6 +89,22 @@ class Wrapped(nn.Module):
         return self.seq(x)
 
 
+class Spanning(nn.Module):
+    """One default (``state="auto"``) segment spanning two sharded units: FSDP2 re-gathers their
+    parameters inside the replay (its all-gather copies into its own buffers are not state)."""
+
+    def __init__(self, ck: bool, preserve: str) -> None:
+        super().__init__()
+        self.seq, self.ck, self.preserve = _blocks(), ck, preserve
+        for b in self.seq:
+            fully_shard(b)
+        fully_shard(self)
+
+    def forward(self, x):
+        two = lambda t: self.seq[1](self.seq[0](t))  # noqa: E731
+        return self.seq[2](checkpoint(two, x, preserve=self.preserve) if self.ck else two(x))
+
+
 def _cell(cls: type, preserve: str, rank: int) -> dict:
     models = [cls(False, preserve), cls(True, preserve)]
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in models]
@@ -139,7 +155,7 @@ def _profile(rank: int) -> dict:
     return {"same": gathered[0] == gathered[1], "figures": figures}
 
 
-CELLS = {f"{cls.__name__.lower()}/{p}": (cls, p) for cls in (Around, Sequential, Wrapped) for p in ("whole", "region")}
+CELLS = {f"{cls.__name__.lower()}/{p}": (cls, p) for cls in (Around, Sequential, Wrapped, Spanning) for p in ("whole", "region")}
 
 
 def body(rank: int, world: int) -> dict:

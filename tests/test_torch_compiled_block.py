@@ -91,3 +91,31 @@ def test_a_stateful_checkpoint_of_a_compiled_block_warns():
     with pytest.warns(UserWarning, match=r"torch\.compile\(module\).*runs uncompiled"):
         wrapped(torch.randn(4, 8, dtype=D, requires_grad=True)).sum().backward()
     assert int(block[1].num_batches_tracked) == 1
+
+
+class _Block(nn.Module):  # a plain module class: no __len__ (bool() of its compiled wrapper raised)
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 8).to(D)
+
+    def forward(self, x):
+        return self.lin(x).tanh()
+
+
+@pytest.mark.parametrize("form", ["checkpoint", "StatefulCheckpoint", "__call__"])
+def test_a_compiled_module_of_a_class_without_len_warns_and_runs(form):
+    """``checkpoint(torch.compile(Block()), x)``, the README's own example: it raised ``TypeError:
+    Block does not support len()`` at the forward; now it warns once and equals the uncompiled block."""
+    torch.manual_seed(0)
+    ref = _Block()
+    cb = torch.compile(_Block(), backend="aot_eager")
+    cb._orig_mod.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 8, dtype=D, requires_grad=True)
+    run = {"checkpoint": lambda: checkpoint(cb, x), "StatefulCheckpoint": lambda: StatefulCheckpoint(cb)(x),
+           "__call__": lambda: checkpoint(cb.__call__, x)}[form]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        y = run()
+    assert sum("compiled with torch.compile" in str(w.message) for w in caught) == 1
+    g = torch.autograd.grad(y.sum(), x)[0]
+    assert torch.equal(y, ref(x)) and torch.equal(g, torch.autograd.grad(ref(x).sum(), x)[0])

@@ -12,7 +12,7 @@ def test_fsdp2_around_units_and_one_plan_for_every_rank(tmp_path):
     records = run_ranks("_torch_fsdp_worker.py", tmp_path, timeout=120)
     for rank, rec in enumerate(records):
         plans, card = rec.pop("plans"), rec.pop("profile")
-        assert set(rec) == {f"{c}/{p}" for c in ("around", "sequential", "wrapped") for p in ("whole", "region")}
+        assert set(rec) == {f"{c}/{p}" for c in ("around", "sequential", "wrapped", "spanning") for p in ("whole", "region")}
         assert "error" not in plans and "error" not in card, (plans.get("error"), card.get("error"))
         assert plans["refused"] and "differs across the ranks" in plans["refused"], plans
         assert "ranks [0] vs ranks [1]" in plans["refused"] and "broadcast" in plans["refused"], plans
@@ -24,4 +24,4 @@ def test_fsdp2_around_units_and_one_plan_for_every_rank(tmp_path):
             assert r["equal"] and r["losses_equal"], (rank, cell, r)  # local shards and buffers, 3 SGD steps
             assert r["batches"] == [3, 3], (rank, cell, r)  # BatchNorm statistics updated once per step
             # one replay per checkpointed segment per backward: two units (checkpoint_sequential: its first chunk)
-            assert r["replays"] == (3 if cell.startswith("sequential") else 6), (rank, cell, r)
+            assert r["replays"] == (3 if cell.startswith(("sequential", "spanning")) else 6), (rank, cell, r)

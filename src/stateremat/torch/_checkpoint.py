@@ -317,7 +317,8 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
         return _run_eagerly(fn, args, kwargs, declared)
     r = reach(fn, args, kwargs, module_prefix)
     _refuse_lazy(r, name)
-    warn_compiled(fn, r.modules, name, root_module(fn) or fn)  # a compiled block in it runs uncompiled
+    root = root_module(fn)  # (not `or fn`: bool() of a compiled module calls its __len__)
+    warn_compiled(fn, r.modules, name, fn if root is None else root)  # a compiled block in it runs uncompiled
     if auto:  # the state it wrote before, declared up front (_learn)
         declared, on_undeclared = _learn.begin(rt, r.tensors)
     txn = Transaction(rt, declared, preserve, granularity_bytes, auto)
