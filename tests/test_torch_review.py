@@ -164,12 +164,19 @@ def test_deeply_hidden_tensor_write_is_refused(dtype):
         checkpoint(lambda t: (t * deep["a"][0]["b"].add_(1)).exp(), x, state=None)
     assert torch.equal(deep["a"][0]["b"], torch.ones(2, dtype=dtype))  # once
 
-    # Deeper than the scan reaches: refused at recomputation when every op is watched (verify).
+    # Deeper than the scan reaches: in strict mode refused at recomputation when every op is watched
+    # (verify); under the default the watched forward saw the write and kept its activations
+    # (no replay: written once, the gradient exact)
     deeper = {"a": [{"b": [[torch.zeros(2, dtype=dtype)]]}]}
-    y = checkpoint(lambda t: (t * deeper["a"][0]["b"][0][0].add_(1)).exp(), x, verify=True)
+    y = checkpoint(lambda t: (t * deeper["a"][0]["b"][0][0].add_(1)).exp(), x, state=None, verify=True)
     with pytest.raises(UndeclaredStateError, match=r"shape \(2,\).*at recomputation by aten\.add_.*cannot help"):
         y.sum().backward()
     assert torch.equal(deeper["a"][0]["b"][0][0], torch.ones(2, dtype=dtype))  # once
+    x.grad = None
+    y = checkpoint(lambda t: (t * deeper["a"][0]["b"][0][0].add_(1)).exp(), x, verify=True)
+    y.sum().backward()
+    assert torch.equal(deeper["a"][0]["b"][0][0], torch.full((2,), 2, dtype=dtype))  # once more
+    assert torch.equal(x.grad, (x.detach() * 2).exp() * 2)
 
     deep = {"a": [{"b": torch.zeros(2, dtype=dtype)}]}
     tuc.checkpoint(lambda t: (t * deep["a"][0]["b"].add_(1)).exp(), x, use_reentrant=False).sum().backward()
@@ -245,10 +252,14 @@ def test_unannotated_alias_of_pre_existing_storage_is_not_taken_as_new(dtype):
         flat.add_(1)
         return (t * flat).exp()
 
-    y = checkpoint(seg, x, verify=True)
+    y = checkpoint(seg, x, state=None, verify=True)  # strict mode: refused at the replay
     with pytest.raises(UndeclaredStateError, match="at recomputation by aten.add_"):
         y.sum().backward()
     assert torch.equal(deep["a"][0]["b"][0][0], torch.ones(2, 2, dtype=dtype))
+    # the default: the watched forward saw a pre-existing storage written (the alias is no new
+    # tensor) and kept its activations: no replay, written once
+    checkpoint(seg, x, verify=True).sum().backward()
+    assert torch.equal(deep["a"][0]["b"][0][0], torch.full((2, 2), 2, dtype=dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
