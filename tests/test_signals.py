@@ -51,14 +51,14 @@ def test_install_leaves_ignored_signals_ignored_and_restore_keeps_a_begun_stop(s
 _catches = catches_signal
 
 
-def _start(out: Path, ignore: tuple = ()) -> subprocess.Popen:
+def _start(out: Path, ignore: tuple = (), programs: int = 400) -> subprocess.Popen:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
     # ignored here, so inherited as ignored (as nohup does); no preexec_fn: forking a process
     # that has JAX loaded warns
     old = {s: signal.signal(s, signal.SIG_IGN) for s in ignore}
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "stateremat", "verify", "finite", "--programs", "400",
+        proc = subprocess.Popen([sys.executable, "-m", "stateremat", "verify", "finite", "--programs", str(programs),
                                  "--out", str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     finally:
@@ -87,7 +87,9 @@ def test_a_signal_inherited_as_ignored_does_not_stop_the_run(tmp_path, signame):
 @pytest.mark.parametrize("second", ["SIGTERM", "SIGINT", "SIGHUP"])
 @pytest.mark.parametrize("when", ["startup", "mid_run"])
 def test_a_second_signal_during_the_stop_is_ignored(tmp_path, second, when):
-    proc = _start(tmp_path / "run")
+    # long enough that the stop always lands mid-run (it ends the run at ~1 s either way): a run that
+    # had just finished exited 0 from its exit handlers, the stop named but not its status
+    proc = _start(tmp_path / "run", programs=4000)
     time.sleep(1.0 if when == "mid_run" else 0.0)  # startup: while the paper wing imports
     assert proc.poll() is None, "the run ended before the signal: make it longer"
     proc.send_signal(signal.SIGINT)
