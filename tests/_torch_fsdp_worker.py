@@ -89,16 +89,10 @@ class Wrapped(nn.Module):
         return self.seq(x)
 
 
-class Spanning(nn.Module):
-    """One default (``state="auto"``) segment spanning two sharded units: FSDP2 re-gathers their
-    parameters inside the replay (its all-gather copies into its own buffers are not state)."""
-
-    def __init__(self, ck: bool, preserve: str) -> None:
-        super().__init__()
-        self.seq, self.ck, self.preserve = _blocks(), ck, preserve
-        for b in self.seq:
-            fully_shard(b)
-        fully_shard(self)
+class Spanning(Sequential):
+    """One default (``state="auto"``) segment spanning two sharded units (each unit sharded as in
+    :class:`Sequential`): FSDP2 re-gathers their parameters inside the replay (its all-gather
+    copies into its own buffers are not state)."""
 
     def forward(self, x):
         two = lambda t: self.seq[1](self.seq[0](t))  # noqa: E731
