@@ -689,3 +689,49 @@ def test_a_set_of_a_buffer_in_the_first_watched_forward_is_a_gap_then_declared(n
         preserve = "whole"
     got = run(lambda m, x: checkpoint(m, x, preserve=preserve))
     assert all(torch.equal(a, b) for (ga, sa), (gb, sb) in zip(want, got) for a, b in ((ga, gb), (sa, sb)))
+
+
+class _Rebinds(nn.Module):
+    def __init__(self, n: int, how: str):
+        super().__init__()
+        self.lin, self.how = nn.Linear(4, 4).to(D), how
+        self.register_buffer("b", torch.randn(n, dtype=D))
+
+    def forward(self, x):
+        y = self.lin(x)
+        self.b.mul_(0.5)  # the first write declares it (on_undeclared="declare")
+        z = y * self.b[:4].clone()
+        new = self.b.clone() + 1
+        if self.how == "set_":
+            self.b.set_(new)
+        else:
+            self.b.data = new
+        return z
+
+
+@pytest.mark.parametrize("how", ["set_", "data"])
+@pytest.mark.parametrize("n", [8, 4096])
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("wrap", ["function", "module", "nested"])
+def test_declare_on_first_write_then_rebinding_its_storage_replays_exactly(how, n, preserve, wrap):
+    """``on_undeclared="declare"``: a buffer declared at its first write whose storage the forward then
+    rebinds (``set_``, ``.data =``) replays with the storage it had when declared (it was refused as an
+    undeclared rebinding of that very tensor); state and gradients equal eager's, step after step."""
+    kw = dict(state=None, on_undeclared="declare", preserve=preserve)
+    wraps = {"function": lambda m, x: checkpoint(m, x, **kw),
+             "module": lambda m, x: StatefulCheckpoint(m, **kw)(x),
+             "nested": lambda m, x: checkpoint(lambda t: checkpoint(m, t, **kw) * 1.0, x, **kw)}
+
+    def run(ck):
+        torch.manual_seed(0)
+        m = _Rebinds(n, how)
+        out = []
+        for step in range(3):
+            m.zero_grad()
+            x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(step))
+            ck(m, x).pow(2).sum().backward()
+            out.append((m.lin.weight.grad.clone(), m.b.clone()))
+        return out
+
+    want, got = run(lambda m, x: m(x)), run(wraps[wrap])
+    assert all(torch.equal(a, b) for (ga, sa), (gb, sb) in zip(want, got) for a, b in ((ga, gb), (sa, sb)))

@@ -146,12 +146,18 @@ class Bindings:
         self.starts = [slot_starts(m) for m in {id(m): m for m in [*self.mods, *reached]}.values()]
         self.plain_keys: set[tuple[int, str, str]] = set()
         self.slots = [(m, d, k, v) for m in self.mods for (d, k), v in tensor_slots(m).items()] + list(slots)
-        with DisableTorchFunctionSubclass():  # where each declared tensor's bytes live now
-            self.data = [(t, st, t.storage_offset(), t.size(), t.stride(), t.data_ptr(), st.data_ptr(), t.dtype)
-                         for t in tensors if has_storage(t) for st in (t.untyped_storage(),)]
+        self.data: list[tuple] = []
+        self.add_tensors(tensors)
         self.rebound: list[tuple[nn.Module, str, str, Any]] = []
         self.swapped: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.geometry: list[tuple] = []  # view_records of the declared tensors after the forward
+
+    def add_tensors(self, tensors: list[torch.Tensor]) -> None:
+        """Note where ``tensors`` (declared now: at the forward's start, or promoted before their
+        first write) keep their bytes: a later ``set_``/``.data =`` is swapped back for the replay."""
+        with DisableTorchFunctionSubclass():
+            self.data += [(t, st, t.storage_offset(), t.size(), t.stride(), t.data_ptr(), st.data_ptr(), t.dtype)
+                          for t in tensors if has_storage(t) for st in (t.untyped_storage(),)]
 
     def settle(self, now: dict[int, dict] | None = None) -> None:
         """After the forward: note what changed (nothing kept when nothing did).

@@ -216,6 +216,10 @@ class Watch:
             self.candidates.pop(key, None)
             self._promoted_scan += [s for s in self.scan if s[1] is t]  # (a set_ of it is still seen at the end)
             self.scan = [s for s in self.scan if s[1] is not t]
+            # declared now: its rebinding (set_) and bytes are the transaction's, as for a declared tensor
+            self.ptrs = [s for s in self.ptrs if s[1] is not t]
+            self.fingerprints = [s for s in self.fingerprints if s[1] is not t]
+            self.norm_probes = [s for s in self.norm_probes if s[1] is not t]
 
     def unreached_write(self, w: torch.Tensor) -> None:
         """A watched forward writes ``w``, which existed before it but no scan reached (a ``__slots__``
