@@ -160,7 +160,7 @@ def _infeasible_tip(card, result, planner: str, frontier_cap, bound_pruning: boo
     tips = []
     need = result.min_feasible_peak_bytes
     if need is not None and fits(need, planner):
-        tips.append(f"raise --budget to {need} (bytes, the least predicted peak)")
+        tips.append(f"pass --budget {need} (bytes: the least predicted peak)")
     if planner != "joint" and fits(result.budget_bytes, "joint"):
         tips.append("use --planner joint (the paper's planner), which fits this budget")
     if not tips:
