@@ -23,7 +23,9 @@ from stateremat.contract import ProfileCardError, load_card
 
 from _cli import run_cli
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+import stateremat  # noqa: E402
+
+SRC = Path(stateremat.__file__).resolve().parents[1]  # the stateremat under test
 
 
 @pytest.fixture(scope="module")
