@@ -470,7 +470,7 @@ EXPECTED_ALL = {
         "OUTPUTS", "REPORTERS", "check_complete", "cohort_summary", "orphan_tables",
         "register_reporter",
         "report_alias", "report_bench", "report_engines", "report_finite", "report_moco",
-        "remove_outputs", "report_semantics", "report_semantics_extension", "tables_in"],
+        "stale_outputs", "report_semantics", "report_semantics_extension", "tables_in"],
     "stateremat.paper.workloads": [
         "BasicBlock", "CPU_BYTES_FACTOR", "CPU_DIM_FACTOR", "FASHION_MNIST_DIR", "ImageData",
         "MOCO_SEGMENTS", "MoCo", "PRESETS", "QueueHead", "ResNet18", "StateSegment",

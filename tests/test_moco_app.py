@@ -104,7 +104,9 @@ def test_changed_score_file_is_reported_as_a_mismatch(tiny_run, tmp_path):
     assert res.exit_code == 1, res.output
     assert "2701, regions (score file scores/seed-2701/regions.npy differs from its row's hash)" \
         in res.output
-    assert not (copy / "summary.json").exists() and not (copy / "moco_table9.md").exists()
+    # never deleted (issue 27): kept as they were and named stale until a new one replaces them
+    assert "earlier outputs kept but stale: summary.json, moco_table9.md" in res.output
+    assert json.loads((copy / "summary.json").read_text())["identical_within_seed"] is True
     res = CliRunner().invoke(app, ["report", str(copy), "--allow-incomplete"])
     assert res.exit_code == 0, res.output
     assert json.loads((copy / "summary.json").read_text()) == summary

@@ -400,5 +400,5 @@ def test_a_sidecar_with_a_field_of_the_wrong_kind_is_refused_naming_file_and_fie
         with pytest.raises(RecordsError) as err:
             attempt()
         assert str(sidecar) in str(err.value) and repr(field) in str(err.value)
-    res = run_cli("report", tmp_path, "--out", tmp_path.parent / f"rep-{field}")
+    res = run_cli("report", tmp_path, "--out", tmp_path.parent / f"rep-{tmp_path.name}")
     assert res.exit_code == 2 and str(sidecar) in res.output, res.output

@@ -31,8 +31,17 @@ def fail(message: str, code: int = 2) -> "typer.Exit":
     Returns:
         A ``typer.Exit`` for the caller to raise.
     """
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {printable(message)}", err=True)
     return typer.Exit(code)
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print as UTF-8: bytes of a file name that are not UTF-8 (decoded by
+    Python as surrogate escapes) are shown as ``\\xNN``, other lone surrogates as ``\\udNNN``."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate that is no file-name byte
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 _KINDS = ((stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
           (stat.S_ISFIFO, "a named pipe (FIFO)"), (stat.S_ISSOCK, "a socket"))

@@ -17,15 +17,27 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     """Write ``data`` to ``path`` via a temporary file in the same folder and ``os.replace``.
 
     A reader never sees a half-written file; an interrupted write leaves the old file intact.
-    A symbolic link is kept: its target is written (atomically, beside the target).
+    A symbolic link to an existing regular file is kept: its target is written (atomically,
+    beside the target). Missing folders are created only above ``path`` itself, never for a
+    link's target.
 
     Returns:
         ``path`` as given.
+
+    Raises:
+        IsADirectoryError: ``path`` (or a link's target) is a folder (named, before writing).
+        FileNotFoundError: ``path`` is a link whose target does not exist (a dangling link).
     """
     given = path = Path(path)
     if os.path.islink(path):
         path = Path(os.path.realpath(path))
-    path.parent.mkdir(parents=True, exist_ok=True)
+        if not path.exists():  # a dangling link: writing through it would land outside
+            raise FileNotFoundError(f"{given} is a symbolic link to {os.readlink(given)!r}, "
+                                    "which does not exist; nothing was written through it")
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(f"{given} is a folder, so no file can be written there")
     # The temporary name fits the folder's name limit whenever the final name does: the final
     # name is shortened (whole UTF-8 characters) to leave room for "." + "." + 8 random + ".tmp".
     try:
@@ -90,11 +102,44 @@ def _finite(obj: Any) -> Any:
     return obj
 
 
+def dumps_json(obj: Any, indent: int | None = 2) -> str:
+    """``obj`` as RFC 8259 JSON text: numpy/torch values via :func:`json_default`, and every
+    non-finite float (NaN, an infinity such as a time past float range) as ``null``."""
+    obj = json.loads(json.dumps(obj, default=json_default))
+    return json.dumps(_finite(obj), indent=indent, sort_keys=False, allow_nan=False)
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object names one key twice (:func:`loads_json`); ``key`` is that key."""
+
+    def __init__(self, key: str):
+        super().__init__(f"the key {key!r} appears twice in one JSON object (a reader would "
+                         "keep only the last)")
+        self.key = key
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKeyError(k)
+        out[k] = v
+    return out
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads`` that refuses an object with a duplicate key.
+
+    Raises:
+        DuplicateKeyError: a key appears twice in one object.
+        json.JSONDecodeError: not JSON (positions are of ``text`` as given).
+    """
+    return json.loads(text, object_pairs_hook=_unique_pairs)
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     """Write ``obj`` as indented JSON atomically (non-finite floats become ``null``)."""
-    obj = json.loads(json.dumps(obj, default=json_default))
-    text = json.dumps(_finite(obj), indent=2, sort_keys=False, allow_nan=False) + "\n"
-    return atomic_write_bytes(path, text.encode())
+    return atomic_write_bytes(path, (dumps_json(obj) + "\n").encode())
 
 
 def sha256_bytes(data: bytes) -> str:

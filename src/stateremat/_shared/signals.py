@@ -8,6 +8,7 @@ the one-line message are not cut short by a second Ctrl-C or a supervisor's SIGT
 from __future__ import annotations
 
 import atexit
+import os
 import signal
 import sys
 from typing import Any, Callable
@@ -63,10 +64,37 @@ def ignore_stop_signals() -> None:
     atexit.register(_ignore_at_exit)
 
 
+def _outside_main_code(frame: Any) -> bool:
+    """Whether ``frame`` runs outside the main program: in an exit handler (``atexit``) or
+    the interpreter's thread shutdown, where Python ignores a ``SystemExit`` (it prints it and
+    keeps the exit status it had). The main program's outermost frame is the ``__main__``
+    module's own code, or ``runpy``'s for ``python -m``."""
+    import runpy
+
+    while frame is not None and frame.f_back is not None:
+        frame = frame.f_back
+    if frame is None:
+        return False
+    code = frame.f_code
+    return not (code.co_name == "<module>" or code.co_filename == runpy.__file__)
+
+
 def stop_on_signal(signum: int, frame: Any) -> None:
     """Signal handler: say which signal stopped the command, in one line, and exit
-    ``128 + signal`` (``SystemExit``, so ``finally`` blocks and lock releases still run)."""
+    ``128 + signal`` (``SystemExit``, so ``finally`` blocks and lock releases still run).
+
+    A signal landing while a finished command runs its exit handlers (or the interpreter
+    shuts its threads down) exits ``128 + signal`` at once (``os._exit``, after flushing
+    standard output and error): there Python would ignore ``SystemExit`` and exit 0, though
+    the stop was said."""
     ignore_stop_signals()
     sys.stderr.write(f"error: stateremat: stopped by {signal.Signals(signum).name}. Tip: rerun "
                      "the same command.\n")
+    if _outside_main_code(frame):
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError, AttributeError):  # closed or gone at exit
+                pass
+        os._exit(128 + signum)
     raise SystemExit(128 + signum)

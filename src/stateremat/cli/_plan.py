@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -84,10 +83,11 @@ def plan_cmd(
 
     Exit status: 0 when the plan fits the budget; 1 when no plan of the chosen planner fits
     it (the table and --json are still written, with "fits_budget": false); 2 on bad input
-    (nothing is written).
+    (nothing is written). The JSON is RFC 8259: a number past float range (the predicted time
+    of a card whose times sum past 1.8e308 s) is written as null, meaning infinite.
     """
     from ..contract import ProfileCardError, format_bytes, load_card, parse_size
-    from .._shared.io import atomic_write_json, json_default, provenance
+    from .._shared.io import atomic_write_json, dumps_json, provenance
     from ..planner import PLANNERS, plan
 
     from ..planner import PEAK_MODELS
@@ -131,16 +131,42 @@ def plan_cmd(
         doc["card"] = {"path": str(card_path), "source_hash": card.source_hash(),
                        "meta": card.meta}
         doc["provenance"] = provenance(command="plan")
-        if to_stdout:
-            typer.echo(json.dumps(doc, indent=2, default=json_default))
+        if to_stdout:  # RFC 8259: a non-finite number (a time past float range) is null
+            typer.echo(dumps_json(doc))
         else:
             atomic_write_json(json_path, doc)
             typer.echo(f"wrote {json_path}")
     if not result.fits_budget:
         raise fail(f"{api}: no {planner} plan fits the budget {format_bytes(budget_bytes)} "
                    f"({budget_bytes:,} bytes); the least predicted peak is "
-                   f"{format_bytes(result.min_feasible_peak_bytes)}. Tip: raise --budget to at "
-                   "least that, or try --planner joint.", code=1)
+                   f"{format_bytes(result.min_feasible_peak_bytes)}. Tip: "
+                   + _infeasible_tip(card, result, planner, frontier_cap, bound_pruning, peak),
+                   code=1)
+
+
+def _infeasible_tip(card, result, planner: str, frontier_cap, bound_pruning: bool,
+                    peak: str) -> str:
+    """A tip for a plan that does not fit that works as written: the least budget this planner
+    fits (checked by planning again), and ``--planner joint`` only when joint fits this budget."""
+    from ..planner import plan
+
+    def fits(budget: int, name: str) -> bool:
+        try:
+            return plan(card, budget, name, frontier_cap=frontier_cap,
+                        bound_pruning=bound_pruning, peak=peak).fits_budget
+        except (OverflowError, ValueError):
+            return False
+
+    tips = []
+    need = result.min_feasible_peak_bytes
+    if need is not None and fits(need, planner):
+        tips.append(f"pass --budget {need} (bytes: the least predicted peak)")
+    if planner != "joint" and fits(result.budget_bytes, "joint"):
+        tips.append("use --planner joint (the paper's planner), which fits this budget")
+    if not tips:
+        return (f"even a budget of its least predicted peak does not fit the {planner} plan of "
+                "this card; check the card's sizes (they are bytes).")
+    return ", or ".join(tips) + "."
 
 
 def _print(res, stderr: bool = False) -> None:

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from ._errors import ProfileCardError
-from .._shared.io import atomic_write_json, source_hash
+from .._shared.io import DuplicateKeyError, atomic_write_json, loads_json, source_hash
 from ._options import OPTIONS, RECOMPUTE_ONLY
 
 SCHEMA_VERSION = 1
@@ -436,7 +436,8 @@ def load_card(path: str | os.PathLike) -> ProfileCard:
     """Read and validate a profile card JSON file.
 
     Raises:
-        ProfileCardError: unreadable file, invalid JSON, or an invalid card (names the field).
+        ProfileCardError: unreadable file, invalid JSON, a key given twice in one object, or an
+            invalid card (names the field and the file).
     """
     if not isinstance(path, (str, os.PathLike)):
         # Never repr(path): a 5,000-digit int cannot even be converted to text.
@@ -454,7 +455,10 @@ def load_card(path: str | os.PathLike) -> ProfileCard:
         raise ProfileCardError(f"{where} is not UTF-8 text ({exc}). Tip: a card is JSON written "
                                "by `stateremat profile` or save_card; check the file.") from None
     try:
-        data = json.loads(text)
+        data = loads_json(text)
+    except DuplicateKeyError as exc:  # json.loads would keep the last silently
+        raise ProfileCardError(f"{where}: {exc}. Tip: give each field once; a card written by "
+                               "`stateremat profile` or save_card never repeats one.") from None
     except json.JSONDecodeError as exc:
         if not text.strip():
             raise ProfileCardError(f"{where} is empty. Tip: a card is the JSON `stateremat profile "

@@ -10,6 +10,7 @@ rows by separate code (``read_records``), never written alongside them.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import importlib
 import io
@@ -27,7 +28,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ...contract import RecordsError
-from ..._shared.io import atomic_write_bytes, atomic_write_json, json_default, provenance
+from ..._shared.io import (
+    DuplicateKeyError, atomic_write_bytes, atomic_write_json, json_default, loads_json, provenance,
+)
 
 _counter = itertools.count()
 _LOCKS: dict[str, int] = {}  # lock path -> fd held by this process for its lifetime
@@ -173,10 +176,14 @@ def read_sidecar(path: Path) -> dict:
     """The JSON object of a records sidecar; errors name the file and what to do.
 
     Raises:
-        RecordsError: unreadable, not UTF-8, not JSON, or not a JSON object.
+        RecordsError: unreadable, not UTF-8, not JSON (line and column of the file as it is),
+            a key given twice in one object, or not a JSON object.
     """
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+    try:  # bytes, not read_text: its newline translation would shift the error's position
+        doc = loads_json(path.read_bytes().decode("utf-8"))
+    except DuplicateKeyError as exc:
+        raise RecordsError(f"stateremat records: sidecar {path}: {exc}. Tip: restore it from a "
+                           "copy, or use a new --out folder; a run writes each key once.") from None
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise RecordsError(f"stateremat records: cannot read sidecar {path} "
                            f"({type(exc).__name__}: {exc}). Tip: restore it from a copy, or use "
@@ -384,8 +391,18 @@ def _observed_spec(table: str, tbl: pa.Table, key: Sequence[str]) -> TableSpec:
 
 
 def _unreadable(p: Path, exc: BaseException) -> RecordsError:
+    if isinstance(exc, OSError) and not exc.strerror:  # pyarrow's names only the file: ask why
+        try:
+            os.stat(p)
+        except OSError as real:
+            exc = real
     detail = str(exc).strip().rstrip(".")
-    if isinstance(exc, OSError) and not isinstance(exc, (pa.ArrowInvalid,)):
+    if isinstance(exc, OSError) and exc.strerror:  # not "X: X": say what the system said
+        detail = exc.strerror
+    if isinstance(exc, OSError) and os.path.islink(p) and exc.errno in (errno.ELOOP, errno.ENOENT):
+        tip = ("Tip: it is a symbolic link that loops or points nowhere, not a part; move it "
+               "out of the folder (or put the real part there), then rerun.")
+    elif isinstance(exc, OSError) and not isinstance(exc, (pa.ArrowInvalid,)):
         tip = ("Tip: make it readable (check its permissions and the disk), then rerun; the "
                "part itself may be fine, so keep it.")
     else:
@@ -411,6 +428,30 @@ def _rows_dir(out_dir: Path, table: str) -> Path:
         raise RecordsError(f"stateremat records: {d}, the rows folder of table {table!r}, is "
                            "not a folder. Tip: restore it from a copy, or use a new --out folder.")
     return d
+
+
+def _parts(d: Path) -> list[Path]:
+    """The ``part-*.parquet`` files of rows folder ``d``, sorted; a folder that cannot be
+    listed is refused (it is not known to be empty)."""
+    try:
+        names = [e.name for e in os.scandir(d)]
+    except OSError as exc:
+        raise RecordsError(
+            f"stateremat records: cannot list the rows folder {d}: {exc.strerror or exc}, so its "
+            f"rows cannot be read (it may hold them). Tip: make it readable (chmod u+rx {d}), "
+            "then rerun.") from None
+    return sorted(d / n for n in names if n.startswith("part-") and n.endswith(".parquet"))
+
+
+def _read_part(p: Path) -> pa.Table:
+    """One part; a file name that is not UTF-8 (legal on the file system, refused by pyarrow's
+    own path handling) is read through a Python file."""
+    try:
+        str(p).encode("utf-8")
+    except UnicodeEncodeError:
+        with open(p, "rb") as fh:
+            return pq.read_table(fh)
+    return pq.read_table(p)
 
 
 def _rows_table(table: str, rows: Sequence[Mapping[str, Any]], schema: pa.Schema) -> pa.Table:
@@ -600,7 +641,7 @@ def read_records(out_dir: str | os.PathLike, table: str, *, key: Sequence[str] |
             f"stateremat records: the rows folder {d} of table {table!r} is missing, though its "
             f"sidecar {sidecar} is there. Tip: restore the folder from a copy, or rerun the "
             "run's command with the same --out to redo its rows.")
-    parts = sorted(d.glob("part-*.parquet")) if d.is_dir() else []
+    parts = _parts(d) if d.is_dir() else []
     if not parts:
         if finished and doc is not None and doc.get("has_rows"):
             raise RecordsError(
@@ -614,7 +655,7 @@ def read_records(out_dir: str | os.PathLike, table: str, *, key: Sequence[str] |
     tables, origin, present = [], [], set()
     for p in parts:
         try:
-            tbl = pq.read_table(p)
+            tbl = _read_part(p)
         except Exception as exc:  # unreadable or corrupt part: say which file
             raise _unreadable(p, exc) from exc
         if spec is None:

@@ -9,10 +9,10 @@ from ._semantics import report_semantics as report_semantics, report_semantics_e
 from ._bench import report_bench as report_bench
 from ._moco import report_moco as report_moco
 from ._verify import report_alias as report_alias, report_engines as report_engines, report_finite as report_finite
-from ._complete import check_complete as check_complete, remove_outputs as remove_outputs
+from ._complete import check_complete as check_complete, stale_outputs as stale_outputs
 
 __all__ = ["OUTPUTS", "REPORTERS", "check_complete", "cohort_summary", "orphan_tables",
            "register_reporter",
            "report_alias", "report_bench", "report_engines", "report_finite", "report_moco",
-           "remove_outputs", "report_semantics", "report_semantics_extension", "tables_in",
+           "stale_outputs", "report_semantics", "report_semantics_extension", "tables_in",
            ]

@@ -2,7 +2,8 @@
 
 ``stateremat report`` renders a table only when every unit its run's config implies has its
 rows (count per method, seed and process), unless told ``--allow-incomplete``; a table it does
-not render has its earlier outputs removed, so no stale table or figure sits beside new ones.
+not render keeps its earlier outputs (never deleted: only a successful new one replaces one),
+named as stale.
 """
 from __future__ import annotations
 
@@ -117,12 +118,8 @@ def check_complete(out_dir: str | Path) -> dict[str, TableStatus]:
     return out
 
 
-def remove_outputs(out_dir: str | Path, table: str) -> list[Path]:
-    """Delete the files ``table``'s reporter writes (they would be stale); returns those removed."""
-    gone = []
-    for name in OUTPUTS.get(table, ()):
-        p = Path(out_dir) / name
-        if p.is_file():
-            p.unlink()
-            gone.append(p)
-    return gone
+def stale_outputs(out_dir: str | Path, table: str) -> list[Path]:
+    """The files ``table``'s reporter wrote earlier into ``out_dir`` (regular files there),
+    which are stale when its rows fall short; ``report`` names them and never deletes them."""
+    return [p for name in OUTPUTS.get(table, ()) if (p := Path(out_dir) / name).is_file()
+            and not p.is_symlink()]

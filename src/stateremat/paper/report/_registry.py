@@ -2,7 +2,7 @@
 
 A reporter takes the run folder and returns the paths it wrote (markdown, CSV, PNG, SVG).
 Reporters read raw rows (``read_records``) and recompute every number from them. Each also
-names the files it writes (so ``report`` can remove them when they would be stale) and, where
+names the files it writes (so ``report`` can check them and name them when stale) and, where
 the run's config implies it, the units of work a complete run holds (:class:`Expected`).
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ def register_reporter(table: str, outputs: tuple[str, ...] = (),
 
     Args:
         table: records table name.
-        outputs: the file names the reporter writes (removed by ``report`` when stale).
+        outputs: the file names the reporter writes (checked before writing; named when stale).
         expected: the units a complete run of ``table`` holds (None: not checked).
     """
 
