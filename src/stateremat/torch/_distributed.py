@@ -64,13 +64,19 @@ def _gather_digests(text: str) -> list[int]:
 
 
 @contextlib.contextmanager
-def every_rank_or_none(api: str) -> Iterator[None]:
+def every_rank_or_none(api: str, model_collectives: bool = False) -> Iterator[None]:
     """Around one rank's part before the group's next collective (its local checks, its measuring).
 
     On leaving, every rank all-gathers whether its part raised: a rank that failed still joins
     that collective, then raises its own error, and the others raise ``RuntimeError`` naming it,
     instead of waiting for it in the next collective forever. Nothing without a group of more than
-    one rank. A rank that fails inside a collective of the model's own (DDP's, FSDP's) is not covered.
+    one rank.
+
+    With ``model_collectives`` (the part runs steps of a model whose framework runs collectives of
+    its own, DDP's, FSDP2's, DTensor's: ``_framework.runs_collectives``), a rank that fails raises
+    at once and joins nothing: the other ranks may be waiting in the framework's collective, not in
+    ours, and a rank waiting in ours would hang them all; its process ending (an uncaught error)
+    ends theirs, as without stateremat.
     """
     if _group_size() == 1:
         yield
@@ -78,7 +84,8 @@ def every_rank_or_none(api: str) -> Iterator[None]:
     try:
         yield
     except BaseException:
-        _gather_ints(1)  # tell the others; then this rank's own error
+        if not model_collectives:
+            _gather_ints(1)  # tell the others; then this rank's own error
         raise
     flags = _gather_ints(0)
     failed = [rank for rank, f in enumerate(flags) if f]

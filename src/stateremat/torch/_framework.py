@@ -94,6 +94,18 @@ def fsdp_units(model: Any) -> list[Any]:
     return [m for m in model.modules() if isinstance(m, kind)] if kind is not None else []
 
 
+def runs_collectives(model: Any) -> bool:
+    """Whether ``model``'s own forward and backward run collectives of a parallelism framework:
+    it is (or holds) a ``DistributedDataParallel``, an FSDP2 unit, or ``DTensor`` parameters
+    (tensor parallelism). A rank failing inside a step of such a model must not wait in a
+    collective of ours: the others wait in the framework's (issue 24)."""
+    ddp = getattr(sys.modules.get("torch.nn.parallel"), "DistributedDataParallel", None)
+    mods = list(model.modules())
+    if ddp is not None and any(isinstance(m, ddp) for m in mods):
+        return True
+    return bool(fsdp_units(model)) or any(_is_dtensor(p) for p in model.parameters())
+
+
 def reshard_units(model: Any) -> list[Any]:
     """Reshard every FSDP2 unit of ``model`` whose own parameters are bound unsharded (plain
     tensors where FSDP2 binds its sharded ``DTensor`` between steps); returns those units, for

@@ -22,6 +22,7 @@ from stateremat.contract import OPTIONS, RECOMPUTE_ONLY, OptionCost, ProfileCard
 from stateremat._shared.io import loadavg, source_hash
 
 from ._distributed import agree_card, every_rank_or_none
+from ._framework import runs_collectives
 from ._memory import PeakMemory, memory_method
 from ._probe import Probe
 from ._segments import resolve_segments
@@ -258,7 +259,7 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         _check_repeats(repeats)
         run, inputs = make_step(model, step)
         device = model_device(model, device)
-    with every_rank_or_none(_API):
+    with every_rank_or_none(_API, model_collectives=runs_collectives(model)):
         runner = _Runner(model, names, run, inputs, device, state, segment_options, list(optimizers))
         card = _measured_card(runner, option_names, repeats)
     # with a process group: every figure the max over the ranks, so every rank makes the same plan
