@@ -28,6 +28,7 @@ Danger:
 """
 from __future__ import annotations
 
+import enum
 import functools
 import re
 import sys
@@ -80,6 +81,24 @@ def _class_globals(cls: type) -> tuple[tuple[str, dict], ...]:
     return tuple(out.values())
 
 
+@functools.lru_cache(maxsize=None)
+def _class_cells(cls: type) -> tuple[tuple[str, types.CellType], ...]:
+    """``(name, cell)`` of every variable the methods of ``cls`` (classes outside torch) capture
+    from an enclosing scope: a class defined in a function closes over its locals."""
+    out: dict[int, tuple[str, types.CellType]] = {}
+    for c in cls.__mro__:
+        if c is object or c.__module__.split(".")[0] == "torch":
+            continue
+        for v in vars(c).values():
+            f = v.fget if isinstance(v, property) else getattr(v, "__func__", v)
+            code, cells = getattr(f, "__code__", None), getattr(f, "__closure__", None)
+            if isinstance(code, types.CodeType) and cells:
+                for name, cell in zip(code.co_freevars, cells):
+                    if name != "__class__":  # (zero-argument super's cell)
+                        out.setdefault(id(cell), (name, cell))
+    return tuple(out.values())
+
+
 #: Top-level packages whose functions and callable objects hold no state of a model's.
 _LIBRARIES = frozenset({"torch", "numpy", "jax", "jaxlib", "stateremat", "typing_extensions", "builtins"})
 
@@ -94,6 +113,14 @@ def _user_code(v: Any) -> bool:
     return bool(top) and top not in _LIBRARIES and top not in sys.stdlib_module_names
 
 
+def _user_class(cls: type) -> bool:
+    """A class defined outside the standard library, torch, numpy, jax and this package (not an
+    ``Enum``, whose members are constants): its class attributes can hold a model's state."""
+    top = (getattr(cls, "__module__", None) or "").partition(".")[0]
+    return bool(top) and top not in _LIBRARIES and top not in sys.stdlib_module_names \
+        and not issubclass(cls, enum.Enum)
+
+
 #: Globals of these types are Python values a forward may rebind (``global STEP; STEP += 1``).
 _SCALAR_GLOBALS = (int, float, bool, complex, str)
 
@@ -102,8 +129,10 @@ def _state_global(v: Any) -> bool:
     """A global worth following: tensors, modules, generators, containers, plain objects and
     user functions (not library functions, classes, imported modules or plain values)."""
     t = type(v)
-    if t in _PLAIN_VALUES or t is types.ModuleType or isinstance(v, type):
+    if t in _PLAIN_VALUES or t is types.ModuleType:
         return False
+    if isinstance(v, type):  # a user class: its class attributes (``K.acc = K.acc + 1``)
+        return _user_class(v)
     if isinstance(v, (torch.Tensor, nn.Module)) or _is_generator(v):
         return True
     if isinstance(v, (types.FunctionType, functools.partial)):
@@ -337,22 +366,32 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
             for h in hooks:
                 _add_value(r, h, f"hook of {path or type(sub).__name__!r}", 1, path)
             r.hook_only.update(set(r.tensors) - known)
-        cls = type(sub)
-        for k in _class_state(cls):
-            if k not in sub.__dict__:  # a class attribute the instance does not shadow
-                v = getattr(cls, k, None)
-                what = f"class attribute {cls.__name__}.{k}"
-                if isinstance(v, torch.Tensor):
-                    r.slots.append((what, cls, k, v))
-                _add_value(r, v, what, 1)
-        for name, glb in _class_globals(cls):  # globals its forward and helpers use
-            v = glb.get(name)
-            if type(v) in _SCALAR_GLOBALS:
-                r.scalar_globals.append((glb, name))
-            elif _state_global(v):
-                if isinstance(v, torch.Tensor):
-                    r.slots.append((f"global {name!r}", glb, name, v))
-                _add_value(r, v, f"global {name!r}", 0, name)
+        _add_class(r, type(sub), 1, shadowed=sub.__dict__)
+
+
+def _add_class(r: Reach, cls: type, depth: int, shadowed: dict = {}, methods: bool = True) -> None:  # noqa: B006
+    """``cls``'s class attributes that may hold tensors (a class attribute's rebinding ``K.acc =
+    K.acc + 1`` replays as of the forward: a slot of the class) and, with ``methods``, the globals
+    its methods load; ``shadowed``: an instance's ``__dict__`` (its own attributes hide the class's)."""
+    for k in _class_state(cls):
+        if k not in shadowed:
+            v = getattr(cls, k, None)
+            what = f"class attribute {cls.__name__}.{k}"
+            if isinstance(v, torch.Tensor):
+                r.slots.append((what, cls, k, v))
+            _add_value(r, v, what, depth)
+    if not methods:
+        return
+    for name, cell in _class_cells(cls):  # what its methods capture (a class defined in a function)
+        _add_cell(r, name, cell, depth)
+    for name, glb in _class_globals(cls):  # globals its forward and helpers use
+        v = glb.get(name)
+        if type(v) in _SCALAR_GLOBALS:
+            r.scalar_globals.append((glb, name))
+        elif _state_global(v):
+            if isinstance(v, torch.Tensor):
+                r.slots.append((f"global {name!r}", glb, name, v))
+            _add_value(r, v, f"global {name!r}", 0, name)
 
 
 def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
@@ -381,13 +420,7 @@ def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
         return
     cells = getattr(fn, "__closure__", None) or ()
     for name, cell in zip(code.co_freevars, cells):
-        try:
-            v = cell.cell_contents
-        except ValueError:  # empty cell
-            continue
-        if isinstance(v, torch.Tensor):  # a nonlocal rebinding replays as of the forward (_plain)
-            r.slots.append((f"captured variable {name!r}", cell, "cell_contents", v))
-        _add_value(r, v, f"captured variable {name!r}", depth, name)
+        _add_cell(r, name, cell, depth)
     defaults = (getattr(fn, "__defaults__", None) or ()) + tuple((getattr(fn, "__kwdefaults__", None) or {}).values())
     for i, v in enumerate(defaults):
         _add_value(r, v, f"default argument {i}", depth)
@@ -400,6 +433,18 @@ def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
             if isinstance(v, torch.Tensor):
                 r.slots.append((f"global {name!r}", glb, name, v))
             _add_value(r, v, f"global {name!r}", depth, name)
+
+
+def _add_cell(r: Reach, name: str, cell: types.CellType, depth: int) -> None:
+    """A captured variable: a tensor in it is a slot (a ``nonlocal`` rebinding replays as of the
+    forward, ``_plain``); anything else is followed."""
+    try:
+        v = cell.cell_contents
+    except ValueError:  # empty cell
+        return
+    if isinstance(v, torch.Tensor):
+        r.slots.append((f"captured variable {name!r}", cell, "cell_contents", v))
+    _add_value(r, v, f"captured variable {name!r}", depth, name)
 
 
 #: Exact types of plain values (checked before any ``isinstance``: most attributes are these).
@@ -428,9 +473,14 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
     if isinstance(v, nn.Module):
         _add_module(r, v, prefix or what)
         return
-    if depth >= MAX_DEPTH or v is None or isinstance(v, _ATOMS):
+    if depth >= MAX_DEPTH or v is None:
         return
-    if id(v) in r.seen or not r.budget_left():
+    if isinstance(v, type):  # a user class the segment captures or loads: its class attributes
+        if _user_class(v) and id(v) not in r.seen and r.budget_left():
+            r.seen.add(id(v))
+            _add_class(r, v, depth + 1)
+        return
+    if isinstance(v, _ATOMS) or id(v) in r.seen or not r.budget_left():
         return
     if isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
         # a helper, bound method or hook the segment calls: what it captures runs again at replay
@@ -460,6 +510,10 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
     elif (isinstance(getattr(v, "__dict__", None), dict) and _may_hold_state(v)
           and (not callable(v) or _user_code(v))):
         r.mutables.append(v)
+        cls = type(v)
+        if id(cls) not in r.seen and _user_class(cls):  # ``type(self).acc = ...``
+            r.seen.add(id(cls))
+            _add_class(r, cls, depth + 1, methods=False)
         for k, x in vars(v).items():  # attributes of a plain (or callable) object
             if type(x) in _PLAIN_VALUES:
                 continue

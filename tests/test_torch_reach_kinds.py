@@ -1,0 +1,143 @@
+"""Rebinding forms the scan reaches (issue 25, still-open kinds): each replays as of the forward.
+
+The kind: a tensor bound where the scan did not look — an attribute of a class the segment
+captures or loads (``K.acc = K.acc + x.sum()``), an attribute of a function it calls
+(``fn.acc = fn.acc + 1``), an object reached through a weak reference. Before, the replay read
+the advanced tensor: silently wrong gradients and state from the second step. Each case is
+compared bit for bit with no checkpointing in float64 over several steps, over both preservers,
+``checkpoint`` / ``StatefulCheckpoint`` / nested checkpoints, the default and strict mode.
+"""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+from torch import nn
+
+from stateremat.torch import StatefulCheckpoint, checkpoint
+
+D = torch.float64
+PRESERVERS = ["whole", "region"]
+MODES = ["plain", "plain-no-early-stop", "nested", "stateful"]
+STEPS = 3
+
+
+class _Wrap(nn.Module):
+    """A module whose forward calls a plain function (StatefulCheckpoint wraps modules)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def _run(build, mode: str, preserve: str = "region", state="auto"):
+    """``STEPS`` training steps of ``build()``'s ``(linear, fn, state getter)``: outputs, gradients
+    and the state after each step, eager (``mode="eager"``) or checkpointed."""
+    torch.manual_seed(0)
+    lin, fn, now = build()
+    wrapped = StatefulCheckpoint(_Wrap(fn), state=state, preserve=preserve) if mode == "stateful" else None
+    kw = dict(state=state, preserve=preserve)
+    out = []
+    for step in range(STEPS):
+        lin.zero_grad()
+        x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(step))
+        if mode == "eager":
+            y = fn(x)
+        elif mode == "stateful":
+            y = wrapped(x)
+        elif mode == "nested":
+            y = checkpoint(lambda z: checkpoint(fn, z, **kw) * 1.0, x, **kw)
+        else:
+            y = checkpoint(fn, x, early_stop=mode == "plain", **kw)
+        y.pow(2).sum().backward()
+        out.append((y.detach().clone(), lin.weight.grad.clone(), now().clone()))
+    return out
+
+
+def _assert_eager(build, mode, preserve, state):
+    want, got = _run(build, "eager"), _run(build, mode, preserve, state)
+    for step, (w, g) in enumerate(zip(want, got)):
+        for what, a, b in zip(("output", "gradient", "state"), w, g):
+            assert torch.equal(a, b), f"step {step}: {what} differs from eager"
+
+
+# -- kind 1: an attribute of a class the segment captures or loads ------------------------------
+
+class GlobalAcc:
+    """A class at module level whose attribute the segment rebinds."""
+
+    acc = None
+
+
+def _class_captured():
+    lin = nn.Linear(4, 4).to(D)
+
+    class K:
+        acc = torch.zeros(4, dtype=D)
+
+    def fn(x):
+        y = lin(x) * K.acc  # the replay must read the tensor the forward read
+        K.acc = K.acc + x.sum(0)
+        return y
+    return lin, fn, lambda: K.acc
+
+
+def _class_global():
+    lin = nn.Linear(4, 4).to(D)
+    GlobalAcc.acc = torch.zeros(4, dtype=D)
+
+    def fn(x):
+        GlobalAcc.acc = GlobalAcc.acc + x.sum(0)  # rebound before its use
+        return lin(x) * GlobalAcc.acc
+    return lin, fn, lambda: GlobalAcc.acc
+
+
+def _class_of_object():
+    lin = nn.Linear(4, 4).to(D)
+
+    class Box:
+        acc = torch.zeros(4, dtype=D)
+
+        def step(self, y, x):
+            out = y * type(self).acc
+            type(self).acc = type(self).acc + x.sum(0)
+            return out
+    box = Box()
+    return lin, lambda x: box.step(lin(x), x), lambda: Box.acc
+
+
+def _class_in_forward():
+    lin = nn.Linear(4, 4).to(D)
+
+    class K:
+        acc = torch.zeros(4, dtype=D)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = lin
+
+        def forward(self, x):
+            y = self.lin(x) * K.acc
+            K.acc = K.acc * 0.5 + x.sum(0)
+            return y
+    return lin, Block(), lambda: K.acc
+
+
+CLASS_KINDS = {"captured": _class_captured, "global": _class_global, "object's class": _class_of_object,
+               "module forward": _class_in_forward}
+
+
+@pytest.mark.parametrize("state", ["auto", None])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("kind", list(CLASS_KINDS))
+def test_a_class_attribute_rebinding_replays_as_of_the_forward(kind, preserve, mode, state):
+    """``K.acc = K.acc + x.sum(0)`` on a class captured from an enclosing scope, loaded as a global,
+    an object's class (``type(self).acc``) or captured by a module's forward: the replay reads the
+    tensor the forward read, then the class holds the forward's result again."""
+    _assert_eager(CLASS_KINDS[kind], mode, preserve, state)
