@@ -59,6 +59,44 @@ def test_readme_distributed_and_compiled_training_blocks_run_and_print_what_they
             assert expected in printed, (expected, printed)
 
 
+def test_readme_inline_calls_of_torch_wrappers_run_as_written():
+    """Every inline ``apply_activation_checkpointing(...)`` the distributed section names runs as
+    written (it once passed a keyword torch does not take), and the wrapped model trains as eager,
+    BatchNorm statistics included, bit for bit."""
+    import functools
+
+    import torch
+    from torch import nn
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        apply_activation_checkpointing, checkpoint_wrapper)
+
+    from stateremat.torch import checkpoint
+
+    calls = re.findall(r"`(apply_activation_checkpointing\(.*?\))`", _section("Distributed and compiled training"))
+    assert calls
+    for call in calls:
+        out = []
+        for wrapped in (False, True):
+            torch.manual_seed(0)
+            model = nn.Sequential(*[nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Tanh())
+                                    for _ in range(2)]).double()
+            if wrapped:
+                names = {"model": model, "nn": nn, "functools": functools, "checkpoint": checkpoint,
+                         "checkpoint_wrapper": checkpoint_wrapper,
+                         "apply_activation_checkpointing": apply_activation_checkpointing}
+                eval(call.replace("(model,", "(model, check_fn=lambda m: isinstance(m, nn.Sequential) and m is not model,", 1),
+                     names)
+                assert "CheckpointWrapper" in type(model[0]).__name__, call
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for step in range(2):
+                x = torch.randn(5, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(step))
+                opt.zero_grad()
+                model(x).square().sum().backward()
+                opt.step()
+            out.append([t.clone() for t in model.state_dict().values()])
+        assert all(torch.equal(a, b) for a, b in zip(*out)), call
+
+
 def test_readme_report_command_on_a_kept_run_changes_no_committed_file(tmp_path):
     # issue 27 item 2: a README command run in a clean clone exits 0 and leaves every committed file as it is
     import subprocess

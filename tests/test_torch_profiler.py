@@ -400,3 +400,39 @@ def test_a_stem_outside_the_segments_has_its_backward_charged(option):
     expected = expected_peak_bytes(card, options)
     assert card.meta["persistent"]["before_first_segment_backward_peak_bytes"] > 0
     assert abs(measured - expected) <= 0.05 * expected, (measured, expected, options)
+
+
+def test_a_gradient_accumulation_step_is_refused_and_its_tip_one_micro_batch_then_accumulate_works():
+    """A step_fn of two micro-batches runs every segment twice: refused, with the tip to profile one
+    micro-batch; following it (auto_checkpoint on one micro-batch, then training with accumulation)
+    gives eager's parameters and BatchNorm statistics bit for bit."""
+    def model():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 64), *[nn.Sequential(nn.Linear(64, 64), nn.BatchNorm1d(64), nn.Tanh())
+                                                 for _ in range(3)], nn.Linear(64, 2)).double()
+
+    xs = [torch.randn(128, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(i)) for i in range(4)]
+
+    def accumulate(m, opt, batches):
+        opt.zero_grad()
+        for x in batches:
+            (m(x).square().mean() / len(batches)).backward()
+        opt.step()
+
+    m = model()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="ran twice in one step") as e:
+        auto_checkpoint(m, 0.9, step_fn=lambda mm: accumulate(mm, opt, xs[:2]), segments=["1", "2", "3"],
+                        optimizers=[opt])
+    assert "profile with a step_fn of one micro-batch" in str(e.value)
+    # the tip, literally: one micro-batch for profiling, then accumulation
+    res = auto_checkpoint(m, 0.9, step_fn=lambda mm: accumulate(mm, opt, xs[:1]), segments=["1", "2", "3"],
+                          optimizers=[opt])
+    assert any(o != OPTIONS.baseline for o in res.options), res.options  # something is checkpointed
+    ref = model()
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for step in range(2):
+        accumulate(m, opt, xs[2 * step: 2 * step + 2])
+        accumulate(ref, ref_opt, xs[2 * step: 2 * step + 2])
+    for (n, a), b in zip(m.state_dict().items(), ref.state_dict().values()):
+        assert torch.equal(a, b), n
