@@ -17,7 +17,7 @@ from _cli import run_cli
 from stateremat._shared.io import atomic_write_bytes
 from stateremat.contract import RecordsError
 from stateremat.paper.records import RecordStore, check_resumable, read_records, table_spec
-from stateremat.paper.records._store import PART_KEY
+from stateremat.paper.records import PART_KEY
 
 STATUS_KEY = ["process", "attempt"]
 TIMING_KEY = ["process", "cell", "method", "step"]

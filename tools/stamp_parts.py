@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from stateremat._shared.io import atomic_write_bytes
-from stateremat.paper.records._store import PART_KEY, part_identity
+from stateremat.paper.records import PART_KEY, part_identity
 
 
 def stamp_run(sidecar: Path) -> int:

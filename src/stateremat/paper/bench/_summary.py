@@ -13,10 +13,10 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from .._limits import MAX_STEPS, MAX_WARMUPS
-from .._measured import MEASURED_VALUES
+from ..limits import MAX_STEPS, MAX_WARMUPS
+from ..measured import MEASURED_VALUES
 from ..records import declare_table
-from ..records._values import config_value, in_config, integer, number, text, text_list
+from ..records import config_value, in_config, integer, number, text, text_list
 from ._spec import METHODS
 
 TABLE = "bench"

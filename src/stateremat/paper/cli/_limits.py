@@ -11,10 +11,10 @@ import re
 
 from stateremat._shared.checks import MAX_SEED, check_memory, fail
 
-from .._limits import (MAX_JOBS as MAX_JOBS, MAX_MOCO_SEEDS as MAX_MOCO_SEEDS,
-                       MAX_PROCESSES as MAX_PROCESSES, MAX_PROGRAMS as MAX_PROGRAMS,
-                       MAX_STEPS as MAX_STEPS, MAX_STUDY_SEEDS as MAX_STUDY_SEEDS,
-                       MAX_THREADS as MAX_THREADS, MAX_WARMUPS as MAX_WARMUPS)
+from ..limits import (MAX_JOBS as MAX_JOBS, MAX_MOCO_SEEDS as MAX_MOCO_SEEDS,
+                      MAX_PROCESSES as MAX_PROCESSES, MAX_PROGRAMS as MAX_PROGRAMS,
+                      MAX_STEPS as MAX_STEPS, MAX_STUDY_SEEDS as MAX_STUDY_SEEDS,
+                      MAX_THREADS as MAX_THREADS, MAX_WARMUPS as MAX_WARMUPS)
 #: ``--timeout-s`` of a cohort process: at most a week.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 import pyarrow as pa
 
 from ..._shared.checks import MAX_SEED
-from .._limits import MAX_PROCESSES, MAX_STEPS, MAX_THREADS, MAX_WARMUPS
-from .._measured import MEASURED_VALUES
+from ..limits import MAX_PROCESSES, MAX_STEPS, MAX_THREADS, MAX_WARMUPS
+from ..measured import MEASURED_VALUES
 from ..records import declare_table
-from ..records._values import config_value, in_config, integer, number, one_of, text, text_list
+from ..records import config_value, in_config, integer, number, one_of, text, text_list
 
 TIMING_TABLE = "cohort_timing"
 STATUS_TABLE = "cohort_processes"

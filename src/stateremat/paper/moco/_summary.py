@@ -15,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..._shared.io import atomic_write_json
-from .._limits import MAX_THREADS
+from ..limits import MAX_THREADS
 from ..records import declare_table, read_records
-from ..records._values import config_value, integer, number, one_of, text
+from ..records import config_value, integer, number, one_of, text
 
 __all__ = ["KEY", "METHODS", "TABLE", "failed_runs", "score_file_problem", "summarize",
            "write_summary"]

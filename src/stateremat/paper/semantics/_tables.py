@@ -4,9 +4,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 from ..._shared.checks import MAX_SEED
-from .._limits import MAX_STUDY_SEEDS
+from ..limits import MAX_STUDY_SEEDS
 from ..records import declare_table
-from ..records._values import in_config, int_list, number, one_of, text_list
+from ..records import in_config, int_list, number, one_of, text_list
 from ._families import DTYPES, FAMILIES, JAX_METHODS, STATEREMAT_JAX_METHOD, TORCH_METHOD_NAMES
 
 SEMANTICS_TABLE = "semantics"

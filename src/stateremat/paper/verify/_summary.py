@@ -13,9 +13,9 @@ import pyarrow as pa
 
 from ..._shared.checks import MAX_SEED
 from ...contract import Outcome
-from .._limits import MAX_PROGRAMS, MAX_STUDY_SEEDS
+from ..limits import MAX_PROGRAMS, MAX_STUDY_SEEDS
 from ..records import declare_table
-from ..records._values import (below_config, config_value, in_config, int_list, integer, number,
+from ..records import (below_config, config_value, in_config, int_list, integer, number,
                                one_of)
 from ._families import FAMILIES
 

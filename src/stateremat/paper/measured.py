@@ -6,7 +6,7 @@ peak; every other step has both, finite and non-negative.
 """
 from __future__ import annotations
 
-from .records._values import number, one_of, set_text
+from .records import number, one_of, set_text
 
 _UNMEASURED = {"step": (-1,), "error": set_text}
 
