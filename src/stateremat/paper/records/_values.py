@@ -94,11 +94,22 @@ def number(lo: float | None = 0, hi: float | None = None, *, missing: Any = Fals
     return Rule(words, bad)
 
 
+_UNSET = object()
+
+
 def _config_at(cfg: Mapping[str, Any], field: str) -> Any:
+    """The config's value at dotted ``field``; :data:`_UNSET` where the config does not set it
+    (a rule on it then does not apply: the part's run note already holds the same config)."""
     v: Any = cfg
     for part in field.split("."):
-        v = v.get(part) if isinstance(v, Mapping) else None
+        if not isinstance(v, Mapping) or part not in v:
+            return _UNSET
+        v = v[part]
     return v
+
+
+def _none(df: pd.DataFrame) -> np.ndarray:
+    return np.zeros(len(df), dtype=bool)
 
 
 def config_value(field: str, *, by: str | None = None, among: str = "cells") -> Rule:
@@ -108,10 +119,14 @@ def config_value(field: str, *, by: str | None = None, among: str = "cells") -> 
     if by is None:
         def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
             want = _config_at(cfg, field)
+            if want is _UNSET:
+                return _none(df)
             return ~(_missing(df[c]) | (df[c] == want).to_numpy(dtype=bool))
         return Rule(f"the run config's {field}", bad)
 
     def bad_by(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        if not isinstance(cfg.get(among), list):
+            return _none(df)
         entries = {e.get(by): e.get(field) for e in (cfg.get(among) or [])
                    if isinstance(e, Mapping)}
         want = df[by].map(entries)
@@ -130,11 +145,15 @@ def in_config(field: str, *, by: str | None = None, among: str = "cells",
 
     if by is None:
         def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+            if _config_at(cfg, field) is _UNSET:
+                return _none(df)
             return ~(_missing(df[c]) | df[c].isin(values(_config_at(cfg, field)))
                      .to_numpy(dtype=bool))
         return Rule(f"one of the run config's {field}", bad)
 
     def bad_by(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        if not isinstance(cfg.get(among), list):
+            return _none(df)
         entries = {e.get(by): values(e.get(field)) for e in (cfg.get(among) or [])
                    if isinstance(e, Mapping)}
         ok = [v in entries.get(b, ()) for b, v in zip(df[by], df[c])]
@@ -146,6 +165,8 @@ def below_config(field: str) -> Rule:
     """An index: an integer in ``[0, config[field])`` (e.g. a program number)."""
     def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
         n = _config_at(cfg, field)
+        if n is _UNSET:
+            return _none(df)
         v = df[c].to_numpy(dtype="float64", na_value=np.nan)
         return ~np.isnan(v) & ~((v >= 0) & (v < (n if isinstance(n, int) else 0)))
     return Rule(f"in [0, the run config's {field})", bad)
