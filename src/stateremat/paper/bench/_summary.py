@@ -13,7 +13,10 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from ..limits import MAX_STEPS, MAX_WARMUPS
+from ..measured import MEASURED_VALUES
 from ..records import declare_table
+from ..records import config_value, in_config, integer, number, text, text_list
 from ._spec import METHODS
 
 TABLE = "bench"
@@ -37,7 +40,18 @@ COLUMNS = [
 ]
 KEY = ("cell", "method", "step")
 COLUMNS.append(("torch_threads", pa.int64()))  # the process's torch threads, when recorded
-declare_table(TABLE, COLUMNS, KEY, optional=("budget_rule", "torch_threads"))
+#: Value rules (checked on every read, against the run's sidecar config): a row is of the
+#: run's experiment, preset, cells, methods and budget.
+VALUES = {**MEASURED_VALUES, "experiment": config_value("experiment"),
+          "preset": config_value("preset"), "cell": in_config("cells"),
+          "method": in_config("methods"), "budget_bytes": config_value("budget_bytes"),
+          "torch_threads": number(1, missing=True)}
+#: Sidecar config fields, checked before a reader sizes its work from them.
+CONFIG = {"experiment": text(), "preset": text(), "device": text(), "cells": text_list(10_000),
+          "methods": text_list(len(METHODS)), "budget_bytes": integer(0, 2**63 - 1),
+          "warmups": integer(0, MAX_WARMUPS), "steps": integer(1, MAX_STEPS)}
+declare_table(TABLE, COLUMNS, KEY, optional=("budget_rule", "torch_threads"), values=VALUES,
+              config=CONFIG)
 
 
 def _num(v: Any) -> Any:

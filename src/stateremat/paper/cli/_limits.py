@@ -11,20 +11,10 @@ import re
 
 from stateremat._shared.checks import MAX_SEED, check_memory, fail
 
-#: Programs of ``verify finite`` / ``verify engines`` (paper: 1,024 and 1,200).
-MAX_PROGRAMS = 100_000
-#: Seeds of ``verify alias`` (paper: 50) and ``cohort semantics`` (paper: 50).
-MAX_STUDY_SEEDS = 10_000
-#: Seeds of ``app moco`` (paper: 6).
-MAX_MOCO_SEEDS = 1_000
-#: Processes of ``cohort processes`` (paper: 50) and concurrent jobs.
-MAX_PROCESSES = 10_000
-MAX_JOBS = 1_024
-#: CPU threads per process.
-MAX_THREADS = 1_024
-#: Measured steps and warmups per method (paper: at most 1,000 and 50).
-MAX_STEPS = 10_000
-MAX_WARMUPS = 1_000
+from ..limits import (MAX_JOBS as MAX_JOBS, MAX_MOCO_SEEDS as MAX_MOCO_SEEDS,
+                      MAX_PROCESSES as MAX_PROCESSES, MAX_PROGRAMS as MAX_PROGRAMS,
+                      MAX_STEPS as MAX_STEPS, MAX_STUDY_SEEDS as MAX_STUDY_SEEDS,
+                      MAX_THREADS as MAX_THREADS, MAX_WARMUPS as MAX_WARMUPS)
 #: ``--timeout-s`` of a cohort process: at most a week.
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from ..._shared.checks import MAX_SEED
+from ..limits import MAX_PROCESSES, MAX_STEPS, MAX_THREADS, MAX_WARMUPS
+from ..measured import MEASURED_VALUES
 from ..records import declare_table
+from ..records import config_value, in_config, integer, number, one_of, text, text_list
 
 TIMING_TABLE = "cohort_timing"
 STATUS_TABLE = "cohort_processes"
@@ -37,6 +41,26 @@ STATUS_COLUMNS = [
     ("hostname", pa.string()), ("n_rows", pa.int64()), ("executor", pa.string()),
     ("requested_processes", pa.int64()),
 ]
-declare_table(TIMING_TABLE, TIMING_COLUMNS, TIMING_KEY, optional=("budget_rule",))
+#: Value rules (checked on every read, against the run's sidecar config): a row is of the
+#: run's experiment and preset, of one of its cells, with that cell's methods, budget and steps.
+TIMING_VALUES = {
+    **MEASURED_VALUES, "experiment": config_value("experiment"), "preset": config_value("preset"),
+    "cell": in_config("cells", key="cell"), "method": in_config("methods", by="cell"),
+    **{c: config_value(c, by="cell") for c in ("budget_bytes", "warmups", "steps")},
+    "process": number(0, MAX_PROCESSES), "order_index": number(0), "attempt": number(0),
+    "torch_threads": number(1, missing=True), "pid": number(0), "process_wall_s": number(0),
+}
+STATUS_VALUES = {
+    "status": one_of("ok", "failed", "timeout", "interrupted"), "process": number(0, MAX_PROCESSES),
+    "attempt": number(0), "exit_code": number(None, missing=True), "wall_s": number(0),
+    "n_rows": number(0, missing=True), "requested_processes": number(1, MAX_PROCESSES, missing=True),
+}
+#: Sidecar config fields (both tables share the run's config), checked before use.
+CONFIG = {"experiment": text(), "preset": text(), "device": text(), "seed": integer(0, MAX_SEED),
+          "threads": integer(1, MAX_THREADS), "cells[].cell": text(),
+          "cells[].methods": text_list(100), "cells[].budget_bytes": integer(0, 2**63 - 1),
+          "cells[].warmups": integer(0, MAX_WARMUPS), "cells[].steps": integer(1, MAX_STEPS)}
+declare_table(TIMING_TABLE, TIMING_COLUMNS, TIMING_KEY, optional=("budget_rule",),
+              values=TIMING_VALUES, config=CONFIG)
 declare_table(STATUS_TABLE, STATUS_COLUMNS, STATUS_KEY, required=("status",),
-              optional=("requested_processes",))
+              optional=("requested_processes",), values=STATUS_VALUES, config=CONFIG)

@@ -15,7 +15,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..._shared.io import atomic_write_json
+from ..limits import MAX_THREADS
 from ..records import declare_table, read_records
+from ..records import config_value, integer, number, one_of, text
 
 __all__ = ["KEY", "METHODS", "TABLE", "failed_runs", "score_file_problem", "summarize",
            "write_summary"]
@@ -39,9 +41,25 @@ COLUMNS = [
 # A failed unit's row is kept beside its retry's (every record is kept): rows are told apart by
 # their attempt (``attempt`` came later: an older part, one row each, counts as its own), so a
 # part copied or moved in is refused as a duplicate.
-declare_table(TABLE, COLUMNS, KEY, required=("outcome",), optional=("attempt",), distinct_by=("attempt",))
 #: The seven methods of paper §12, in Table 9's row order (torch-free, so importing is cheap).
 METHODS = ("eager", "whole", "regions", "functional", "deferred", "state_agnostic", "joint")
+_FAILED = {"outcome": ("error",)}  # a failed unit's row measured nothing
+#: Value rules (checked on every read, against the run's sidecar config).
+VALUES = {
+    "method": one_of(*METHODS), "outcome": one_of("ok", "error"),
+    "preset": config_value("preset.name"), "dataset": config_value("dataset"),
+    "threads": config_value("threads"), "attempt": number(0, missing=True),
+    **{c: number(0, missing=_FAILED) for c in ("peak_bytes", "encoder_time_s", "steps",
+                                               "test_cross_entropy", "final_loss")},
+    **{c: number(0, 1, missing=_FAILED) for c in ("test_accuracy", "validation_accuracy")},
+    **{c: number(0, missing=True) for c in ("budget_bytes", "predicted_peak_bytes",
+                                            "predicted_time_s")},
+}
+#: Sidecar config fields, checked before a reader sizes its work from them.
+CONFIG = {"preset.name": text(), "dataset": text(), "device": text(),
+          "threads": integer(1, MAX_THREADS)}
+declare_table(TABLE, COLUMNS, KEY, required=("outcome",), optional=("attempt",),
+              distinct_by=("attempt",), values=VALUES, config=CONFIG)
 
 
 def _latest_rows(out_dir: Path):

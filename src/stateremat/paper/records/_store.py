@@ -19,7 +19,7 @@ import itertools
 import os
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -31,6 +31,7 @@ from ...contract import RecordsError
 from ..._shared.io import (
     DuplicateKeyError, atomic_write_bytes, atomic_write_json, json_default, loads_json, provenance,
 )
+from ._values import ConfigField, Rule, check_config, check_rows
 
 _counter = itertools.count()
 _LOCKS: dict[str, int] = {}  # lock path -> fd held by this process for its lifetime
@@ -198,6 +199,9 @@ def read_sidecar(path: Path) -> dict:
                 f"{_short(doc[field], 60)} ({type(doc[field]).__name__}), not {what}; it was "
                 "changed by something else than its run. Tip: restore it from a copy, or use a "
                 "new --out folder.")
+    spec = table_spec(path.stem) if path.name != MANIFEST else None
+    if spec is not None and spec.config and isinstance(doc.get("config"), dict):
+        check_config(path, doc["config"], spec.config)
     return doc
 
 
@@ -264,6 +268,8 @@ class TableSpec:
         distinct_by: further columns told apart in the duplicate check (an ``attempt`` column of
             a table keeping every attempt of a unit): no two rows share key + these. Where an
             older part lacks one (an optional column), each part counts as its own attempt.
+        values: column -> the rule its values keep (:mod:`._values`), checked on every read.
+        config: sidecar config field path -> what it may hold, checked when the sidecar is read.
     """
 
     name: str
@@ -272,6 +278,8 @@ class TableSpec:
     optional: frozenset[str] = frozenset()
     unique: bool = True
     distinct_by: tuple[str, ...] = ()
+    values: Mapping[str, Rule] = field(default_factory=dict)
+    config: Mapping[str, ConfigField] = field(default_factory=dict)
 
 
 #: table -> its declared spec (filled by :func:`declare_table` where each table's rows are
@@ -292,16 +300,23 @@ _DECLARED_IN = {
 
 def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Sequence[str], *,
                   required: Sequence[str] = (), optional: Sequence[str] = (),
-                  unique: bool = True, distinct_by: Sequence[str] = ()) -> TableSpec:
+                  unique: bool = True, distinct_by: Sequence[str] = (),
+                  values: Mapping[str, Rule] | None = None,
+                  config: Mapping[str, ConfigField] | None = None) -> TableSpec:
     """Declare table ``name``'s row schema: ``columns`` as ``(name, type)``; the ``key`` and
-    ``required`` columns are not nullable, the others are. Returns the spec (also registered)."""
+    ``required`` columns are not nullable, the others are. ``values`` gives columns' value rules
+    (checked on every read, against the run's sidecar config), ``config`` the sidecar config
+    fields' kinds and ranges (checked before any reader uses them). Returns the spec (also
+    registered)."""
     key = tuple(key)
     strict = set(key) | set(required)
     names = [c for c, _ in columns]
     assert set(key) <= set(names) and not strict & set(optional), (name, key, optional)
     schema = pa.schema([pa.field(c, t, nullable=c not in strict) for c, t in columns])
     assert set(distinct_by) <= set(names) and not set(distinct_by) & set(key), (name, distinct_by)
-    spec = TableSpec(name, schema, key, frozenset(optional), unique, tuple(distinct_by))
+    assert set(values or {}) <= set(names), (name, set(values or {}) - set(names))
+    spec = TableSpec(name, schema, key, frozenset(optional), unique, tuple(distinct_by),
+                     dict(values or {}), dict(config or {}))
     _SPECS[name] = spec
     return spec
 
@@ -364,6 +379,54 @@ def _check_part(path: Path, tbl: pa.Table, spec: TableSpec) -> pa.Table:
 #: Parquet schema metadata key of a part written by :meth:`RecordStore.append`: the JSON list
 #: of declared columns its rows did not give (a part missing another column is refused).
 ABSENT_KEY = b"stateremat.absent_columns"
+
+
+#: Parquet schema metadata key of every part :meth:`RecordStore.append` writes: the JSON object
+#: ``{"table": ..., "config": ...}`` naming the table and the run (its sidecar config) it
+#: belongs to. A reader refuses a part of another table or another run.
+PART_KEY = b"stateremat.part"
+
+
+def part_identity(table: str, config: Any) -> bytes:
+    """The :data:`PART_KEY` value of a part of ``table`` written by the run of ``config``
+    (a sidecar's config, as JSON holds it)."""
+    return json.dumps({"table": table, "config": config}, sort_keys=True,
+                      default=json_default).encode()
+
+
+_STAMP_TIP = ("Tip: move it out of the folder (keep it if it belongs elsewhere), then rerun the "
+              "run's command with the same --out to redo its rows.")
+
+
+def _check_identity(path: Path, tbl: pa.Table, table: str, config: Any) -> None:
+    """Refuse part ``path`` unless its :data:`PART_KEY` says it is ``table``'s, written by the run
+    of ``config`` (None: no sidecar says which run; only the table is compared).
+
+    Raises:
+        RecordsError: naming the file and the table or config fields that differ.
+    """
+    raw = (tbl.schema.metadata or {}).get(PART_KEY)
+    try:
+        ident = json.loads(raw) if raw is not None else None
+    except ValueError:
+        ident = None
+    if not isinstance(ident, dict) or not isinstance(ident.get("table"), str):
+        raise RecordsError(
+            f"stateremat records: {path} does not say which table and run it belongs to (no "
+            f"{PART_KEY.decode()} note, which every part this version writes has), so it may "
+            "be another run's. Tip: a part written before the note: if every part of this "
+            "folder is its own run's, stamp them once with `python tools/stamp_parts.py "
+            f"{path.parent.parent}`; otherwise move it out of the folder and rerun the run's "
+            "command with the same --out to redo its rows.")
+    if ident["table"] != table:
+        raise RecordsError(
+            f"stateremat records: {path} is a part of table {ident['table']!r}, not of "
+            f"{table!r} (its folder); it was copied or moved in. {_STAMP_TIP}")
+    if config is not None and ident.get("config") != config:
+        raise RecordsError(
+            f"stateremat records: {path} was written by another run of table {table!r} (its "
+            f"config differs from the sidecar's: {_config_diff(ident.get('config') or {}, config)}"
+            f"); it was copied or moved in. {_STAMP_TIP}")
 
 
 def _absent_columns(tbl: pa.Table) -> set[str]:
@@ -504,6 +567,7 @@ class RecordStore:
         _rows_dir(self.out_dir, table).mkdir(parents=True, exist_ok=True)
         self.sidecar = self.out_dir / f"{table}.json"
         config = dict(meta or {})
+        self._config = json.loads(json.dumps(config, default=json_default))
         if not self.sidecar.exists() and any(self.dir.glob("part-*.parquet")):
             raise RecordsError(
                 f"stateremat records: {self.dir} holds rows but its sidecar {self.sidecar} is "
@@ -550,8 +614,10 @@ class RecordStore:
         if missing:
             raise RecordsError(f"stateremat records: rows for {self.table!r} lack key columns "
                                f"{missing}. This is a bug in the caller, please report it.")
+        ident = {PART_KEY: part_identity(self.table, self._config)}
         if self.spec is None:
             tbl = pa.Table.from_pylist([dict(r) for r in rows])
+            tbl = tbl.replace_schema_metadata({**(tbl.schema.metadata or {}), **ident})
         else:
             extra = sorted({c for r in rows for c in r} - set(self.spec.schema.names))
             if extra:
@@ -561,7 +627,7 @@ class RecordStore:
             have = {c for r in rows for c in r}
             schema = pa.schema([f for f in self.spec.schema if f.name in have])
             absent = [f.name for f in self.spec.schema if f.name not in have and f.name not in self.spec.optional]
-            schema = schema.with_metadata({ABSENT_KEY: json.dumps(absent).encode()})
+            schema = schema.with_metadata({ABSENT_KEY: json.dumps(absent).encode(), **ident})
             tbl = _rows_table(self.table, rows, schema)
             _check_part(self.dir / "(new part)", tbl, self.spec)
         buf = io.BytesIO()
@@ -600,6 +666,8 @@ class RecordStore:
                 raise _unreadable(p, exc) from exc
             spec = self.spec or _observed_spec(self.table, tbl, self.key)
             df = _check_part(p, tbl, spec).to_pandas()  # typed as declared, same row order
+            _check_identity(p, tbl, self.table, self._config)
+            check_rows([p] * len(df), self.table, df, spec.values, spec.key, self._config)
             mask = match(df).to_numpy(dtype=bool)
             if not mask.any():
                 continue
@@ -661,11 +729,15 @@ def read_records(out_dir: str | os.PathLike, table: str, *, key: Sequence[str] |
         if spec is None:
             spec = _observed_spec(table, tbl, key)
         tables.append(_check_part(p, tbl, spec))
+        _check_identity(p, tbl, table, None if doc is None else doc.get("config"))
         present.update(tbl.schema.names)
         origin.append(p)
     # An optional column no part has stays absent (as before it was declared).
     df = pa.concat_tables(tables).select(
         [n for n in spec.schema.names if n in present]).to_pandas()
+    where = [origin[i] for i, t in enumerate(tables) for _ in range(t.num_rows)]
+    check_rows(where, table, df, spec.values, spec.key,
+               (doc or {}).get("config") if isinstance((doc or {}).get("config"), dict) else {})
     key = [k for k in key if k in df.columns]
     if key and spec.unique:
         check, key = df, key + [c for c in spec.distinct_by if c not in key]
@@ -676,7 +748,6 @@ def read_records(out_dir: str | os.PathLike, table: str, *, key: Sequence[str] |
                                  for c in spec.distinct_by})
         dup = check.duplicated(key, keep=False)
         if dup.any():
-            where = [origin[i] for i, n in enumerate(t.num_rows for t in tables) for _ in range(n)]
             idx = list(check.index[dup.to_numpy()])
             first = tuple(check.loc[idx[0], key])
             files = sorted({str(where[i]) for i in idx

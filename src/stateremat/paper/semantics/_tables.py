@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from ..._shared.checks import MAX_SEED
+from ..limits import MAX_STUDY_SEEDS
 from ..records import declare_table
+from ..records import in_config, int_list, number, one_of, text_list
+from ._families import DTYPES, FAMILIES, JAX_METHODS, STATEREMAT_JAX_METHOD, TORCH_METHOD_NAMES
 
 SEMANTICS_TABLE = "semantics"
 EXTENSION_TABLE = "semantics_stateremat_jax"
@@ -20,5 +24,22 @@ COLUMNS = [
     ("framework_version", pa.string()), ("device", pa.string()), ("program_hash", pa.string()),
     ("params_json", pa.string()), ("created_utc", pa.string()),
 ]
-for _table in (SEMANTICS_TABLE, EXTENSION_TABLE):
-    declare_table(_table, COLUMNS, KEY, required=("outcome",))
+_NOT_RUN = {"outcome": ("R", "unsupported")}  # raised or outside the domain: nothing compared
+#: Value rules of both tables (checked on every read, against the run's sidecar config).
+VALUES = {
+    "seed": in_config("seeds"), "family": in_config("families"), "dtype": in_config("dtypes"),
+    "outcome": one_of("M", "R", "D", "unsupported"),
+    **{c: number(0, missing=_NOT_RUN) for c in ("max_abs_diff_out", "max_abs_diff_grad",
+                                                "max_abs_diff_state", "max_abs_diff_rng")},
+    "max_rel_diff": number(0, missing=_NOT_RUN, inf=True),  # a divergence from a zero reference
+    "invocation_count": number(0), "elapsed_s": number(0),
+}
+#: What tells the two tables' rows apart (a part of one copied into the other is refused).
+METHODS = {SEMANTICS_TABLE: (("torch", "jax"), (*TORCH_METHOD_NAMES, *JAX_METHODS)),
+           EXTENSION_TABLE: (("jax",), (STATEREMAT_JAX_METHOD,))}
+#: Sidecar config fields, checked before a reader sizes its work from them.
+CONFIG = {"seeds": int_list(0, MAX_SEED, MAX_STUDY_SEEDS), "families": text_list(len(FAMILIES)),
+          "dtypes": text_list(len(DTYPES))}
+for _table, (_backends, _methods) in METHODS.items():
+    declare_table(_table, COLUMNS, KEY, required=("outcome",), config=CONFIG,
+                  values={**VALUES, "backend": one_of(*_backends), "method": one_of(*_methods)})

@@ -11,7 +11,18 @@ from __future__ import annotations
 import pandas as pd
 import pyarrow as pa
 
+from ..._shared.checks import MAX_SEED
+from ...contract import Outcome
+from ..limits import MAX_PROGRAMS, MAX_STUDY_SEEDS
 from ..records import declare_table
+from ..records import (below_config, config_value, in_config, int_list, integer, number,
+                               one_of)
+from ._families import FAMILIES
+
+#: The engines of the study (``reference.engines.ENGINES``; named here so readers need not
+#: import them) and the joint-alias dims (``_study.ALIAS_DIMS``).
+ENGINE_NAMES = ("eager", "guarded", "readset", "region", "whole")
+ALIAS_DIMS = (32, 64)
 
 
 FINITE_KEY = ("suite", "seed", "program", "check")
@@ -47,9 +58,47 @@ ALIAS_COLUMNS = [
     ("dim", pa.int64()), ("program_seed", pa.string()), ("check", pa.string()),
     ("engine", pa.string()), ("outcome", pa.string()),
 ]
-declare_table("finite", FINITE_COLUMNS, FINITE_KEY, required=("outcome",))
-declare_table("engines", ENGINES_COLUMNS, ENGINES_KEY, required=("outcome",))
-declare_table("alias", ALIAS_COLUMNS, ALIAS_KEY, required=("outcome",))
+_OUTCOMES = one_of(*(str(o) for o in Outcome))
+_SIZES = ("dims", "n_ops", "n_segments", "state_bytes", "coordinates", "retained_bytes",
+          "workspace_bytes", "bytes_differing", "dim")
+
+
+def _sizes(columns) -> dict:
+    """Counts and byte sizes among ``columns``: finite and non-negative."""
+    return {c: number(0) for c, _ in columns if c in _SIZES}
+
+
+#: Value rules (checked on every read, against the run's sidecar config); a check that measures
+#: no error (or a program outside the supported domain) writes NaN for it.
+FINITE_VALUES = {
+    **_sizes(FINITE_COLUMNS), "suite": one_of("derivative", "byte"), "family": one_of("derivative", "byte"),
+    "check": one_of("scalar_output", "gradient", "final_storage_control", "complex_step",
+                    "snapshot_replay", "region_undo", "wrong_rng"),
+    "outcome": _OUTCOMES, "seed": config_value("seed"), "program": below_config("programs"),
+    "max_error": number(0, missing={"check": ("snapshot_replay", "region_undo", "wrong_rng"),
+                                    "outcome": ("unsupported",)}),
+    "segment_random_ops": number(0, missing=True),
+}
+_STUDY_VALUES = {
+    "family": one_of(*FAMILIES), "outcome": _OUTCOMES,
+    "engine": one_of("", *ENGINE_NAMES),
+    "max_error": number(0, missing={"check": ("stored_operations", "integer_write_gradient"),
+                                    "outcome": ("unsupported",)}),
+}
+ENGINES_VALUES = {**_sizes(ENGINES_COLUMNS), **_STUDY_VALUES, "check": one_of("recovery", "complex_step"),
+                  "seed": config_value("seed"), "program": below_config("programs")}
+ALIAS_VALUES = {**_sizes(ALIAS_COLUMNS), **_STUDY_VALUES, "pattern": one_of(*FAMILIES), "dim": one_of(*ALIAS_DIMS),
+                "check": one_of("recovery", "stored_operations", "integer_write_gradient"),
+                "seed": in_config("seeds")}
+#: Sidecar config fields, checked before a reader sizes its work from them.
+PROGRAMS_CONFIG = {"programs": integer(1, MAX_PROGRAMS), "seed": integer(0, MAX_SEED)}
+ALIAS_CONFIG = {"seeds": int_list(0, MAX_SEED, MAX_STUDY_SEEDS)}
+declare_table("finite", FINITE_COLUMNS, FINITE_KEY, required=("outcome",),
+              values=FINITE_VALUES, config=PROGRAMS_CONFIG)
+declare_table("engines", ENGINES_COLUMNS, ENGINES_KEY, required=("outcome",),
+              values=ENGINES_VALUES, config=PROGRAMS_CONFIG)
+declare_table("alias", ALIAS_COLUMNS, ALIAS_KEY, required=("outcome",), values=ALIAS_VALUES,
+              config=ALIAS_CONFIG)
 
 
 def distinct(rows: pd.DataFrame, key) -> pd.DataFrame:

@@ -1,0 +1,284 @@
+"""Value rules of a records table, declared beside its schema (:func:`declare_table`).
+
+A schema says a column is a float; a rule says which floats a row may hold there: one of
+the categories a run writes, a finite number in a range, the value the run's config set. Rules
+on sidecar config fields say the same of the config before anything sizes work from it.
+Every read checks them (``read_records``), so a row no run could have written is refused by
+file, column, row key and value instead of being counted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ...contract import RecordsError
+
+__all__ = ["Rule", "ConfigField", "set_text", "one_of", "number", "config_value", "in_config",
+           "below_config", "integer", "text", "int_list", "text_list", "check_rows",
+           "check_config"]
+
+#: rows (the part as pandas), config -> boolean mask of the rows a rule refuses
+_Bad = Callable[[pd.DataFrame, str, Mapping[str, Any]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a column's values may be: ``what`` in words (for the error), ``bad`` the test."""
+
+    what: str
+    bad: _Bad
+
+
+def _missing(s: pd.Series) -> np.ndarray:
+    return s.isna().to_numpy(dtype=bool)
+
+
+#: Where a value may be missing: always (True), never (False), or in rows where any named
+#: column holds one of its values (or, given a function of the column, where it says so).
+Missing = "bool | Mapping[str, Sequence[Any] | Callable[[pd.Series], Any]]"
+
+
+def _when(df: pd.DataFrame, cond: Any) -> np.ndarray:
+    if isinstance(cond, bool):
+        return np.full(len(df), cond)
+    out = np.zeros(len(df), dtype=bool)
+    for column, values in cond.items():
+        if column in df.columns:
+            hit = values(df[column]) if callable(values) else df[column].isin(list(values))
+            out |= np.asarray(hit, dtype=bool)
+    return out
+
+
+def set_text(s: pd.Series) -> Any:
+    """For a ``missing`` condition: rows where a text column is set (not null, not empty)."""
+    return s.fillna("").astype(str) != ""
+
+
+def one_of(*values: Any) -> Rule:
+    """A categorical column: each non-null value one of ``values``."""
+    allowed = frozenset(values)
+    return Rule(f"one of {sorted(allowed)}",
+                lambda df, c, cfg: ~(_missing(df[c]) | df[c].isin(allowed).to_numpy(dtype=bool)))
+
+
+def number(lo: float | None = 0, hi: float | None = None, *, missing: Any = False,
+           inf: bool = False) -> Rule:
+    """A numeric column: finite (``inf``: or +infinity), in ``[lo, hi]``; null or NaN only
+    where ``missing`` allows it (see :data:`Missing`)."""
+    words = "a finite number" if not inf else "a number (or +infinity)"
+    words += (f" >= {lo}" if hi is None else f" in [{lo}, {hi}]") if lo is not None else (
+        f" <= {hi}" if hi is not None else "")
+    if isinstance(missing, Mapping):
+        words += (" (null or NaN only where "
+                  + " or ".join(f"{c} is set" if callable(v) else f"{c} is one of {list(v)}"
+                                for c, v in missing.items()) + ")")
+    elif missing:
+        words += " (or null)"
+
+    def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        v = pd.to_numeric(df[c], errors="coerce").astype("float64").to_numpy()
+        gone = np.isnan(v)
+        out = gone & ~_when(df, missing)
+        ok = ~gone
+        out |= ok & np.isinf(v) & ~(inf & (v > 0))
+        if lo is not None:
+            out |= ok & (v < lo)
+        if hi is not None:
+            out |= ok & (v > hi) & ~np.isinf(v)
+        return out
+
+    return Rule(words, bad)
+
+
+_UNSET = object()
+
+
+def _config_at(cfg: Mapping[str, Any], field: str) -> Any:
+    """The config's value at dotted ``field``; :data:`_UNSET` where the config does not set it
+    (a rule on it then does not apply: the part's run note already holds the same config)."""
+    v: Any = cfg
+    for part in field.split("."):
+        if not isinstance(v, Mapping) or part not in v:
+            return _UNSET
+        v = v[part]
+    return v
+
+
+def _none(df: pd.DataFrame) -> np.ndarray:
+    return np.zeros(len(df), dtype=bool)
+
+
+def config_value(field: str, *, by: str | None = None, among: str = "cells") -> Rule:
+    """Equal to the run config's ``field`` (dotted path). With ``by``: the config's ``among``
+    list holds one object per value of column ``by`` (its own ``by`` field), and a row's value
+    must equal that object's ``field`` (e.g. a cohort row's budget is its cell's budget)."""
+    if by is None:
+        def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+            want = _config_at(cfg, field)
+            if want is _UNSET:
+                return _none(df)
+            return ~(_missing(df[c]) | (df[c] == want).to_numpy(dtype=bool))
+        return Rule(f"the run config's {field}", bad)
+
+    def bad_by(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        if not isinstance(cfg.get(among), list):
+            return _none(df)
+        entries = {e.get(by): e.get(field) for e in (cfg.get(among) or [])
+                   if isinstance(e, Mapping)}
+        want = df[by].map(entries)
+        return ~(_missing(df[c]) | (df[c] == want).to_numpy(dtype=bool))
+    return Rule(f"its {by}'s {field} in the run config's {among}", bad_by)
+
+
+def in_config(field: str, *, by: str | None = None, among: str = "cells",
+              key: str | None = None) -> Rule:
+    """One of the run config's list ``field`` (a list of values, or with ``key`` of objects'
+    ``key`` fields). With ``by``: the list ``field`` of the ``among`` object for the row's
+    column ``by`` (e.g. a cohort row's method among its cell's methods)."""
+    def values(lst: Any) -> set:
+        lst = lst if isinstance(lst, list) else []
+        return {(e.get(key) if isinstance(e, Mapping) else None) if key else e for e in lst}
+
+    if by is None:
+        def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+            if _config_at(cfg, field) is _UNSET:
+                return _none(df)
+            return ~(_missing(df[c]) | df[c].isin(values(_config_at(cfg, field)))
+                     .to_numpy(dtype=bool))
+        return Rule(f"one of the run config's {field}", bad)
+
+    def bad_by(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        if not isinstance(cfg.get(among), list):
+            return _none(df)
+        entries = {e.get(by): values(e.get(field)) for e in (cfg.get(among) or [])
+                   if isinstance(e, Mapping)}
+        ok = [v in entries.get(b, ()) for b, v in zip(df[by], df[c])]
+        return ~(_missing(df[c]) | np.asarray(ok, dtype=bool))
+    return Rule(f"one of its {by}'s {field} in the run config's {among}", bad_by)
+
+
+def below_config(field: str) -> Rule:
+    """An index: an integer in ``[0, config[field])`` (e.g. a program number)."""
+    def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        n = _config_at(cfg, field)
+        if n is _UNSET:
+            return _none(df)
+        v = df[c].to_numpy(dtype="float64", na_value=np.nan)
+        return ~np.isnan(v) & ~((v >= 0) & (v < (n if isinstance(n, int) else 0)))
+    return Rule(f"in [0, the run config's {field})", bad)
+
+
+def check_rows(where: Sequence[Path], table: str, df: pd.DataFrame, rules: Mapping[str, Rule],
+               key: Sequence[str], config: Mapping[str, Any]) -> None:
+    """Refuse the first row of ``df`` that breaks a rule of ``rules`` (``where[i]``: the part
+    row ``i`` was read from; ``config``: the run's sidecar config).
+
+    Raises:
+        RecordsError: naming the file, the column, the row's key and its value.
+    """
+    for column, rule in rules.items():
+        if column not in df.columns or df.empty:
+            continue
+        bad = rule.bad(df, column, config)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            row = df.iloc[i]
+            ident = {k: _plain(row[k]) for k in key if k in df.columns}
+            raise RecordsError(
+                f"stateremat records: {where[i]} (table {table!r}) row {ident} gives {column!r} = "
+                f"{_plain(row[column])!r}, not {rule.what} ({int(bad.sum())} such row(s)); no "
+                "run of this table writes that. Tip: the part was edited or comes from another "
+                "run; move it out of the folder (keep it if it belongs elsewhere), then rerun "
+                "the run's command with the same --out to redo its rows.")
+
+
+def _plain(v: Any) -> Any:
+    return v.item() if isinstance(v, np.generic) else v
+
+
+@dataclass(frozen=True)
+class ConfigField:
+    """What a sidecar config field may hold: ``what`` in words, ``ok`` the test."""
+
+    what: str
+    ok: Callable[[Any], bool]
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def integer(lo: int, hi: int) -> ConfigField:
+    """An integer (not a bool, not a string) in ``[lo, hi]``."""
+    return ConfigField(f"an integer in [{lo:,}, {hi:,}]", lambda v: _is_int(v) and lo <= v <= hi)
+
+
+def text(*values: str) -> ConfigField:
+    """A string (with ``values``: one of them)."""
+    if values:
+        return ConfigField(f"one of {list(values)}", lambda v: isinstance(v, str) and v in values)
+    return ConfigField("a string", lambda v: isinstance(v, str))
+
+
+def int_list(lo: int, hi: int, most: int) -> ConfigField:
+    """A list of at most ``most`` integers, each in ``[lo, hi]``."""
+    return ConfigField(f"a list of at most {most:,} integers in [{lo:,}, {hi:,}]",
+                       lambda v: isinstance(v, list) and len(v) <= most
+                       and all(_is_int(x) and lo <= x <= hi for x in v))
+
+
+def text_list(most: int) -> ConfigField:
+    """A list of at most ``most`` strings."""
+    return ConfigField(f"a list of at most {most:,} strings",
+                       lambda v: isinstance(v, list) and len(v) <= most
+                       and all(isinstance(x, str) for x in v))
+
+
+def _fields_at(cfg: Any, path: str) -> list[tuple[str, Any]]:
+    """``(where, value)`` of every value at ``path``: dotted fields, ``name[]`` for each item of
+    a list; a missing field yields nothing (a config that does not set it)."""
+    found = [("config", cfg)]
+    for part in path.split("."):
+        each = part.endswith("[]")
+        name = part[:-2] if each else part
+        nxt = []
+        for where, v in found:
+            if not isinstance(v, Mapping) or name not in v:
+                continue
+            w, x = f"{where}.{name}", v[name]
+            if each:
+                nxt += [(f"{w}[{i}]", y) for i, y in enumerate(x)] if isinstance(x, list) \
+                    else [(w, _NOT_A_LIST)]
+            else:
+                nxt.append((w, x))
+        found = nxt
+    return found
+
+
+_NOT_A_LIST = object()
+
+
+def check_config(sidecar: Path, config: Any, fields: Mapping[str, ConfigField]) -> None:
+    """Refuse a sidecar whose config gives a declared field another kind or an out-of-range
+    value, before anything sizes work from it.
+
+    Raises:
+        RecordsError: naming the sidecar, the field's path and its value.
+    """
+    for path, rule in fields.items():
+        for where, v in _fields_at(config, path):
+            if v is _NOT_A_LIST or not rule.ok(v):
+                shown = "not a list" if v is _NOT_A_LIST else f"{_short(v)} ({type(v).__name__})"
+                raise RecordsError(
+                    f"stateremat records: sidecar {sidecar} gives {where} as {shown}, not "
+                    f"{rule.what}; its run never writes that. Tip: restore the sidecar from a "
+                    "copy, or use a new --out folder.")
+
+
+def _short(v: Any, n: int = 60) -> str:
+    r = repr(v)
+    return r if len(r) <= n else r[: n - 3] + "..."
