@@ -6,7 +6,7 @@ import pytest
 import stateremat
 from stateremat.contract import (
     RULES, Outcome, RecordsError, ReplayError, ProfileCardError, UndeclaredStateError,
-    ReplayDivergenceError, UnsupportedError, internal_assert, parse_seed_range, parse_size,
+    ReplayDivergenceError, UnsupportedError, internal_assert, parse_size,
 )
 from stateremat._shared.io import atomic_write_json, source_hash
 from stateremat.paper.records import RecordStore, read_records
@@ -42,14 +42,6 @@ def test_parse_size(text, expected):
 def test_parse_size_rejects(bad):
     with pytest.raises(ValueError, match="size"):
         parse_size(bad)
-
-
-def test_seed_range_half_open():
-    assert parse_seed_range("2701:2703") == [2701, 2702]
-    assert parse_seed_range("5") == [5]
-    for bad in ("3:3", "4:2", "a:b", "1:2:3"):
-        with pytest.raises(ValueError, match="seed range"):
-            parse_seed_range(bad)
 
 
 def test_record_store_appends_reads_and_resumes(tmp_path):

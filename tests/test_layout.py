@@ -406,7 +406,7 @@ EXPECTED_ALL = {
         "OPTIONS", "Option", "OptionCost", "OptionRegistry", "Outcome", "ProfileCard",
         "ProfileCardError", "RECOMPUTE_ONLY", "RULES", "RecordsError", "ReplayDivergenceError",
         "ReplayError", "SegmentCard", "UndeclaredStateError", "UnsupportedError", "card_options",
-        "format_bytes", "internal_assert", "load_card", "parse_seed_range", "parse_size", "rule",
+        "format_bytes", "internal_assert", "load_card", "parse_size", "rule",
         "save_card"],
     "stateremat.reference": [
         "DTYPES", "Node", "Op", "OpRecord", "Program", "RANDOM_KINDS", "Region", "Run", "View",
@@ -482,7 +482,7 @@ EXPECTED_ALL = {
     "stateremat.paper.profile": [
         "RecomputeOnly", "journal_scope", "preserved_now", "profile_workload", "sync",
         "warm_chain", "workload_source_hash", "wrap_segment"],
-    "stateremat.paper.cli": ["paper_app", "progress_bar"],
+    "stateremat.paper.cli": ["paper_app"],
 }
 NEEDS = {"stateremat.jax": "jax", "stateremat.torch": "torch", "stateremat.paper.bench": "torch", "stateremat.paper.moco": "torch",
          "stateremat.paper.workloads": "torch", "stateremat.paper.profile": "torch"}

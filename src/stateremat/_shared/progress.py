@@ -70,7 +70,7 @@ def as_progress(progress: "Progress | bool | None", api: str) -> Progress:
         return NO_PROGRESS
     if progress is True:
         raise TypeError(f"{api}: progress=True is not a progress reporter; runners do not draw. "
-                        "Tip: pass `with stateremat.paper.cli.progress_bar() as bar: ...` "
+                        "Tip: pass `with stateremat._shared.progress.progress_bar() as bar: ...` "
                         "progress=bar, or None.")
     return progress
 

@@ -17,7 +17,7 @@ from ._errors import (
 from ._options import OPTIONS as OPTIONS, Option as Option, OptionRegistry as OptionRegistry, RECOMPUTE_ONLY as RECOMPUTE_ONLY
 from ._outcome import Outcome as Outcome
 from ._rules import RULES as RULES, rule as rule
-from ._units import format_bytes as format_bytes, parse_seed_range as parse_seed_range, parse_size as parse_size
+from ._units import format_bytes as format_bytes, parse_size as parse_size
 from ._card import (
     OptionCost as OptionCost,
     ProfileCard as ProfileCard,
@@ -32,6 +32,6 @@ __all__ = [
     "OPTIONS", "Option", "OptionCost", "OptionRegistry", "Outcome", "ProfileCard",
     "ProfileCardError", "RECOMPUTE_ONLY", "RULES", "RecordsError", "ReplayDivergenceError",
     "ReplayError", "SegmentCard", "UndeclaredStateError", "UnsupportedError", "card_options",
-    "format_bytes", "internal_assert", "load_card", "parse_seed_range", "parse_size", "rule",
+    "format_bytes", "internal_assert", "load_card", "parse_size", "rule",
     "save_card",
 ]

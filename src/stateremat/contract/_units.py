@@ -72,24 +72,3 @@ def format_bytes(n: float) -> str:
         if abs(n) >= f:
             return f"{n / f:.2f} {unit}"
     return f"{int(n)} B"
-
-
-def parse_seed_range(text: str) -> list[int]:
-    """Parse a half-open seed range ``"A:B"`` (Python style) or a single seed ``"A"``.
-
-    ``"2701:2703"`` is ``[2701, 2702]``.
-
-    Raises:
-        ValueError: if the text is not ``A`` or ``A:B`` with integers ``A < B``.
-    """
-    m = re.fullmatch(r"\s*(-?[0-9]+)\s*(?::\s*(-?[0-9]+)\s*)?", str(text))  # ASCII digits
-    if not m:
-        raise ValueError(f"seed range {text!r}: expected A:B (half-open, like 2701:2703) or one seed")
-    if m.group(1).startswith("-") or (m.group(2) or "").startswith("-"):
-        raise ValueError(f"seed range {text!r}: seeds must be non-negative integers "
-                         "(NumPy and torch generators take seeds >= 0)")
-    a = int(m.group(1))
-    b = int(m.group(2)) if m.group(2) is not None else a + 1
-    if b <= a:
-        raise ValueError(f"seed range {text!r}: empty (A:B is half-open; need A < B)")
-    return list(range(a, b))

@@ -18,6 +18,12 @@ tensors on both sides — is the user's and replays as of the forward, as before
 the values only: it needs no FSDP internals, holds whichever modules a segment reaches (the unit
 itself or a layer inside it), and loads nothing (``torch.distributed.tensor`` is looked up only
 once something imported it; without it no tensor can be a ``DTensor``).
+
+Writes, too: an op of FSDP2's own namespace (``torch.ops.fsdp.*``, its all-gather copies into
+its parameter buffers, run again when it re-gathers at a replay) writes the framework's storage,
+not the segment's state (:func:`framework_op`, asked by ``_mode.StrictMode``). And a model whose
+framework runs collectives of its own (:func:`runs_collectives`) changes how a failing rank
+leaves ``profile`` (``_distributed.every_rank_or_none``).
 """
 from __future__ import annotations
 
@@ -84,6 +90,12 @@ def framework_objects(modules: Iterable[Any]) -> set[int]:
             continue
         seen.add(id(v))
     return seen
+
+
+def framework_op(func: Any) -> bool:
+    """An op of FSDP2's own (``torch.ops.fsdp.*``: its all-gather copies into its parameter buffers,
+    run again when it re-gathers at a replay): the framework's storage, not the segment's state."""
+    return getattr(func, "namespace", None) == "fsdp"
 
 
 def fsdp_units(model: Any) -> list[Any]:

@@ -32,6 +32,7 @@ from stateremat.contract import rule
 
 from ._compat import PLAIN_TENSOR_TYPES, TorchDispatchMode, dtensor_local, has_storage, in_foreign_recompute
 from ._errors import ReplayError
+from ._framework import framework_op
 from ._preserve import PRESERVERS, Preserver
 from ._runtime import DeclaredStorage, Runtime, runtime
 from ._storage import storage_key
@@ -322,12 +323,6 @@ def _touch(touched: set, args: tuple, kwargs: dict) -> None:
                 touched.add(storage_key(t))
 
 
-def _framework_op(func: Any) -> bool:
-    """An op of FSDP2's own (``torch.ops.fsdp.*``: its all-gather copies into its parameter buffers,
-    run again when it re-gathers at a replay): the framework's storage, not the segment's state."""
-    return getattr(func, "namespace", None) == "fsdp"
-
-
 class StrictMode(TorchDispatchMode):
     """See every op of a forward (``role="forward"``) or replay (``role="replay"``) on this thread.
 
@@ -385,10 +380,10 @@ class StrictMode(TorchDispatchMode):
                         on_write(st, func, args, kwargs, w)  # a journal keeps this first write too
                         hit.append(st)
                         st.bumps_due += 1
-                    elif self.rt.forward and w.untyped_storage().data_ptr() not in self.created and not _framework_op(func):
+                    elif self.rt.forward and w.untyped_storage().data_ptr() not in self.created and not framework_op(func):
                         self.rt.forward[-1].unreached_write(w)  # pre-existing, yet no scan reached it
                 elif w.untyped_storage().data_ptr() not in self.created and self.segment is not None \
-                        and not _framework_op(func):
+                        and not framework_op(func):
                     self.segment.undeclared_at_replay(w, func, "a storage that is not declared")
         watched = watch_resized_outs(func, args, kwargs, self.rt.storages) if writes else []
         out = func(*args, **kwargs)

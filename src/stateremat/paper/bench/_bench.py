@@ -32,7 +32,7 @@ def run_experiment(name: str, out: str | Path, *, preset: str = "cpu", device: s
         steps: override the spec's measured steps per method.
         budget_bytes: override the paper's (scaled) logical budget of every cell, bytes (else a
             cell with a budget / eager-peak rule is resolved on its profile card, measured first).
-        progress: where to report steps done (``stateremat.paper.cli.progress_bar``); None: nowhere.
+        progress: where to report steps done (``stateremat._shared.progress.progress_bar``); None: nowhere.
 
     Returns:
         The summary (as written to ``summary.json``; ``tables.md`` is its rendering).

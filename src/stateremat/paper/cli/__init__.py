@@ -2,12 +2,11 @@
 
 Importing this package registers them on :data:`paper_app`; the library's ``stateremat``
 command serves them from there. With the library CLI, the only place that prints or draws
-progress (:func:`progress_bar`).
+progress (``stateremat._shared.progress.progress_bar``).
 """
 from __future__ import annotations
 
 from ._app import paper_app as paper_app
-from ..._shared.progress import progress_bar as progress_bar
 from . import _main, _verify, _cohort, _bench, _moco, _report, _cohort_processes  # noqa: F401,E402  (registration)
 
-__all__ = ["paper_app", "progress_bar"]
+__all__ = ["paper_app"]

@@ -288,7 +288,7 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
             recorded in the cohort config and passed to every process. Without it, a cell with
             a budget / eager-peak rule (``fair44`` at ``cpu`` scale) gets its budget from its
             frozen card, recorded in the config the same way.
-        progress: where to report finished processes (``stateremat.paper.cli.progress_bar``);
+        progress: where to report finished processes (``stateremat._shared.progress.progress_bar``);
             None: nowhere.
         on_stop: after a stop signal (everything finished kept): ``"raise"``
             :class:`~._launch.CohortStopped` with the host's signal handlers back (a library

@@ -301,7 +301,7 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
         device: ``"cpu"``/``"cuda"``; None picks CUDA when present.
         methods: subset of :data:`METHODS` (all seven by default).
         progress: where to report runs and encoder steps and the dataset note
-            (``stateremat.paper.cli.progress_bar``); None: nowhere (the note is in the sidecar).
+            (``stateremat._shared.progress.progress_bar``); None: nowhere (the note is in the sidecar).
         threads: torch intra-op threads for the run (None: the preset's, else torch's setting);
             recorded, because reductions split differently across thread counts.
 

@@ -196,7 +196,7 @@ def run_semantics(seeds: Sequence[int], out_dir: str | Path, *, progress: Progre
     Args:
         seeds: seed keys, e.g. ``range(420000, 420050)`` (the paper's 50).
         out_dir: run folder; tables :data:`SEMANTICS_TABLE` and :data:`EXTENSION_TABLE`.
-        progress: where to report units done (``stateremat.paper.cli.progress_bar``); None:
+        progress: where to report units done (``stateremat._shared.progress.progress_bar``); None:
             nowhere.
         device: torch device (``auto``: CUDA when available); recorded in the run config,
             so a resumed run must use the same one. JAX always runs on CPU.
