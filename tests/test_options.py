@@ -121,6 +121,7 @@ def test_replays_and_journals_come_from_the_registry(offload):
     with pytest.raises(ValueError, match="unknown checkpoint option 'nope'"):
         OPTIONS.replays("nope")
     assert OPTIONS.baseline == "eager"  # a registered fourth option that replays does not change it
+    assert OPTIONS.control == "whole"  # nor the state-agnostic control (offload is not required)
 
 
 def test_no_library_module_spells_the_baseline_option_as_a_literal_plan():
@@ -144,9 +145,11 @@ def test_no_module_outside_the_registry_tests_an_option_by_name_or_replays_flag(
 
     root = pathlib.Path(__file__).resolve().parents[1] / "src" / "stateremat"
     files = [*(root / "torch").rglob("*.py"), *(root / "paper" / "profile").rglob("*.py"),
-             root / "planner" / "_explain.py", root / "paper" / "bench" / "_methods.py"]
-    pattern = re.compile(r"""(==|!=)\s*["'](region|whole|eager)["']|["'](region|whole)["']\s+in\s+\w|\]\.replays\b""")
+             *(p for p in (root / "planner").glob("*.py") if p.name != "_examples.py"),  # (examples: data)
+             root / "paper" / "bench" / "_methods.py"]
+    # (the paper's state-agnostic control, whole unpreserved, is OPTIONS.control, not a literal)
+    pattern = re.compile(r"""(==|!=)\s*["'](region|whole|eager)["']|["'](region|whole)["']\s+in\s+\w|\]\.replays\b"""
+                         r"""|index\(["'](whole|eager)["']\)|\(["']eager["'],\s*["']whole["']\)|\[["']whole["']\]""")
     hits = [f"{p.relative_to(root)}:{i}: {line.strip()}" for p in files
-            for i, line in enumerate(p.read_text().splitlines(), 1)
-            if pattern.search(line) and "state_agnostic" not in line]  # the paper's control: whole, unpreserved
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []

@@ -109,6 +109,14 @@ class OptionRegistry:
         segment runs when no checkpoint applies (the first registered option with ``replays=False``)."""
         return next(o.name for o in self._options if not o.replays)
 
+    @property
+    def control(self) -> str:
+        """Name of the required option that replays (``"whole"``, a whole snapshot): the paper's
+        state-agnostic control (§3; the ``state_agnostic`` planner omits its preservation cost) and
+        what a fixed method falls back to where a card lacks its option (the first registered
+        option with ``required=True`` and ``replays=True``)."""
+        return next(o.name for o in self._options if o.required and o.replays)
+
     def journals(self, name: str) -> bool:
         """True if ``name`` is a registered option whose preserver journals (``Option.journals``);
         False for ``recompute_only`` and unknown names."""

@@ -48,9 +48,9 @@ def _why(res: "PlanResult", i: int, chosen: str, max_q: int) -> str:
         for o in OPTIONS.names:
             if o not in seg.options:
                 parts.append(f"no {o} option" + (" (no declared state)" if OPTIONS.journals(o) else ""))
-    if res.planner == "state_agnostic" and chosen == "whole":
-        seen = seg.options.get(RECOMPUTE_ONLY, seg.options["whole"])
-        parts.append(f"model saw whole without preservation: {format_bytes(seen.retained_bytes)}, "
+    if res.planner == "state_agnostic" and chosen == OPTIONS.control:
+        seen = seg.options.get(RECOMPUTE_ONLY, seg.options[OPTIONS.control])
+        parts.append(f"model saw {OPTIONS.control} without preservation: {format_bytes(seen.retained_bytes)}, "
                      f"{seen.time_s:.4g} s")
     if cost.temp_bytes == max_q and max_q > 0:
         parts.append("sets the temporary maximum")

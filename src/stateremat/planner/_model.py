@@ -131,7 +131,7 @@ def cost_tables(card: ProfileCard, options: tuple[str, ...] | None = None,
             if o not in options or o not in seg.options:
                 continue
             cost = seg.options[o]
-            if omit_preservation and o == "whole":
+            if omit_preservation and o == OPTIONS.control:
                 if RECOMPUTE_ONLY in seg.options:
                     cost = seg.options[RECOMPUTE_ONLY]
                 else:

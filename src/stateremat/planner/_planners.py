@@ -59,8 +59,8 @@ class PlannerSpec:
 
 SPECS: dict[str, PlannerSpec] = {
     "joint": PlannerSpec("joint", None),
-    "eager_whole": PlannerSpec("eager_whole", ("eager", "whole")),
-    "state_agnostic": PlannerSpec("state_agnostic", ("eager", "whole"), omit_preservation=True),
+    "eager_whole": PlannerSpec("eager_whole", (OPTIONS.baseline, OPTIONS.control)),
+    "state_agnostic": PlannerSpec("state_agnostic", (OPTIONS.baseline, OPTIONS.control), omit_preservation=True),
 }
 
 
@@ -312,7 +312,7 @@ def _fixed(option: str) -> Callable[..., PlanResult]:
         spec = PlannerSpec(option, None)
         tables = spec.model(card)
         k = tables.option_names.index(option)
-        codes = np.where(tables.valid[:, k], k, tables.option_names.index("whole"))
+        codes = np.where(tables.valid[:, k], k, tables.option_names.index(OPTIONS.control))
         own = (evaluate if peak == "eq3" else chain_evaluate)(tables, codes)[0]
         return _record(spec, card, budget, codes, solver="fixed", t0=t0, optimal=False,
                        min_peak_pair=(own, codes), model=tables, peak=peak, extra_notes=bnote)
