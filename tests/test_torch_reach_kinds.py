@@ -141,3 +141,55 @@ def test_a_class_attribute_rebinding_replays_as_of_the_forward(kind, preserve, m
     an object's class (``type(self).acc``) or captured by a module's forward: the replay reads the
     tensor the forward read, then the class holds the forward's result again."""
     _assert_eager(CLASS_KINDS[kind], mode, preserve, state)
+
+
+# -- kind 2: an attribute of a function the segment calls ---------------------------------------
+
+def global_helper(y, x):
+    """A module-level helper that keeps a running sum on itself."""
+    out = y * global_helper.acc
+    global_helper.acc = global_helper.acc + x.sum(0)
+    return out
+
+
+def _function_global():
+    lin = nn.Linear(4, 4).to(D)
+    global_helper.acc = torch.zeros(4, dtype=D)
+    return lin, lambda x: global_helper(lin(x), x), lambda: global_helper.acc
+
+
+def _function_captured():
+    lin = nn.Linear(4, 4).to(D)
+
+    def helper(y, x):
+        helper.acc = helper.acc * 0.5 + x.sum(0)  # rebound before its use
+        return y * helper.acc
+    helper.acc = torch.zeros(4, dtype=D)
+    return lin, lambda x: helper(lin(x), x), lambda: helper.acc
+
+
+def _function_itself():
+    lin = nn.Linear(4, 4).to(D)
+
+    def fn(x):  # the segment's own function
+        y = lin(x) * fn.acc
+        fn.acc = fn.acc + x.sum(0)
+        return y
+    fn.acc = torch.zeros(4, dtype=D)
+    return lin, fn, lambda: fn.acc
+
+
+FUNCTION_KINDS = {"global helper": _function_global, "captured helper": _function_captured,
+                  "the segment's function": _function_itself}
+
+
+@pytest.mark.parametrize("state", ["auto", None])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("kind", list(FUNCTION_KINDS))
+def test_a_function_attribute_rebinding_replays_as_of_the_forward(kind, preserve, mode, state):
+    """``fn.acc = fn.acc + x.sum(0)`` on a helper the segment loads as a global, a helper it captures,
+    or the segment's own function: the replay reads the tensor the forward read, then the function
+    holds the forward's result again (before, the replay read the advanced tensor: silently wrong
+    gradients from the first step, and state from the second)."""
+    _assert_eager(FUNCTION_KINDS[kind], mode, preserve, state)

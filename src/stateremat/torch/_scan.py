@@ -424,6 +424,13 @@ def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
     defaults = (getattr(fn, "__defaults__", None) or ()) + tuple((getattr(fn, "__kwdefaults__", None) or {}).values())
     for i, v in enumerate(defaults):
         _add_value(r, v, f"default argument {i}", depth)
+    attrs = getattr(fn, "__dict__", None) if type(fn) is types.FunctionType else None
+    if attrs:  # a function attribute (``fn.acc = fn.acc + 1``): a binding slot, replayed as of the forward
+        for k, v in list(attrs.items()):
+            what = f"function attribute {getattr(fn, '__qualname__', '?')}.{k}"
+            if isinstance(v, torch.Tensor):
+                r.slots.append((what, attrs, k, v))
+            _add_value(r, v, what, depth + 1)
     glb = getattr(fn, "__globals__", {})
     for name in _code_names(code):
         v = glb.get(name)
