@@ -10,12 +10,13 @@ compared bit for bit with no checkpointing in float64 over several steps, over b
 from __future__ import annotations
 
 import types
+import weakref
 
 import pytest
 import torch
 from torch import nn
 
-from stateremat.torch import StatefulCheckpoint, checkpoint
+from stateremat.torch import StatefulCheckpoint, UndeclaredStateError, checkpoint
 
 D = torch.float64
 PRESERVERS = ["whole", "region"]
@@ -193,3 +194,50 @@ def test_a_function_attribute_rebinding_replays_as_of_the_forward(kind, preserve
     holds the forward's result again (before, the replay read the advanced tensor: silently wrong
     gradients from the first step, and state from the second)."""
     _assert_eager(FUNCTION_KINDS[kind], mode, preserve, state)
+
+
+# -- kind 3: what a weak reference the segment holds refers to ----------------------------------
+
+def _weakref_object():
+    lin = nn.Linear(4, 4).to(D)
+
+    class Stats:  # rebound through the reference
+        def __init__(self):
+            self.acc = torch.zeros(4, dtype=D)
+    stats = Stats()
+    ref = weakref.ref(stats)
+
+    def fn(x):
+        y = lin(x) * ref().acc
+        ref().acc = ref().acc + x.sum(0)
+        return y
+    return lin, fn, lambda: stats.acc  # (the getter keeps it alive; the segment reaches it through ``ref``)
+
+
+def _weakref_tensor():
+    lin = nn.Linear(4, 4).to(D)
+    buf = torch.zeros(4, dtype=D)
+    ref = weakref.ref(buf)
+
+    def fn(x):
+        y = lin(x) * ref().clone()
+        ref().add_(x.sum(0))  # written in place through the reference
+        return y
+    return lin, fn, lambda: buf
+
+
+WEAKREF_KINDS = {"object": _weakref_object, "tensor": _weakref_tensor}
+
+
+@pytest.mark.parametrize("state", ["auto", None])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("kind", list(WEAKREF_KINDS))
+def test_state_reached_through_a_weak_reference_replays_as_of_the_forward(kind, preserve, mode, state):
+    """A ``weakref.ref`` the segment captures: an attribute of its referent rebound, or a referent
+    tensor written in place, replays as of the forward (the scan follows the live referent)."""
+    if kind == "tensor" and state is None:  # strict mode: an undeclared in-place write is refused
+        with pytest.raises(UndeclaredStateError, match="not declared state"):
+            _assert_eager(WEAKREF_KINDS[kind], mode, preserve, state)
+        return
+    _assert_eager(WEAKREF_KINDS[kind], mode, preserve, state)

@@ -33,6 +33,7 @@ import functools
 import re
 import sys
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -488,6 +489,12 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
             _add_class(r, v, depth + 1)
         return
     if isinstance(v, _ATOMS) or id(v) in r.seen or not r.budget_left():
+        return
+    if type(v) is weakref.ref:  # a weak reference the segment may call: its live referent
+        r.seen.add(id(v))
+        target = v()
+        if target is not None:
+            _add_value(r, target, f"{what}()", depth + 1, prefix)
         return
     if isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
         # a helper, bound method or hook the segment calls: what it captures runs again at replay
