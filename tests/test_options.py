@@ -153,3 +153,31 @@ def test_no_module_outside_the_registry_tests_an_option_by_name_or_replays_flag(
     hits = [f"{p.relative_to(root)}:{i}: {line.strip()}" for p in files
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert hits == []
+
+
+def test_wrap_or_not_is_decided_in_one_place_of_the_torch_core():
+    """Whether a segment is wrapped (its option replays) is asked once in the torch core, by
+    ``_wrap.segment_call``; ``apply_plan``, ``SegmentForward`` and ``checkpoint_sequential``
+    take its answer (issue 23, item 4). (``checkpoint_sequential`` asks only to refuse a
+    ``preserve`` that does not replay.)"""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "src" / "stateremat" / "torch"
+    pattern = re.compile(r"OPTIONS\.replays\(|\.replays\(\)")
+    hits = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
+                  for line in p.read_text().splitlines() if pattern.search(line) and not line.lstrip().startswith("#"))
+    assert hits == ["_sequential.py", "_wrap.py"]
+
+
+def test_per_segment_counters_are_keyed_by_option():
+    """A segment's retained bytes are a dict keyed by option name (``Transaction.retained``),
+    not a test of the preserver's class or attributes (issue 23, item 4)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "src" / "stateremat" / "torch"
+    pattern = re.compile(r"isinstance\([^)]*(Whole|Region)Preserver\)|hasattr\([^)]*bytes")
+    hits = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if "_preserve" not in p.parts
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert hits == []

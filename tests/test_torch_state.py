@@ -137,6 +137,22 @@ def test_region_journal_retains_only_written_chunks(fresh_runtime):
         assert preservation_stats().retained_state_bytes == 0  # freed with the graph
 
 
+@pytest.mark.parametrize("preserve, expect", [
+    ("whole", {"whole": 1024 * 256 * 4 + 8}),
+    ("region", {"whole": 8, "region": 4 * 1024}),  # the 8-byte ptr is small: kept whole (R6)
+])
+def test_segment_counters_are_keyed_by_option(fresh_runtime, preserve, expect):
+    # A segment's retained bytes are counted per option, like the runtime's, and agree with it.
+    head = MoCoHead(dim=256, K=1024)
+    x, k = torch.randn(4, 256), F.normalize(torch.randn(4, 256), dim=1)
+    wrapped = StatefulCheckpoint(head, state="buffers", preserve=preserve)
+    loss = wrapped(x, k)
+    assert wrapped.retained_by_option == expect == preservation_stats().retained_by_option
+    assert wrapped.journal_bytes == expect.get("region", 0) == preservation_stats().journal_bytes
+    assert wrapped.snapshot_bytes == expect["whole"] == preservation_stats().snapshot_bytes
+    loss.backward()
+
+
 # ---- RNG (R3) ----------------------------------------------------------------------------
 def _dropout_net():
     torch.manual_seed(11)

@@ -343,8 +343,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
         enclosing.txn.adopt(txn)  # what the replay puts back: both halves, the transaction's
         enclosing.adopt(watch)  # what the enclosing watch no longer watches from its start
     if on_done is not None:
-        on_done["snapshot_bytes"] = txn.snapshot_bytes
-        on_done["journal_bytes"] = txn.journal_bytes
+        on_done["retained"] = txn.retained()
     return out
 
 

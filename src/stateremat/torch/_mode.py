@@ -233,10 +233,10 @@ _BEFORE_WRITES: list = []
 
 
 def _before_writes() -> list:
-    """The ``before_write`` hooks of the preserver kinds that keep something per write (the
+    """``(option, before_write)`` of the preserver kinds that keep something per write (the
     region journal); ``whole`` keeps nothing per write. Found once, at the first write."""
     if not _BEFORE_WRITES:
-        _BEFORE_WRITES.extend(cls.before_write for cls in PRESERVERS.values()
+        _BEFORE_WRITES.extend((name, cls.before_write) for name, cls in PRESERVERS.items()
                               if cls.before_write.__func__ is not Preserver.before_write.__func__)
     return _BEFORE_WRITES
 
@@ -270,10 +270,10 @@ def on_write(st: DeclaredStorage, func: Any, args: tuple, kwargs: dict, w: torch
             break
         seg.check_write(st.key, func)
     owner = rt.forward[-1] if rt.forward else None
-    for before_write in _before_writes():
+    for option, before_write in _before_writes():
         n = before_write(st, func, args, kwargs, w)
         if n and owner is not None and owner.txn.runtime is st.rt:
-            owner.txn.credit(st.key, n)
+            owner.txn.credit(option, n)
 
 
 class WriteMode(TorchDispatchMode):

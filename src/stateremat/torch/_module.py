@@ -10,6 +10,7 @@ from ._checkpoint import _validate, run_segment
 from ._compat import eager_only
 from ._scan import Declared, check_state, resolve_state
 from ._frame import RecomputeSink
+from ._runtime import journaled
 
 
 _PREFIX = "block."
@@ -47,8 +48,10 @@ class StatefulCheckpoint(nn.Module):
         name: segment name used in errors and undeclared-state messages (module path).
 
     Attributes:
-        snapshot_bytes: whole-snapshot bytes the last forward retained.
-        journal_bytes: region-journal bytes the last forward's own writes retained.
+        retained_by_option: bytes the last forward retained for its replay, by option name
+            (``"whole"``: snapshots, ``"region"``: journal entries of its own writes).
+        snapshot_bytes: bytes of ``retained_by_option`` under options that do not journal.
+        journal_bytes: bytes of ``retained_by_option`` under options that journal.
         retained_state_bytes: ``snapshot_bytes + journal_bytes``.
         recompute_count: replays run so far (one per backward that needs this block).
 
@@ -75,8 +78,7 @@ class StatefulCheckpoint(nn.Module):
         self.preserve_rng_state = preserve_rng_state
         self.segment_name = name or type(block).__name__
         self._sink = RecomputeSink()
-        self.snapshot_bytes = 0
-        self.journal_bytes = 0
+        self.retained_by_option: dict[str, int] = {}
         # state_dict keys stay those of the unwrapped block (like torch's CheckpointWrapper).
         self._register_state_dict_hook(_strip_block_prefix)
         self._register_load_state_dict_pre_hook(_add_block_prefix)
@@ -104,7 +106,15 @@ class StatefulCheckpoint(nn.Module):
 
     @property
     def retained_state_bytes(self) -> int:
-        return self.snapshot_bytes + self.journal_bytes
+        return sum(self.retained_by_option.values())
+
+    @property
+    def journal_bytes(self) -> int:
+        return journaled(self.retained_by_option)
+
+    @property
+    def snapshot_bytes(self) -> int:
+        return self.retained_state_bytes - self.journal_bytes
 
     @property
     def recompute_count(self) -> int:
@@ -120,7 +130,7 @@ class StatefulCheckpoint(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if not torch.is_grad_enabled():
             return self.block(*args, **kwargs)
-        captured: dict[str, int] = {}
+        captured: dict[str, Any] = {}
         auto = self.state == "auto" and self.on_undeclared == "raise"  # found by the segment (_learn)
         out = run_segment(
             self.block, args, kwargs, state="auto" if auto else None, preserve=self.preserve,
@@ -129,8 +139,7 @@ class StatefulCheckpoint(nn.Module):
             module_prefix=self.segment_name if self.segment_name != type(self.block).__name__ else "",
             sink=self._sink, declared=None if auto else self._declared(), on_done=captured,
         )
-        self.snapshot_bytes = captured.get("snapshot_bytes", 0)
-        self.journal_bytes = captured.get("journal_bytes", 0)
+        self.retained_by_option = captured.get("retained", {})
         return out
 
     def extra_repr(self) -> str:

@@ -11,7 +11,7 @@ from ._distributed import check_same_plan, every_rank_or_none
 from ._module import StatefulCheckpoint
 from ._segments import check_submodules, refuse_shared_segments
 from ._validate import check_plan_fields, require_module
-from ._wrap import check_segment_options, unwrap_module, wrap_module
+from ._wrap import apply_option, check_segment_options
 
 
 def _plan_fields(plan: Any) -> tuple[list[str], list[str]]:
@@ -109,8 +109,5 @@ def apply_plan(model: nn.Module, plan: Any, *, state: Any = "auto", **segment_op
             parent_name, _, child = name.rpartition(".")
             setattr(model.get_submodule(parent_name) if parent_name else model, child, sub.block)
             sub = sub.block
-        if OPTIONS.replays(option):
-            wrap_module(sub, option, name, state, **segment_options)
-        else:
-            unwrap_module(sub)
+        apply_option(sub, option, name, state, **segment_options)
     return model

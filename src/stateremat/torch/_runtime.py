@@ -28,6 +28,11 @@ from ._storage import StorageKey
 ON_FORGET: list[Callable[["DeclaredStorage"], None]] = []
 
 
+def journaled(by_option: dict[str, int]) -> int:
+    """The bytes of ``by_option`` (option name -> bytes) held by options that journal."""
+    return sum(v for k, v in by_option.items() if OPTIONS.journals(k))
+
+
 class Counters:
     """Bytes held for preservation and replay counts of one runtime (``preservation_stats``).
 
@@ -50,7 +55,7 @@ class Counters:
     @property
     def journal_bytes(self) -> int:
         """Bytes held now by options that journal (``OPTIONS.journals``: region)."""
-        return sum(v for k, v in self.held.items() if OPTIONS.journals(k))
+        return journaled(self.held)
 
     @property
     def snapshot_bytes(self) -> int:

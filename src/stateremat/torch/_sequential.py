@@ -8,7 +8,7 @@ from torch import nn
 
 from stateremat.contract import OPTIONS
 
-from ._wrap import SEGMENT_OPTIONS, _checkpoint_call
+from ._wrap import SEGMENT_OPTIONS, segment_call
 
 
 def _run(chunk: list) -> Any:
@@ -80,7 +80,7 @@ def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentra
         chunk = functions[start:end + 1]
         declared = [f for f in chunk if isinstance(f, nn.Module)] if state == "buffers" else state
         if torch.is_grad_enabled():
-            x = _checkpoint_call(preserve, declared or None, kwargs)(_run(chunk), x)
+            x = segment_call(preserve, declared or None, kwargs)(_run(chunk), x)
         else:
             x = _run(chunk)(x)
     return _run(functions[end + 1:])(x)

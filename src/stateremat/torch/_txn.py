@@ -233,7 +233,8 @@ class Transaction:
         self.preserve = preserve
         self.granularity_bytes = granularity_bytes
         self.items: dict[StorageKey, Preserver] = {}
-        self.journal_bytes = 0  # bytes journaled by this segment's own forward writes
+        #: option name -> bytes kept for this segment's own forward writes (the region journal)
+        self.written: dict[str, int] = {}
         self.declared = declared
         self._released = False
         #: storages a kernel writes without a version bump (running statistics of normalization
@@ -308,12 +309,9 @@ class Transaction:
         self._add(key, st, [name], WholePreserver if whole else PRESERVERS[self.preserve])
         self.modules.bindings.add_tensors([t])  # a set_ of it later in the forward is undone for the replay
 
-    def credit(self, key: StorageKey, n: int) -> None:
-        """``n`` journal bytes were kept for a write this segment's forward made to ``key``."""
-        self.journal_bytes += n
-        p = self.items.get(key)
-        if p is not None and hasattr(p, "own_bytes"):
-            p.own_bytes += n
+    def credit(self, option: str, n: int) -> None:
+        """``option``'s preserver kept ``n`` bytes for a write this segment's forward made."""
+        self.written[option] = self.written.get(option, 0) + n
 
     def end_forward(self, modules: list[tuple[str, Any]], scan: list[tuple[Any, torch.Tensor, int]]) -> None:
         """After the forward: note the reached ``modules``' bindings and the versions of the
@@ -401,10 +399,14 @@ class Transaction:
         """True if a journaled storage's tensors cannot be marked (every op must be watched)."""
         return any(p.storage.unmarkable for p in self.items.values())
 
-    @property
-    def snapshot_bytes(self) -> int:
-        """Whole-snapshot bytes this segment owns."""
-        return sum(p.retained_bytes for p in self.items.values() if isinstance(p, WholePreserver))
+    def retained(self) -> dict[str, int]:
+        """Bytes this segment keeps for its replay, by option name: what its preservers own
+        (whole snapshots) plus what was kept for its forward's writes (journal entries)."""
+        out = dict(self.written)
+        for p in self.items.values():
+            if p.retained_bytes:
+                out[p.name] = out.get(p.name, 0) + p.retained_bytes
+        return out
 
     def release(self) -> None:
         """Free snapshots and stop consuming journals (the segment can no longer replay)."""

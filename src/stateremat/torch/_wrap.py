@@ -39,8 +39,16 @@ def check_segment_options(state: Any, opts: dict[str, Any], api: str = "staterem
                  **{k: v for k, v in opts.items() if k != "preserve_rng_state"})
 
 
-def _checkpoint_call(option: str, state: Any, opts: dict[str, Any], name: str | None = None) -> Callable[..., Any]:
-    """A function with ``torch.utils.checkpoint.checkpoint``'s signature running ``option``."""
+def segment_call(option: str, state: Any, opts: dict[str, Any], name: str | None = None) -> Callable[..., Any] | None:
+    """How a segment under ``option`` runs: a function with ``torch.utils.checkpoint.checkpoint``'s
+    signature for an option that replays, ``None`` for one that does not (the baseline: its own
+    forward, activations kept). The one place the wrappers ask ``OPTIONS.replays``.
+
+    Raises:
+        ValueError: ``option`` is not registered (the message names the registered options).
+    """
+    if not OPTIONS.replays(option):
+        return None
     rng = {"preserve_rng_state": opts["preserve_rng_state"]} if "preserve_rng_state" in opts else {}
     if option == RECOMPUTE_ONLY:  # profiling only: replay with nothing preserved
         from torch.utils.checkpoint import checkpoint as torch_checkpoint
@@ -77,13 +85,15 @@ class SegmentForward:
         if unknown:
             raise TypeError(f"stateremat.torch: unknown segment option(s) {unknown}; expected a subset "
                             f"of {list(SEGMENT_OPTIONS)[1:]}. Tip: check the spelling.")
-        OPTIONS.replays(option)  # raises naming the registered options
         self.module = module
         self.option = option
         self.name = name
         self.state = state
         self.inner = inner
         self.opts = opts
+        #: the checkpoint this segment runs under, ``None`` for an option that does not replay
+        self.call = segment_call(option, module if isinstance(state, str) and state == "buffers" else state,
+                                 opts, name)
         self.probe: Any = None
 
     def original(self) -> Callable[..., Any]:
@@ -92,20 +102,15 @@ class SegmentForward:
             return self.inner
         return types.MethodType(type(self.module).forward, self.module)
 
-    def replays(self) -> bool:
-        """True if this option drops activations and replays the segment in backward."""
-        return OPTIONS.replays(self.option)
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         fwd = self.original()
         if self.probe is not None:
             self.probe.enter(self.name, args, kwargs)
-        if not (self.replays() and torch.is_grad_enabled()):
+        if self.call is None or not torch.is_grad_enabled():
             out = fwd(*args, **kwargs)
         else:
             refuse_python_state("stateremat.torch.apply_plan", self.name, args, kwargs)
-            state = self.module if self.state == "buffers" else self.state
-            out = _checkpoint_call(self.option, state, self.opts, self.name)(fwd, *args, **kwargs)
+            out = self.call(fwd, *args, **kwargs)
         if self.probe is not None:
             self.probe.exit(self.name, args, kwargs, out)
         return out
@@ -127,6 +132,17 @@ def wrap_module(module: nn.Module, option: str, name: str, state: Any = "auto",
     inner = old.inner if old is not None else module.__dict__.get("forward")
     wrapper = SegmentForward(module, option, name, state, inner, **opts)
     module.forward = wrapper  # an instance attribute: nn.Module.__setattr__ keeps it in __dict__
+    return wrapper
+
+
+def apply_option(module: nn.Module, option: str, name: str, state: Any = "auto",
+                 **opts: Any) -> SegmentForward | None:
+    """Put ``module`` under ``option`` as a plan says: a :class:`SegmentForward` where the option
+    replays, its own forward (no wrapper left) where it does not; returns the wrapper or ``None``."""
+    wrapper = wrap_module(module, option, name, state, **opts)
+    if wrapper.call is None:
+        unwrap_module(module)
+        return None
     return wrapper
 
 

@@ -93,5 +93,7 @@ class Preserver(abc.ABC):
 
     @property
     def retained_bytes(self) -> int:
-        """Bytes kept for this segment's replay (shared journals count where they were written)."""
+        """Bytes this preserver owns for its segment's replay (a whole snapshot). What is kept per
+        write (a shared journal) is credited to the writing segment's transaction instead
+        (``Transaction.credit``), under the option's name."""
         return 0

@@ -237,7 +237,6 @@ class RegionPreserver(Preserver):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.start_seq = 0
-        self.own_bytes = 0  # journal bytes written by this segment's own forward
 
     def begin(self) -> None:
         st = self.storage
@@ -296,7 +295,3 @@ class RegionPreserver(Preserver):
         p.start_seq, p.names = self.start_seq, list(self.names)
         self.storage.consumers[segment_id] = self.start_seq
         return p
-
-    @property
-    def retained_bytes(self) -> int:
-        return self.own_bytes
