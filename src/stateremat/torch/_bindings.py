@@ -307,6 +307,11 @@ class ModuleState:
         self.bindings.settle(self._ends)
         self.plain.settle(guarded=replay_queries != self._queries)
 
+    def declare(self, t: torch.Tensor) -> None:
+        """``t`` is declared now (promoted before its first write): a later ``set_``/``.data =``
+        of it in the forward is undone for the replay, as for tensors declared at the start."""
+        self.bindings.add_tensors([t])
+
     # -- what the watch asks: which bindings the replay puts back itself (it reads nothing else) --
     def declares(self, m: nn.Module) -> bool:
         """True if ``m`` is (inside) a declared module: its bindings are the replay's."""

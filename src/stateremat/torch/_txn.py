@@ -307,7 +307,7 @@ class Transaction:
         _witness(st, t, name)
         whole = not self.auto or key in self.whole_keys or st.nbytes <= SMALL_STORAGE_BYTES
         self._add(key, st, [name], WholePreserver if whole else PRESERVERS[self.preserve])
-        self.modules.bindings.add_tensors([t])  # a set_ of it later in the forward is undone for the replay
+        self.modules.declare(t)
 
     def credit(self, option: str, n: int) -> None:
         """``option``'s preserver kept ``n`` bytes for a write this segment's forward made."""
