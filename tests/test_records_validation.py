@@ -114,6 +114,7 @@ def test_duplicate_keys_are_refused_naming_both_files(tmp_path):
         read_records(tmp_path, "cohort_processes")
     msg = str(err.value)
     assert "duplicate key" in msg and str(part) in msg and str(copy) in msg
+    assert "e.g. {'process': 0, " in msg and "np." not in msg  # the key as the user wrote it
 
 
 def test_a_missing_rows_folder_is_refused(tmp_path):

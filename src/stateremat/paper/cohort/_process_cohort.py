@@ -38,14 +38,13 @@ with the ``requested_processes`` N of the launch that made it).
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import signal
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..._shared.io import source_hash
+from ..._shared.io import loads_json, source_hash
 from .. import Progress, as_progress
 from ..records import RecordStore
 from ..records import TEMP_DIR, check_resumable, lock_run
@@ -400,7 +399,7 @@ def _frozen_config(spec: Any, cards: dict[str, str], experiment: str, preset: st
     from ...contract import ProfileCard
     from ..bench import resolve_spec
 
-    parsed = {c: ProfileCard.from_dict(json.loads(t)) for c, t in cards.items()}
+    parsed = {c: ProfileCard.from_dict(loads_json(t)) for c, t in cards.items()}
     spec = resolve_spec(spec, parsed)
     profile = {c: card.source_hash() for c, card in parsed.items()} or None
     config = cohort_config(spec, experiment, preset, warmups=warmups, steps=steps, seed=seed,

@@ -31,7 +31,7 @@ from ...contract import RecordsError
 from ..._shared.io import (
     DuplicateKeyError, atomic_write_bytes, atomic_write_json, json_default, loads_json, provenance,
 )
-from ._values import ConfigField, Rule, check_config, check_rows
+from ._values import ConfigField, Rule, check_config, check_rows, plain_value
 
 _counter = itertools.count()
 _LOCKS: dict[str, int] = {}  # lock path -> fd held by this process for its lifetime
@@ -754,7 +754,7 @@ def read_records(out_dir: str | os.PathLike, table: str, *, key: Sequence[str] |
                             if tuple(check.loc[i, key]) == first})
             raise RecordsError(
                 f"stateremat records: table {table!r} holds {int(dup.sum())} rows with a "
-                f"duplicate key; e.g. {dict(zip(key, first))} in {', '.join(files)}. Tip: a run "
+                f"duplicate key; e.g. { {k: plain_value(v) for k, v in zip(key, first)} } in {', '.join(files)}. Tip: a run "
                 "writes each key once, so a part was copied or moved in; move the one that is "
                 "not the run's own out of the folder, then rerun with the same --out.")
     return df

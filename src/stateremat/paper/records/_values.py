@@ -187,16 +187,17 @@ def check_rows(where: Sequence[Path], table: str, df: pd.DataFrame, rules: Mappi
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             row = df.iloc[i]
-            ident = {k: _plain(row[k]) for k in key if k in df.columns}
+            ident = {k: plain_value(row[k]) for k in key if k in df.columns}
             raise RecordsError(
                 f"stateremat records: {where[i]} (table {table!r}) row {ident} gives {column!r} = "
-                f"{_plain(row[column])!r}, not {rule.what} ({int(bad.sum())} such row(s)); no "
+                f"{plain_value(row[column])!r}, not {rule.what} ({int(bad.sum())} such row(s)); no "
                 "run of this table writes that. Tip: the part was edited or comes from another "
                 "run; move it out of the folder (keep it if it belongs elsewhere), then rerun "
                 "the run's command with the same --out to redo its rows.")
 
 
-def _plain(v: Any) -> Any:
+def plain_value(v: Any) -> Any:
+    """``v`` as a Python value (a message shows ``0``, not ``np.int64(0)``)."""
     return v.item() if isinstance(v, np.generic) else v
 
 
