@@ -156,6 +156,16 @@ def test_two_views_are_seeded_crops_flips_and_contrast():
     torch.testing.assert_close(a1, _augment_loop(x, oy, ox, flip, scale, 2), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("channels", [1, 3])
+def test_two_views_have_nchw_strides(channels):
+    # One channel: strides (h*w, 1, w, 1) would also read as channels_last, where torch 2.13's CPU
+    # backward of the ResNet's 4->8 1x1 stride-2 conv corrupts the heap (the moco run aborted).
+    x = torch.randn(4, channels, 28, 28)
+    for v in two_views(x, torch.Generator().manual_seed(0)):
+        assert v.stride() == (channels * 784, 784, 28, 1)
+        assert torch.empty_like(v).stride() == v.stride()  # what conv/BN outputs inherit
+
+
 def test_measured_card_matches_known_queue_segment_bytes():
     """The card's tracker against allocations known in closed form (queue segment, tiny preset)."""
     from stateremat.paper.moco._app import PRESETS

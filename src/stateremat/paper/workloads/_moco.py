@@ -187,4 +187,7 @@ def _augment(x: torch.Tensor, g: torch.Generator, pad: int, jitter: float) -> to
     cols = torch.where(flip[:, None], cols.flip(1), cols)[:, None, :]  # (b, 1, w)
     idx = torch.arange(b)[:, None, None]
     out = padded.permute(0, 2, 3, 1)[idx, rows, cols].permute(0, 3, 1, 2)  # (b, c, h, w)
-    return (out * scale.to(out.dtype)[:, None, None, None]).contiguous()
+    # NCHW strides even for one channel: there (n, 1, h, w) strides (h*w, 1, w, 1) also read as
+    # channels_last, and torch 2.13's CPU backward of a 4->8 1x1 stride-2 conv in channels_last
+    # corrupts the heap (seen on AMD EPYC; tests/test_datasets_moco.py)
+    return (out * scale.to(out.dtype)[:, None, None, None]).clone(memory_format=torch.contiguous_format)
