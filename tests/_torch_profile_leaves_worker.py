@@ -3,7 +3,8 @@
 One spawn, many cells: ``engine/api/when`` with engine ``ddp`` (``DistributedDataParallel``) or
 ``fsdp`` (FSDP2: ``fully_shard`` per block, then the root), api ``profile`` or ``auto_checkpoint``,
 and when ``fresh`` (before any training step), ``nograd`` (after a forward under ``torch.no_grad``)
-or ``stepped`` (after one SGD step). A cell builds two identical models and brings both to
+``stepped`` (after one SGD step) or ``nosync`` (fresh, profiled with a ``step_fn`` whose backward
+runs with gradient sync off, as one micro-batch of accumulation). A cell builds two identical models and brings both to
 ``when``; it records the profiled model's parameters, buffers, gradients and (FSDP2) each unit's
 FSDP state, calls ``api`` on one of them, records them again, then trains both 3 SGD steps in
 float64 and records whether losses, every local parameter shard and every buffer are equal bit for
@@ -105,6 +106,27 @@ def _step(model: nn.Module, opt, x: torch.Tensor) -> float:
     return loss.item()
 
 
+def _nosync_step(engine: str, x: torch.Tensor, opt):
+    """A profiled step that is one micro-batch of gradient accumulation, as the user wrote it:
+    backward with gradient sync off (DDP's ``no_sync``; FSDP2 then keeps the gradients on its
+    unsharded parameters), then the optimizer step."""
+    import contextlib
+
+    def step(model: nn.Module) -> None:
+        if engine == "ddp":
+            ctx = model.no_sync()
+        else:
+            model.set_requires_gradient_sync(False)
+            ctx = contextlib.nullcontext()
+        with ctx:
+            model(x).square().mean().backward()
+        if engine == "fsdp":
+            model.set_requires_gradient_sync(True)
+        opt.step()
+        opt.zero_grad()
+    return step
+
+
 def _run_cell(engine: str, api: str, when: str, rank: int) -> dict:
     from stateremat.torch import auto_checkpoint, profile
 
@@ -124,8 +146,12 @@ def _run_cell(engine: str, api: str, when: str, rank: int) -> dict:
     before, fsdp_before = _snapshot(ours), _fsdp_state(ours) if engine == "fsdp" else []
     rng = torch.get_rng_state()
     plan = None
+    step = _nosync_step(engine, sample, opts[1]) if when == "nosync" else None
     if api == "profile":
-        profile(ours, names, sample, repeats=1)
+        profile(ours, names, step or sample, repeats=1, optimizers=[opts[1]] if step else ())
+    elif step:
+        plan = auto_checkpoint(ours, 0.97, step_fn=step, optimizers=[opts[1]], segments=names, repeats=1,
+                               peak="eq3").options
     else:
         plan = auto_checkpoint(ours, 0.97, sample=sample, segments=names, repeats=1, peak="eq3").options
     rec = {"changed": _same_snapshot(before, _snapshot(ours)), "rng_equal": torch.equal(rng, torch.get_rng_state()),
@@ -140,7 +166,7 @@ def _run_cell(engine: str, api: str, when: str, rank: int) -> dict:
 
 
 CELLS = [(e, a, w) for e in ("ddp", "fsdp") for a in ("profile", "auto_checkpoint")
-         for w in ("fresh", "nograd", "stepped")]
+         for w in ("fresh", "nograd", "stepped", "nosync")]
 
 
 def body(only: str, rank: int, world: int) -> dict:

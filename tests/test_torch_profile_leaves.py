@@ -11,7 +11,7 @@ from _dist import run_ranks
 def test_profile_and_auto_checkpoint_leave_ddp_and_fsdp2_models_as_they_were(tmp_path):
     records = run_ranks("_torch_profile_leaves_worker.py", tmp_path, timeout=240)
     cells = {f"{e}/{a}/{w}" for e in ("ddp", "fsdp") for a in ("profile", "auto_checkpoint")
-             for w in ("fresh", "nograd", "stepped")}
+             for w in ("fresh", "nograd", "stepped", "nosync")}
     for rank, rec in enumerate(records):
         assert set(rec) == cells, sorted(rec)
         for name, r in rec.items():

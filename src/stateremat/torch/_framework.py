@@ -106,6 +106,34 @@ def fsdp_units(model: Any) -> list[Any]:
     return [m for m in model.modules() if isinstance(m, kind)] if kind is not None else []
 
 
+def fsdp_unsharded_grads(model: Any) -> list[tuple[Any, Any, Any]]:
+    """``(fsdp_param, unsharded grad, accumulated grad)`` for every parameter of the model's FSDP2
+    units: the gradients FSDP2 keeps on its unsharded parameters, not on the sharded ones, while
+    gradient sync is off (``set_requires_gradient_sync(False)``); copies, for
+    :func:`restore_unsharded_grads`."""
+    out = []
+    for u in fsdp_units(model):
+        for group in getattr(u._get_fsdp_state(), "_fsdp_param_groups", []):
+            for fp in group.fsdp_params:
+                unsharded = getattr(fp, "_unsharded_param", None)
+                grad = None if unsharded is None else unsharded.grad
+                acc = getattr(fp, "unsharded_accumulated_grad", None)
+                out.append((fp, None if grad is None else grad.detach().clone(),
+                            None if acc is None else acc.detach().clone()))
+    return out
+
+
+def restore_unsharded_grads(saved: Iterable[tuple[Any, Any, Any]]) -> None:
+    """Put back what :func:`fsdp_unsharded_grads` saved: a gradient a no-sync backward left on an
+    unsharded parameter would otherwise be reduced into the next real step."""
+    for fp, grad, acc in saved:
+        unsharded = getattr(fp, "_unsharded_param", None)
+        if unsharded is not None:
+            unsharded.grad = grad
+        if hasattr(fp, "unsharded_accumulated_grad"):
+            fp.unsharded_accumulated_grad = acc
+
+
 def runs_collectives(model: Any) -> bool:
     """Whether ``model``'s own forward and backward run collectives of a parallelism framework:
     it is (or holds) a ``DistributedDataParallel``, an FSDP2 unit, or ``DTensor`` parameters

@@ -29,12 +29,13 @@ class ModelSnapshot:
     """
 
     def __init__(self, model: nn.Module, optimizers: tuple = ()) -> None:
-        from ._framework import framework_objects, reshard_units
+        from ._framework import framework_objects, fsdp_unsharded_grads, reshard_units
         from ._scan import reach
 
         # FSDP2 units bound unsharded (the root after a no_grad forward): resharded, so that what is
         # saved is the sharded parameters (FSDP frees the unsharded storage), and unsharded again
         self.unsharded = reshard_units(model)
+        self.fsdp_grads = fsdp_unsharded_grads(model)  # FSDP2's, while gradient sync is off
         found = reach(model, (), {})  # what a segment of the model can reach, as checkpoint sees it
         self.modules = list(model.modules())
         self.attrs = [dict(vars(m)) for m in self.modules]
@@ -103,7 +104,7 @@ class ModelSnapshot:
     def restore(self) -> None:
         """Put every saved binding, byte, gradient, generator state and optimizer state back (a
         parameter slot FSDP2 rebinds stays as FSDP2 has it, see _framework)."""
-        from ._framework import framework_swap, unshard_units
+        from ._framework import framework_swap, restore_unsharded_grads, unshard_units
 
         for m, attrs, tables in zip(self.modules, self.attrs, self.tables):
             for k in set(vars(m)) - set(attrs):
@@ -140,4 +141,5 @@ class ModelSnapshot:
             torch.cuda.set_rng_state_all(self.cuda_rng)
         for opt, state in self.optimizers:
             opt.load_state_dict(copy.deepcopy(state))
+        restore_unsharded_grads(self.fsdp_grads)
         unshard_units(self.unsharded)
