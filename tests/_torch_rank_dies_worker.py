@@ -1,9 +1,11 @@
 """2-process gloo run used by tests/test_torch_rank_fails.py: a rank whose ``step_fn`` raises inside
 ``profile`` of a model that runs its own collectives (``python this.py OUT ENGINE``; ENGINE ``ddp``
-or ``fsdp``).
+or ``fsdp``), or of a plain model whose ``step_fn`` runs one (ENGINE ``allreduce``: it all-reduces
+its loss).
 
-Rank 1's step raises ``KeyError`` at its first call, before the model's forward; rank 0 is then in
-the framework's first collective (DDP's buffer broadcast, FSDP2's all-gather). Rank 1 records its
+Rank 1's step raises ``KeyError`` at its first call, before the model's forward (``allreduce``: at its
+second call); rank 0 is then in the framework's first collective (DDP's buffer broadcast, FSDP2's
+all-gather) or in the step's all-reduce. Rank 1 records its
 error and the seconds it took, then ends as an uncaught error ends a process; rank 0 records what
 it raised and when. Not :func:`_dist.spawn_ranks`: a rank here ends without the closing barrier.
 """
@@ -32,6 +34,8 @@ def _model(engine: str) -> nn.Module:
                            nn.Linear(16, 4)).double()
     if engine == "ddp":
         return nn.parallel.DistributedDataParallel(blocks)
+    if engine == "allreduce":
+        return blocks
     from torch.distributed.fsdp import fully_shard
 
     for b in blocks[:2]:
@@ -46,10 +50,16 @@ def _rank(rank: int, port: int, out: str, engine: str) -> None:
     model = _model(engine)
     x = torch.randn(16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 
+    calls = []
+
     def step(m):
-        if rank == 1:
+        calls.append(1)
+        if rank == 1 and (engine != "allreduce" or len(calls) == 2):
             raise KeyError("rank 1's data loader ran dry")
-        m(x).square().mean().backward()
+        loss = m(x).square().mean()
+        loss.backward()
+        if engine == "allreduce":
+            dist.all_reduce(loss.detach())  # the user's own collective: the mean loss for logging
 
     t = time.perf_counter()
     try:

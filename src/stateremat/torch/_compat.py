@@ -265,6 +265,17 @@ def debug_override() -> bool | None:
 PLAIN_TENSOR_TYPES: set[type] = {torch.Tensor, torch.nn.Parameter}
 
 
+def collectives_issued() -> int | None:
+    """How many collectives this rank has issued on the default process group (its sequence
+    number: gloo and NCCL keep one); None where the backend keeps none."""
+    import torch.distributed as dist
+
+    try:
+        return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
 def has_storage(t: torch.Tensor) -> bool:
     """True for dense strided tensors with a real storage (not meta, not wrapper subclasses)."""
     if t.layout != torch.strided or t.is_meta:

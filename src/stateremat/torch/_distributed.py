@@ -73,18 +73,23 @@ def every_rank_or_none(api: str, model_collectives: bool = False) -> Iterator[No
     one rank.
 
     With ``model_collectives`` (the part runs steps of a model whose framework runs collectives of
-    its own, DDP's, FSDP2's, DTensor's: ``_framework.runs_collectives``), a rank that fails raises
-    at once and joins nothing: the other ranks may be waiting in the framework's collective, not in
-    ours, and a rank waiting in ours would hang them all; its process ending (an uncaught error)
-    ends theirs, as without stateremat.
+    its own, DDP's, FSDP2's, DTensor's: ``_framework.runs_collectives``), or when the part issued
+    collectives itself before failing (a ``step_fn`` that all-reduces its loss: the group's
+    sequence number moved), a rank that fails raises at once and joins nothing: the other ranks
+    may be waiting in that collective, not in ours, and a rank waiting in ours would hang them all;
+    its process ending (an uncaught error) ends theirs, as without stateremat. (A ``step_fn`` that
+    fails in its first call before its first collective still joins ours: then the others wait.)
     """
     if _group_size() == 1:
         yield
         return
+    from ._compat import collectives_issued
+
+    issued = collectives_issued()
     try:
         yield
     except BaseException:
-        if not model_collectives:
+        if not model_collectives and collectives_issued() == issued:
             _gather_ints(1)  # tell the others; then this rank's own error
         raise
     flags = _gather_ints(0)
