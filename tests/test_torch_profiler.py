@@ -424,7 +424,7 @@ def test_a_gradient_accumulation_step_is_refused_and_its_tip_one_micro_batch_the
     with pytest.raises(ValueError, match="ran twice in one step") as e:
         auto_checkpoint(m, 0.9, step_fn=lambda mm: accumulate(mm, opt, xs[:2]), segments=["1", "2", "3"],
                         optimizers=[opt])
-    assert "profile with a step_fn of one micro-batch" in str(e.value)
+    assert "profile a step_fn of one micro-batch" in str(e.value)
     # the tip, literally: one micro-batch for profiling, then accumulation
     res = auto_checkpoint(m, 0.9, step_fn=lambda mm: accumulate(mm, opt, xs[:1]), segments=["1", "2", "3"],
                           optimizers=[opt])

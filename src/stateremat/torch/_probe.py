@@ -80,9 +80,10 @@ class Probe:
         if i in self._entered:
             raise ValueError(f"{_API}: segment {name!r} ran twice in one step; expected each segment once "
                              "per step (shared or looped modules cannot be profiled as one segment). "
-                             "Tip: choose segments that run once, e.g. the blocks of the loop; a step_fn that "
-                             "runs several micro-batches (gradient accumulation) runs each once per micro-batch: "
-                             "profile with a step_fn of one micro-batch (costs are per forward and backward), "
+                             "Tip: choose segments that run once, e.g. the blocks of the loop; with gradient "
+                             "accumulation (a step_fn running several micro-batches, each running every segment), "
+                             "profile a step_fn of one micro-batch (forward, backward and, if you like, the "
+                             "optimizer step; gradient sync on or off), since costs are per forward and backward, "
                              "then train with accumulation on the planned model.")
         if self.ordered and i != len(self.order):
             expected = next(n for n, j in self.index.items() if j == len(self.order))
