@@ -1,0 +1,79 @@
+"""A hostile tester's findings on the command line's run folders and outputs (issue 28): a run
+never takes (nor sweeps) a folder holding someone else's files, a lost standard output is an
+error, and a full disk is said with its path and what to do."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from _cli import run_cli
+
+import stateremat
+
+SRC = Path(stateremat.__file__).resolve().parents[1]  # the stateremat under test
+
+
+def _stateremat(*argv, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "stateremat", *map(str, argv)], env=env,
+                          capture_output=True, text=True, timeout=300, **kw)
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): (p.read_text() if p.is_file() else "")
+            for p in sorted(root.rglob("*"))}
+
+
+def _user_folder(tmp_path: Path) -> tuple[Path, Path]:
+    user, outside = tmp_path / "userdir", tmp_path / "outside"
+    (user / ".tmp").mkdir(parents=True)
+    (user / "docs" / "deep").mkdir(parents=True)
+    outside.mkdir()
+    (user / ".tmp" / "important.txt").write_text("precious")
+    (user / "docs" / ".notes.tmp").write_text("precious")
+    (user / "docs" / "deep" / ".draft.0123abcd.tmp").write_text("precious")
+    (user / ".vimswap.tmp").write_text("precious")
+    (outside / ".keep.0123abcd.tmp").write_text("precious")
+    (user / "linked").symlink_to(outside, target_is_directory=True)
+    return user, outside
+
+
+def test_a_folder_that_is_not_a_run_is_refused_and_left_alone(tmp_path):
+    user, outside = _user_folder(tmp_path)
+    before = _tree(tmp_path)
+    res = run_cli("verify", "finite", "--programs", "2", "--out", user)
+    assert res.exit_code == 2, res.output
+    assert "not a stateremat run" in res.output and "new or empty folder" in res.output
+    assert _tree(tmp_path) == before  # nothing written, nothing removed
+
+
+def test_an_empty_folder_is_taken(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert run_cli("verify", "finite", "--programs", "2", "--out", tmp_path / "empty").exit_code == 0
+
+
+def test_a_run_folder_sweeps_only_its_own_temporaries(tmp_path):
+    run, outside = tmp_path / "run", tmp_path / "outside"
+    assert _stateremat("verify", "finite", "--programs", "2", "--out", run).returncode == 0
+    outside.mkdir()
+    (outside / ".keep.0123abcd.tmp").write_text("precious")
+    (outside / "inner").mkdir()
+    (outside / "inner" / ".keep.0123abcd.tmp").write_text("precious")
+    (run / "linked").symlink_to(outside, target_is_directory=True)
+    (run / ".vimswap.tmp").write_text("not the writer's name")
+    (run / ".tmpfile.tmp").symlink_to(outside / ".keep.0123abcd.tmp")
+    stale = [run / ".finite.json.0123abcd.tmp", run / "finite" / ".part-x.parquet.89abcdef.tmp"]
+    for p in stale:
+        p.write_text("left by a stop")
+    (run / ".tmp" / "cohort").mkdir(parents=True)
+    res = _stateremat("verify", "finite", "--programs", "2", "--out", run)  # a fresh process
+    assert res.returncode == 0, res.stderr
+    assert not any(p.exists() for p in stale) and not (run / ".tmp").exists()
+    assert (run / ".vimswap.tmp").read_text() == "not the writer's name"
+    assert (outside / ".keep.0123abcd.tmp").read_text() == "precious"
+    assert (outside / "inner" / ".keep.0123abcd.tmp").read_text() == "precious"
+    assert os.path.islink(run / ".tmpfile.tmp")
