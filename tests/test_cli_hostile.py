@@ -19,8 +19,9 @@ SRC = Path(stateremat.__file__).resolve().parents[1]  # the stateremat under tes
 
 def _stateremat(*argv, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    kw = {"capture_output": True, **kw}
     return subprocess.run([sys.executable, "-m", "stateremat", *map(str, argv)], env=env,
-                          capture_output=True, text=True, timeout=300, **kw)
+                          text=True, timeout=300, **kw)
 
 
 def _tree(root: Path) -> dict[str, str]:
@@ -77,3 +78,64 @@ def test_a_run_folder_sweeps_only_its_own_temporaries(tmp_path):
     assert (outside / ".keep.0123abcd.tmp").read_text() == "precious"
     assert (outside / "inner" / ".keep.0123abcd.tmp").read_text() == "precious"
     assert os.path.islink(run / ".tmpfile.tmp")
+
+
+def _card(tmp_path: Path) -> Path:
+    from stateremat.contract import save_card
+    from stateremat.planner import activation_pressure_card
+
+    return save_card(activation_pressure_card(), tmp_path / "card.json")
+
+
+def test_json_to_a_closed_standard_output_is_an_error(tmp_path):
+    card = _card(tmp_path)
+    res = _stateremat("plan", card, "--budget", "1e10", "--json", "-", capture_output=False,
+                      stderr=subprocess.PIPE, preexec_fn=lambda: os.close(1))  # `>&-`
+    assert res.returncode == 2, res.stderr
+    assert "standard output is closed" in res.stderr and "Tip:" in res.stderr
+
+
+def _full_disk(monkeypatch, after: int) -> None:
+    import errno
+
+    real, count = os.fsync, [0]
+
+    def fsync(fd):
+        count[0] += 1
+        if count[0] > after:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+@pytest.mark.parametrize("after", [0, 3])
+def test_a_full_disk_names_the_path_and_says_to_resume(tmp_path, monkeypatch, capsys, after):
+    from stateremat.cli import main
+
+    out = tmp_path / "full" / "run"
+    monkeypatch.setattr(sys, "argv", ["stateremat", "verify", "finite", "--programs", "2",
+                                      "--out", str(out)])
+    _full_disk(monkeypatch, after)
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "No space left on device: " in err and str(out) in err, err
+    assert "free space" in err and "rerun the same command" in err
+
+
+def test_a_full_disk_in_report_names_the_path(tmp_path, monkeypatch, capsys):
+    from stateremat.cli import main
+
+    run = tmp_path / "run"
+    assert _stateremat("verify", "finite", "--programs", "2", "--out", run).returncode == 0
+    monkeypatch.setattr(sys, "argv", ["stateremat", "report", str(run), "--out",
+                                      str(tmp_path / "rep")])
+    _full_disk(monkeypatch, 0)
+    with pytest.raises(SystemExit) as exc:
+        main()
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "No space left on device: " in err and str(tmp_path / "rep") in err, err
+    assert "free space" in err

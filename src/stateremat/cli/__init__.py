@@ -35,5 +35,18 @@ def main() -> None:
     except (ReplayError, ValueError, OSError) as exc:
         if os.environ.get("STATEREMAT_TRACEBACK"):
             raise
-        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        print(f"error: {type(exc).__name__}: {exc}{_os_tip(exc)}", file=sys.stderr)
         sys.exit(2)
+
+
+def _os_tip(exc: BaseException) -> str:
+    """A tip for an OS error that needs one: a full disk (or quota) names what to free."""
+    import errno
+
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = ("the disk holding that path" if exc.filename is not None
+                 else "the disk being written (or where the output is redirected)")
+        return (f". Tip: free space on {where} (or raise the quota), then rerun the same "
+                "command: a run resumes, keeping every unit it finished (nothing half-written "
+                "is kept).")
+    return ""
