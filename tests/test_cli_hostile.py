@@ -4,8 +4,10 @@ error, and a full disk is said with its path and what to do."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -139,3 +141,24 @@ def test_a_full_disk_in_report_names_the_path(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "No space left on device: " in err and str(tmp_path / "rep") in err, err
     assert "free space" in err
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_a_stop_while_the_interpreter_finalizes_keeps_the_exit_status(tmp_path, signame):
+    # The signal lands after the exit handlers, while Python finalizes (its handlers then reset
+    # to the default action): a finished command is not killed by it, with no message.
+    script = tmp_path / "late.py"
+    script.write_text(textwrap.dedent("""
+        import os, runpy, signal, sys
+        class Late:
+            def __del__(self, kill=os.kill, pid=os.getpid(), sig=int(sys.argv[1])):
+                kill(pid, sig)  # from the module teardown, after every exit handler
+        late = Late()
+        sys.argv = ["stateremat", *sys.argv[2:]]
+        runpy.run_module("stateremat", run_name="__main__", alter_sys=True)
+    """))
+    env = {**os.environ, "PYTHONPATH": str(SRC), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, str(script), str(int(getattr(signal, signame))),
+                          "plan", "--help"], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, (res.returncode, res.stderr)
+    assert "Usage" in res.stdout and "Traceback" not in res.stderr

@@ -20,13 +20,15 @@ def main() -> None:
     and exits 2 instead of a traceback; set ``STATEREMAT_TRACEBACK=1`` to see the traceback.
     SIGINT, SIGTERM or SIGHUP before a command installs its own stop handling (while the paper
     wing and its libraries are imported, say) prints one ``error: ... stopped by SIG...`` line
-    and exits ``128 + signal``.
+    and exits ``128 + signal``; one landing after the exit handlers (while the interpreter
+    finalizes) is ignored, so a finished command keeps its exit status.
     """
     import os
     import sys
 
-    from .._shared.signals import install_stop_handlers, stop_on_signal
+    from .._shared.signals import ignore_stops_at_final_exit, install_stop_handlers, stop_on_signal
 
+    ignore_stops_at_final_exit()  # a stop landing while the interpreter finalizes: no death
     install_stop_handlers(stop_on_signal)  # a signal inherited as ignored (nohup) stays ignored
     from ..contract import ReplayError
 
