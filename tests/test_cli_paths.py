@@ -123,8 +123,9 @@ def test_plan_json_through_a_symlink_writes_the_target_and_keeps_the_link(card_p
 
 # ------------------------------------------------------------ 4. --out checks
 def test_unrelated_fifo_and_broken_link_in_out_are_left_alone(tmp_path):
+    # in a run folder (a folder that is not a run's is refused whole: tests/test_cli_hostile.py)
     out = tmp_path / "run"
-    out.mkdir()
+    assert _run("verify", "finite", "--programs", "1", "--out", out).exit_code == 0
     os.mkfifo(out / "notes.fifo")
     os.symlink(tmp_path / "gone", out / "old-results")
     res = _run("verify", "finite", "--programs", "1", "--out", out)

@@ -215,6 +215,7 @@ def test_a_damaged_sidecar_is_named_with_what_to_do(tmp_path, damage):
 def test_a_damaged_frozen_profile_card_is_named(tmp_path):
     out = tmp_path / "run"
     (out / "profile").mkdir(parents=True)
+    (out / ".run.lock").touch()  # a run's folder (another folder is refused whole)
     (out / "profile" / "large_sparse.json").write_text("{")
     res = _run("cohort", "processes", "--experiment", "fair44", "--preset", "tiny",
                "--processes", "1", "--out", out)

@@ -153,6 +153,25 @@ def run_file(out: Path, path: Path, owns: Collection[str]) -> str | None:
     return None
 
 
+def _stdout_closed() -> bool:
+    # Python starts with sys.stdout None when file descriptor 1 is closed (`cmd >&-`); the
+    # text would then be dropped without a word.
+    import sys
+
+    out = sys.stdout
+    if out is None:
+        return True
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):  # an in-memory stream (a test's runner)
+        return getattr(out, "closed", False)
+    try:
+        os.fstat(fd)
+    except OSError:
+        return True
+    return False
+
+
 def check_output_file(api: str, option: str, path: Path | None, *,
                       inputs: Sequence[tuple[str, Path]] = (),
                       run: tuple[Path, Collection[str]] | None = None,
@@ -186,6 +205,10 @@ def check_output_file(api: str, option: str, path: Path | None, *,
         raise fail(f"{where}: an empty path is not allowed. Tip: name a file.")
     if is_stdout(path):
         if stdout:
+            if _stdout_closed():
+                raise fail(f"{where}: standard output is closed (e.g. `>&-`), so the JSON "
+                           "written there would be lost. Tip: leave standard output open "
+                           f"(redirect it to a file), or name a file, e.g. {option} out.json.")
             return
         raise fail(f"{where}: '-' (standard output) is not supported here; the output is a file "
                    f"written atomically. Tip: name a file, e.g. {option} out.json.")

@@ -25,6 +25,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
         ``path`` as given.
 
     Raises:
+        OSError: the write failed (a full disk, say): its ``filename`` is ``path`` when the
+            system gave none.
         IsADirectoryError: ``path`` (or a link's target) is a folder (named, before writing).
         FileNotFoundError: ``path`` is a link whose target does not exist (a dangling link).
     """
@@ -67,9 +69,11 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None:  # a full disk says no path
+            exc.filename = str(given)
         raise
     return given
 

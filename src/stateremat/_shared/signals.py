@@ -43,6 +43,33 @@ def _ignore_at_exit() -> None:
             signal.signal(s, signal.SIG_IGN)
 
 
+def _ignore_at_final_exit() -> None:
+    # Python's finalization puts a stop signal whose handler is a Python function (ours, or
+    # its own SIGINT handler) back to the default, deadly action: a signal landing then kills
+    # the finished process with no message. Ignored instead, the process keeps its status.
+    for s in STOP_SIGNALS:
+        if signal.getsignal(s) not in (signal.SIG_IGN, signal.SIG_DFL, None):
+            signal.signal(s, signal.SIG_IGN)
+
+
+_final_exit_registered = False
+
+
+def ignore_stops_at_final_exit() -> None:
+    """Once the command's exit handlers have run, ignore stop signals: a signal landing while
+    the interpreter finalizes (its handlers reset to the default one) would otherwise kill
+    the finished process with no message and a negative status. Until then they are handled
+    as before (:func:`stop_on_signal` exits ``128 + signal`` from an exit handler).
+
+    Called once, as early as possible (exit handlers run last registered first, so this one
+    runs after those registered later): by ``python -m stateremat`` and the console script.
+    """
+    global _final_exit_registered
+    if not _final_exit_registered:
+        _final_exit_registered = True
+        atexit.register(_ignore_at_final_exit)
+
+
 def restore_stop_handlers(old: dict[int, Any]) -> None:
     """Put back the handlers :func:`install_stop_handlers` returned, unless a stop has begun
     (then they stay ignored until the process exits). Main thread only (``ValueError``)."""

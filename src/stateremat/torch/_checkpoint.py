@@ -44,6 +44,20 @@ from ._txn import Transaction
 from ._watch import Watch
 
 UNDECLARED_OPTIONS = ("raise", "warn", "declare")
+#: The largest ``granularity_bytes``: rounded byte offsets stay 64-bit integers.
+MAX_GRANULARITY_BYTES = 2**62
+
+
+def check_flag(api: str, name: str, value: Any) -> None:
+    """Refuse a switch that is not ``True``/``False`` (``verify="yes"``, ``debug=2``), which
+    would otherwise be taken by its truth value without a word.
+
+    Raises:
+        TypeError: ``value`` is not a bool (the argument named).
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{api}: {name} must be True or False, got {value!r} ({type(value).__name__}). "
+                        f"Tip: pass {name}=True to turn it on.")
 
 
 def _validate(fn: Any, preserve: str, granularity_bytes: int | None, on_undeclared: str) -> None:
@@ -62,6 +76,11 @@ def _validate_options(preserve: str, granularity_bytes: int | None, on_undeclare
             granularity_bytes, int) or granularity_bytes <= 0):
         raise ValueError("stateremat.torch.checkpoint: granularity_bytes must be a positive int or None, got "
                          f"{granularity_bytes!r}. Tip: None (the default) keeps exactly the written bytes.")
+    if granularity_bytes is not None and granularity_bytes > MAX_GRANULARITY_BYTES:
+        raise ValueError("stateremat.torch.checkpoint: granularity_bytes must be at most 2**62 (4 EiB, past any "
+                         f"storage: byte offsets are 64-bit), got {granularity_bytes!r}. Tip: a granularity at "
+                         "least a storage's size journals the whole storage on each write; preserve='whole' "
+                         "snapshots it once.")
     if on_undeclared not in UNDECLARED_OPTIONS:
         raise ValueError(f"stateremat.torch.checkpoint: on_undeclared must be one of {UNDECLARED_OPTIONS}, "
                          f"got {on_undeclared!r}. Tip: keep 'raise' unless you know the write is benign.")
@@ -127,11 +146,12 @@ class Checkpointer:
                  on_undeclared: str = "raise", verify: bool = False, name: str | None = None) -> None:
         _validate_options(preserve, granularity_bytes, on_undeclared)
         check_state(state)
+        check_flag("stateremat.torch.Checkpointer", "verify", verify)
         self.state = state
         self.preserve = preserve
         self.granularity_bytes = granularity_bytes
         self.on_undeclared = on_undeclared
-        self.verify = bool(verify)
+        self.verify = verify
         if name is not None and not isinstance(name, str):
             raise TypeError(f"Checkpointer: name must be a str (the segment's module path), got "
                             f"{type(name).__name__}. Tip: e.g. name='layers.3'.")
@@ -218,9 +238,11 @@ def checkpoint(fn: Callable, *args: Any, state: Any = "auto", preserve: str = "r
 
     Raises:
         TypeError: ``fn`` is not callable, declares a parameter named like a stateremat
-            keyword, or ``state`` holds something other than tensors and modules.
+            keyword, ``state`` holds something other than tensors and modules, or ``verify`` /
+            ``debug`` is not a bool.
         ValueError: an unknown ``preserve``/``on_undeclared``/``determinism_check``/``state``
-            string, a bad ``granularity_bytes``, or ``use_reentrant=True``.
+            string, a bad ``granularity_bytes`` (a positive int at most 2**62), or
+            ``use_reentrant=True``.
         UnsupportedError: a declared tensor is not a dense strided tensor with storage.
         UndeclaredStateError: an undeclared pre-existing tensor was written in place (R7).
         ReplayError: CUDA was first initialized inside the segment (its RNG state is unknown);
@@ -254,6 +276,8 @@ def _run(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, 
          context_fn: Any, determinism_check: str, debug: bool, early_stop: bool,
          name: str | None = None) -> Any:
     _validate(fn, preserve, granularity_bytes, on_undeclared)
+    check_flag("stateremat.torch.checkpoint", "verify", verify)
+    check_flag("stateremat.torch.checkpoint", "debug", debug)
     if use_reentrant:
         raise ValueError("stateremat.torch.checkpoint: use_reentrant must be False or None: a state transaction "
                          "is only supported when use_reentrant=False (expected the non-reentrant saved-tensor-hooks "

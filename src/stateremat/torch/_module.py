@@ -6,7 +6,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ._checkpoint import _validate, run_segment
+from ._checkpoint import _validate, check_flag, run_segment
 from ._compat import eager_only
 from ._scan import Declared, check_state, resolve_state
 from ._frame import RecomputeSink
@@ -57,7 +57,9 @@ class StatefulCheckpoint(nn.Module):
 
     Raises:
         ValueError: on an unknown ``preserve``/``on_undeclared``/``state`` string or a bad
-            ``granularity_bytes``; at run time the errors of :func:`checkpoint`.
+            ``granularity_bytes`` (at most 2**62); at run time the errors of :func:`checkpoint`.
+        TypeError: ``verify`` not a bool; ``state="buffers"`` with a ``block`` that is not an
+            ``nn.Module``.
 
     References:
         Paper §3.1, §5.
@@ -68,6 +70,11 @@ class StatefulCheckpoint(nn.Module):
                  preserve_rng_state: bool = True, name: str | None = None) -> None:
         super().__init__()
         _validate(block, preserve, granularity_bytes, on_undeclared)
+        check_flag("stateremat.torch.StatefulCheckpoint", "verify", verify)
+        if isinstance(state, str) and state == "buffers" and not isinstance(block, nn.Module):
+            raise TypeError("stateremat.torch.StatefulCheckpoint: state='buffers' declares every buffer of "
+                            f"block, so block must be an nn.Module, got {type(block).__name__}. Tip: wrap the "
+                            "module itself, or declare the state, e.g. state=[model.bn].")
         check_state(state, "stateremat.torch.StatefulCheckpoint")
         self.block = block
         self.state = state

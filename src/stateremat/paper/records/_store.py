@@ -17,6 +17,7 @@ import io
 import json
 import itertools
 import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -54,9 +55,56 @@ def _lock(path: Path) -> None:
     _LOCKS[key] = fd
 
 
-#: Leftovers of writes a stop cut short: atomic writes' temporary files, cohort work folders.
-_TEMP_GLOBS = (".*.tmp", "*/.*.tmp", "*/*/.*.tmp")
+#: Leftovers of writes a stop cut short: atomic writes' temporary files (the names
+#: ``stateremat._shared.io.atomic_write_bytes`` gives them: ``.<name>.<8 hex>.tmp``, in the run
+#: folder or a folder at most :data:`_TEMP_DEPTH` below it), cohort work folders (``.tmp/``).
+_TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{8}\.tmp", re.DOTALL)
+_TEMP_DEPTH = 2
 TEMP_DIR = ".tmp"
+
+
+def is_run_folder(out: Path) -> bool:
+    """Whether folder ``out`` is a stateremat run's: it holds a run's manifest or lock, or a
+    table's sidecar ``<table>.json`` beside its ``<table>/`` folder (a folder made before
+    manifests). A missing folder is not one."""
+    if not out.is_dir():
+        return False
+    if (out / MANIFEST).is_file() or (out / ".run.lock").is_file():
+        return True
+    for sc in out.glob("*.json"):
+        rows = out / sc.stem
+        if sc.is_file() and rows.is_dir() and (
+                sc.stem in _TABLE_COMMANDS or table_spec(sc.stem) is not None
+                or next(rows.glob("part-*.parquet"), None) is not None):
+            return True
+    return False
+
+
+def _remove_leftovers(out: Path) -> None:
+    # Only names the atomic writer gives, only regular files (never a link's target), only in
+    # real folders of the run (a symbolic link to a folder is not entered: it may lead outside).
+    def sweep(folder: Path, depth: int) -> None:
+        try:
+            with os.scandir(folder) as it:
+                entries = list(it)
+        except OSError:
+            return
+        for entry in entries:
+            try:
+                if entry.is_symlink():
+                    continue
+                if entry.is_file(follow_symlinks=False) and _TEMP_NAME.fullmatch(entry.name):
+                    os.unlink(entry.path)
+                elif depth < _TEMP_DEPTH and entry.is_dir(follow_symlinks=False) \
+                        and entry.name != TEMP_DIR:
+                    sweep(Path(entry.path), depth + 1)
+            except OSError:
+                continue
+
+    sweep(out, 0)
+    work = out / TEMP_DIR
+    if work.is_dir() and not work.is_symlink():
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def lock_run(out_dir: str | os.PathLike) -> Path:
@@ -64,8 +112,10 @@ def lock_run(out_dir: str | os.PathLike) -> Path:
 
     One process writes into a run folder at a time: a second launch on the same folder is
     refused here, before it has written a byte (profile cards, cards, rows). Holding the lock,
-    the folder's leftovers of an earlier stop are removed: atomic writes' ``.*.tmp`` files and
-    the ``.tmp/`` work folder (a killed process leaves them; nothing else writes them).
+    the folder's leftovers of an earlier stop are removed, when the folder is a run's
+    (:func:`is_run_folder`) before this lock: atomic writes' temporary files (only the names
+    the atomic writer gives, never through a symbolic link) and the ``.tmp/`` work folder (a
+    killed process leaves them). A folder that is not a run's is never swept.
 
     Returns:
         The run folder (created if missing).
@@ -80,16 +130,14 @@ def lock_run(out_dir: str | os.PathLike) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     key = str((out / ".run.lock").resolve())
     first = key not in _LOCKS
+    owned = first and is_run_folder(out)  # judged before this lock marks the folder
     _lock(out / ".run.lock")
     command = _CLAIMS.pop(str(out.resolve()), None)
     if command is not None and not (out / MANIFEST).is_file():  # see claim_folder
         atomic_write_json(out / MANIFEST, {"command": command,
                                            "created_utc": provenance()["created_utc"]})
-    if first:
-        for pattern in _TEMP_GLOBS:
-            for tmp in out.glob(pattern):
-                tmp.unlink(missing_ok=True)
-        shutil.rmtree(out / TEMP_DIR, ignore_errors=True)
+    if owned:
+        _remove_leftovers(out)
     return out
 
 
@@ -125,11 +173,30 @@ def claim_folder(out_dir: str | os.PathLike, command: str) -> None:
     (:func:`lock_run`, so a refused launch writes nothing); a folder made before that is
     judged by its tables' sidecars.
 
+    A folder that exists, is not empty and is not a run's (:func:`is_run_folder`: no
+    manifest, lock or table sidecar) is refused: a run writes, replaces and removes files in
+    its folder, so it never takes one that holds someone else's files.
+
     Raises:
-        RecordsError: the folder belongs to another command (both named).
+        RecordsError: the folder belongs to another command (both named), or is a non-empty
+            folder that is not a stateremat run's.
     """
     out = Path(out_dir)
     manifest = out / MANIFEST
+    if out.is_dir():
+        try:
+            with os.scandir(out) as entries:
+                empty = next(entries, None) is None
+        except OSError as exc:
+            raise RecordsError(f"stateremat records: cannot list --out {out} ({exc.strerror}). "
+                               "Tip: use a new or empty folder.") from None
+        if not empty and not is_run_folder(out):
+            raise RecordsError(
+                f"stateremat records: --out {out} is a folder that is not empty and is not a "
+                "stateremat run's (no .run.json, .run.lock or <table>.json sidecar beside its "
+                "rows); a run writes, replaces and removes files in its folder, so it does not "
+                "take one holding other files. Tip: use a new or empty folder (it is created if "
+                "missing), or the --out folder of an earlier run of this command to resume it.")
     owner = None
     if manifest.is_file():
         owner = read_sidecar(manifest).get("command")
