@@ -1,7 +1,7 @@
 """2-process gloo run used by tests/test_torch_rank_fails.py: a rank whose ``step_fn`` raises inside
 ``profile`` of a model that runs its own collectives (``python this.py OUT ENGINE``; ENGINE ``ddp``
 or ``fsdp``), or of a plain model whose ``step_fn`` runs one (ENGINE ``allreduce``: it all-reduces
-its loss).
+its loss; ENGINE ``subgroup``: on a ``new_group``).
 
 Rank 1's step raises ``KeyError`` at its first call, before the model's forward (``allreduce``: at its
 second call); rank 0 is then in the framework's first collective (DDP's buffer broadcast, FSDP2's
@@ -34,7 +34,7 @@ def _model(engine: str) -> nn.Module:
                            nn.Linear(16, 4)).double()
     if engine == "ddp":
         return nn.parallel.DistributedDataParallel(blocks)
-    if engine == "allreduce":
+    if engine in ("allreduce", "subgroup"):
         return blocks
     from torch.distributed.fsdp import fully_shard
 
@@ -48,18 +48,21 @@ def _rank(rank: int, port: int, out: str, engine: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=datetime.timedelta(seconds=60))
     model = _model(engine)
+    group = dist.new_group([0, 1]) if engine == "subgroup" else None
     x = torch.randn(16, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
 
     calls = []
 
     def step(m):
         calls.append(1)
-        if rank == 1 and (engine != "allreduce" or len(calls) == 2):
+        if rank == 1 and (engine not in ("allreduce", "subgroup") or len(calls) == 2):
             raise KeyError("rank 1's data loader ran dry")
         loss = m(x).square().mean()
         loss.backward()
         if engine == "allreduce":
             dist.all_reduce(loss.detach())  # the user's own collective: the mean loss for logging
+        elif engine == "subgroup":
+            dist.all_reduce(loss.detach(), group=group)  # on a subgroup: the default group's count stays
 
     t = time.perf_counter()
     try:

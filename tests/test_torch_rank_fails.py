@@ -25,7 +25,7 @@ def test_a_rank_failing_before_the_collective_makes_the_others_raise_not_hang(tm
 
 
 @pytest.mark.dist
-@pytest.mark.parametrize("engine", ["ddp", "fsdp", "allreduce"])
+@pytest.mark.parametrize("engine", ["ddp", "fsdp", "allreduce", "subgroup"])
 def test_a_rank_whose_step_raises_in_a_model_with_its_own_collectives_ends_the_others_not_hangs(tmp_path, engine):
     """DDP / FSDP2 (or a plain model whose ``step_fn`` all-reduces its loss, failing in its second
     call): rank 1's ``step_fn`` raises while rank 0 waits in the framework's (the step's) collective. Rank 1

@@ -266,13 +266,17 @@ PLAIN_TENSOR_TYPES: set[type] = {torch.Tensor, torch.nn.Parameter}
 
 
 def collectives_issued() -> int | None:
-    """How many collectives this rank has issued on the default process group (its sequence
-    number: gloo and NCCL keep one); None where the backend keeps none."""
+    """How many collectives this rank has issued on all its process groups, subgroups
+    (``dist.new_group``) included: the sum of their sequence numbers (gloo and NCCL keep one);
+    None where a backend keeps none."""
     import torch.distributed as dist
 
+    c10d = dist.distributed_c10d
     try:
-        return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
-    except (AttributeError, RuntimeError, ValueError):
+        groups = list(c10d._world.pg_map) or [c10d._get_default_group()]
+        return sum(int(g._get_sequence_number_for_group()) for g in groups
+                   if g is not None and g is not c10d.GroupMember.NON_GROUP_MEMBER)
+    except (AttributeError, RuntimeError, ValueError, TypeError):
         return None
 
 
