@@ -31,7 +31,7 @@ from ...contract import RecordsError
 from ..._shared.io import (
     DuplicateKeyError, atomic_write_bytes, atomic_write_json, json_default, loads_json, provenance,
 )
-from ._values import ConfigField, Rule, check_config, check_rows, plain_value
+from ._values import ConfigField, Rule, all_of, check_config, check_rows, constant, plain_value
 
 _counter = itertools.count()
 _LOCKS: dict[str, int] = {}  # lock path -> fd held by this process for its lifetime
@@ -302,12 +302,15 @@ def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Se
                   required: Sequence[str] = (), optional: Sequence[str] = (),
                   unique: bool = True, distinct_by: Sequence[str] = (),
                   values: Mapping[str, Rule] | None = None,
-                  config: Mapping[str, ConfigField] | None = None) -> TableSpec:
+                  config: Mapping[str, ConfigField] | None = None,
+                  constant_in: Mapping[tuple[str, ...], Sequence[str]] | None = None) -> TableSpec:
     """Declare table ``name``'s row schema: ``columns`` as ``(name, type)``; the ``key`` and
     ``required`` columns are not nullable, the others are. ``values`` gives columns' value rules
     (checked on every read, against the run's sidecar config), ``config`` the sidecar config
-    fields' kinds and ranges (checked before any reader uses them). Returns the spec (also
-    registered)."""
+    fields' kinds and ranges (checked before any reader uses them). ``constant_in`` maps a
+    prefix of ``key`` (``()``: the whole run) to the columns that keep one value in all rows
+    sharing it (a method's policy and feasibility in every step's row), added to their rules.
+    Returns the spec (also registered)."""
     key = tuple(key)
     strict = set(key) | set(required)
     names = [c for c, _ in columns]
@@ -315,8 +318,13 @@ def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Se
     schema = pa.schema([pa.field(c, t, nullable=c not in strict) for c, t in columns])
     assert set(distinct_by) <= set(names) and not set(distinct_by) & set(key), (name, distinct_by)
     assert set(values or {}) <= set(names), (name, set(values or {}) - set(names))
+    values = dict(values or {})
+    for by, cols in (constant_in or {}).items():
+        assert tuple(by) == key[:len(by)] and set(cols) <= set(names), (name, by, cols)
+        for c in cols:
+            values[c] = all_of(values.get(c), constant(*by))
     spec = TableSpec(name, schema, key, frozenset(optional), unique, tuple(distinct_by),
-                     dict(values or {}), dict(config or {}))
+                     values, dict(config or {}))
     _SPECS[name] = spec
     return spec
 
