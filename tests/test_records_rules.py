@@ -179,3 +179,16 @@ def test_cohort_rows_keep_one_value_per_process_cell_and_method(tmp_path):
     out = _copy(tmp_path, "cohort-fair44", "cohort_timing", "cohort_processes")
     _rewrite(_parts(out, "cohort_timing")[0], lambda df: _first(df, "seed", 7))
     _refused(out, "cohort_timing", "'seed' = 7", "the run config's seed")
+
+
+# ------------------------------------------------------------ 4b. verify's detected and outcome
+@pytest.mark.parametrize("check,detected", [("wrong_rng", False), ("final_storage_control", None),
+                                            ("gradient", True)])
+def test_a_detected_that_disagrees_with_the_outcome_is_refused(tmp_path, check, detected):
+    out = _copy(tmp_path, "verify-finite", "finite")
+    part = next(p for p in _parts(out, "finite")
+                if (pq.read_table(p)["check"].to_numpy() == check).any())
+    _rewrite(part, lambda df: _first(df, "detected", detected, lambda d: d.check == check))
+    _refused(out, "finite", "'detected'", "where the outcome is D", str(part))
+    res = run_cli("report", out, "--out", tmp_path / "rep")
+    assert res.exit_code == 2, res.output
