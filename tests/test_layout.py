@@ -433,7 +433,7 @@ EXPECTED_ALL = {
     "stateremat.cli": ["app", "main"],
     "stateremat.paper": ["METHOD_OPTION", "NO_PROGRESS", "Progress", "Task", "as_progress",
                          "method_label"],
-    "stateremat.paper.records": ["PART_KEY", "RecordStore", "Rule", "TEMP_DIR", "all_of",
+    "stateremat.paper.records": ["PART_KEY", "RUN_ID", "RecordStore", "Rule", "new_run_id", "TEMP_DIR", "all_of",
                                  "constant", "implies", "marker_alone", "step_index",
                                  "below_config",
                                  "check_not_writing", "check_resumable", "claim_folder",

@@ -192,3 +192,80 @@ def test_a_detected_that_disagrees_with_the_outcome_is_refused(tmp_path, check, 
     _refused(out, "finite", "'detected'", "where the outcome is D", str(part))
     res = run_cli("report", out, "--out", tmp_path / "rep")
     assert res.exit_code == 2, res.output
+
+
+# ------------------------------------------------------------ 4. a run id per run
+def _store(out: Path, **meta):
+    from stateremat.paper.records import RecordStore
+    return RecordStore(out, "t", key=["k"], meta=meta or {"n": 1})
+
+
+def _note(part: Path) -> dict:
+    return json.loads(pq.read_schema(part).metadata[PART_KEY])
+
+
+def test_each_run_gets_a_run_id_its_parts_carry(tmp_path):
+    from stateremat.paper.records import RUN_ID
+    a = _store(tmp_path / "a")
+    a.append([{"k": 1, "v": 1.0}])
+    rid = json.loads((tmp_path / "a" / "t.json").read_text())[RUN_ID]
+    assert len(rid) == 32 and _note(_parts(tmp_path / "a", "t")[0])["run"] == rid
+    _store(tmp_path / "a").append([{"k": 2, "v": 2.0}])  # a resume keeps it
+    assert {_note(p)["run"] for p in _parts(tmp_path / "a", "t")} == {rid}
+    assert json.loads((tmp_path / "a" / "t.json").read_text())[RUN_ID] == rid
+    _store(tmp_path / "b").append([{"k": 3, "v": 3.0}])
+    assert json.loads((tmp_path / "b" / "t.json").read_text())[RUN_ID] != rid
+
+
+def test_a_part_of_another_run_with_the_same_config_is_refused_naming_it(tmp_path):
+    _store(tmp_path / "a").append([{"k": 1, "v": 1.0}])
+    _store(tmp_path / "b").append([{"k": 2, "v": 9.0}])
+    moved = tmp_path / "a" / "t" / "part-99999999T999999-1-000000.parquet"
+    shutil.copy(_parts(tmp_path / "b", "t")[0], moved)
+    _refused(tmp_path / "a", "t", str(moved), "another run", "Tip: move it out")
+    with pytest.raises(RecordsError, match="another run"):  # a resume refuses it too
+        _store(tmp_path / "a").done_keys()
+    moved.rename(tmp_path / "kept.parquet")  # the tip, followed
+    assert list(read_records(tmp_path / "a", "t")["k"]) == [1]
+
+
+def test_a_sidecar_without_its_run_id_refuses_the_runs_parts(tmp_path):
+    _store(tmp_path / "a").append([{"k": 1, "v": 1.0}])
+    sc = tmp_path / "a" / "t.json"
+    doc = json.loads(sc.read_text())
+    del doc["run_id"]
+    sc.write_text(json.dumps(doc))
+    _refused(tmp_path / "a", "t", "the sidecar names none")
+
+
+def test_a_run_made_before_run_ids_still_reads_and_resumes_without_one(tmp_path):
+    out = _copy(tmp_path, "verify-finite", "finite")
+    assert "run_id" not in json.loads((out / "finite.json").read_text())
+    before = read_records(out, "finite")
+    part = _parts(out, "finite")[-1]
+    rows = pq.read_table(part).to_pylist()
+    part.unlink()
+    from stateremat.paper.records import RecordStore
+    cfg = json.loads((out / "finite.json").read_text())["config"]
+    store = RecordStore(out, "finite", key=["suite", "seed", "program", "check"], meta=cfg)
+    store.append(rows)  # a resume of the old run: its new part names no run
+    assert "run" not in _note(_parts(out, "finite")[-1])
+    assert len(read_records(out, "finite")) == len(before)
+    assert "run_id" not in json.loads((out / "finite.json").read_text())
+
+
+def test_a_rerun_refuses_an_injected_part_of_another_run_and_report_too(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for out in (a, b):
+        assert run_cli("verify", "finite", "--programs", "4", "--out", out).exit_code == 0
+    manifest = json.loads((a / ".run.json").read_text())
+    assert manifest["run_id"] == json.loads((a / "finite.json").read_text())["run_id"]
+    moved = a / "finite" / "part-99999999T999999-1-000000.parquet"
+    _rewrite(shutil.copy(_parts(b, "finite")[0], moved) and moved,
+             lambda df: df.drop(df.index[df.program > 1]))
+    for args in (("verify", "finite", "--programs", "4", "--out", a), ("report", a)):
+        res = run_cli(*args)
+        assert res.exit_code == 2, res.output
+        assert moved.name in res.output and "another run" in res.output
+    moved.rename(tmp_path / "kept.parquet")
+    assert run_cli("report", a).exit_code == 0

@@ -19,6 +19,7 @@ import itertools
 import os
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -83,7 +84,7 @@ def lock_run(out_dir: str | os.PathLike) -> Path:
     _lock(out / ".run.lock")
     command = _CLAIMS.pop(str(out.resolve()), None)
     if command is not None and not (out / MANIFEST).is_file():  # see claim_folder
-        atomic_write_json(out / MANIFEST, {"command": command,
+        atomic_write_json(out / MANIFEST, {"command": command, RUN_ID: new_run_id(),
                                            "created_utc": provenance()["created_utc"]})
     if first:
         for pattern in _TEMP_GLOBS:
@@ -93,8 +94,28 @@ def lock_run(out_dir: str | os.PathLike) -> Path:
     return out
 
 
-#: A run folder's manifest: the command that created it (see :func:`claim_folder`).
+#: A run folder's manifest: the command that created it (see :func:`claim_folder`) and its
+#: run id.
 MANIFEST = ".run.json"
+#: Field of a run folder's manifest and of each table's sidecar: the run's random id, made when
+#: the folder (or the table's sidecar) is first created. Every part the run writes carries it in
+#: its :data:`PART_KEY` note, so a part of another run of the same config is told apart.
+RUN_ID = "run_id"
+
+
+def new_run_id() -> str:
+    """A fresh random run id (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+def _folder_run_id(out: Path) -> str:
+    """The run id of run folder ``out`` for a table created now: its manifest's, else new."""
+    manifest = out / MANIFEST
+    if manifest.is_file():
+        rid = read_sidecar(manifest).get(RUN_ID)
+        if isinstance(rid, str):
+            return rid
+    return new_run_id()
 #: For a folder made before manifests: the command each table's sidecar says wrote it
 #: (a prefix: bench and cohort commands are named by experiment).
 _TABLE_COMMANDS = {
@@ -221,6 +242,8 @@ _SIDECAR_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "has_rows": (lambda v: isinstance(v, bool), "true or false"),
     "command": (lambda v: isinstance(v, str), "a command"),
     "created_utc": (lambda v: isinstance(v, str), "a UTC time"),
+    RUN_ID: (lambda v: isinstance(v, str) and len(v) == 32
+             and all(ch in "0123456789abcdef" for ch in v), "a run id (32 hex digits)"),
 }
 
 
@@ -395,20 +418,25 @@ ABSENT_KEY = b"stateremat.absent_columns"
 PART_KEY = b"stateremat.part"
 
 
-def part_identity(table: str, config: Any) -> bytes:
+def part_identity(table: str, config: Any, run_id: str | None = None) -> bytes:
     """The :data:`PART_KEY` value of a part of ``table`` written by the run of ``config``
-    (a sidecar's config, as JSON holds it)."""
-    return json.dumps({"table": table, "config": config}, sort_keys=True,
-                      default=json_default).encode()
+    (a sidecar's config, as JSON holds it) and ``run_id`` (its sidecar's :data:`RUN_ID`; None
+    for a run made before run ids, whose parts name none)."""
+    ident = {"table": table, "config": config}
+    if run_id is not None:
+        ident["run"] = run_id
+    return json.dumps(ident, sort_keys=True, default=json_default).encode()
 
 
 _STAMP_TIP = ("Tip: move it out of the folder (keep it if it belongs elsewhere), then rerun the "
               "run's command with the same --out to redo its rows.")
 
 
-def _check_identity(path: Path, tbl: pa.Table, table: str, config: Any) -> None:
+def _check_identity(path: Path, tbl: pa.Table, table: str, config: Any,
+                    run_id: str | None = None) -> None:
     """Refuse part ``path`` unless its :data:`PART_KEY` says it is ``table``'s, written by the run
-    of ``config`` (None: no sidecar says which run; only the table is compared).
+    of ``config`` and ``run_id`` (the sidecar's; None: a run made before run ids, whose parts
+    name none) (``config`` None: no sidecar says which run; only the table is compared).
 
     Raises:
         RecordsError: naming the file and the table or config fields that differ.
@@ -435,6 +463,22 @@ def _check_identity(path: Path, tbl: pa.Table, table: str, config: Any) -> None:
             f"stateremat records: {path} was written by another run of table {table!r} (its "
             f"config differs from the sidecar's: {_config_diff(ident.get('config') or {}, config)}"
             f"); it was copied or moved in. {_STAMP_TIP}")
+    if config is not None and ident.get("run") != run_id:
+        raise _other_run(path, table, ident.get("run"), run_id)
+
+
+def _other_run(path: Path, table: str, got: Any, want: str | None) -> RecordsError:
+    if want is None:
+        why = (f"it names run {_short(got, 40)}, but the sidecar names none (a run made before "
+               "run ids, whose parts name none)")
+    elif got is None:
+        why = (f"it names no run, but the sidecar's run is {want} (each part of that run names "
+               "it)")
+    else:
+        why = f"it names run {_short(got, 40)}, not the sidecar's {want}"
+    return RecordsError(
+        f"stateremat records: {path} was written by another run of table {table!r} with the same "
+        f"config ({why}); it was copied or moved in. {_STAMP_TIP}")
 
 
 def _absent_columns(tbl: pa.Table) -> set[str]:
@@ -586,13 +630,15 @@ class RecordStore:
             new = json.loads(json.dumps(config, default=json_default))
             if old.get("config") != new:
                 raise _other_config(self.sidecar, old.get("config") or {}, new)
+            self._run_id = old.get(RUN_ID)  # None: a run made before run ids (its parts name none)
             old.setdefault("resumed_utc", []).append(provenance()["created_utc"])
             if launch is not None:
                 old.setdefault("launches", []).append(dict(launch))
             atomic_write_json(self.sidecar, old)
         else:
+            self._run_id = _folder_run_id(self.out_dir)
             doc = {"table": table, "key": list(self.key), "config": config,
-                   "provenance": provenance()}
+                   RUN_ID: self._run_id, "provenance": provenance()}
             if launch is not None:
                 doc["launches"] = [dict(launch)]
             atomic_write_json(self.sidecar, doc)
@@ -622,7 +668,7 @@ class RecordStore:
         if missing:
             raise RecordsError(f"stateremat records: rows for {self.table!r} lack key columns "
                                f"{missing}. This is a bug in the caller, please report it.")
-        ident = {PART_KEY: part_identity(self.table, self._config)}
+        ident = {PART_KEY: part_identity(self.table, self._config, self._run_id)}
         if self.spec is None:
             tbl = pa.Table.from_pylist([dict(r) for r in rows])
             tbl = tbl.replace_schema_metadata({**(tbl.schema.metadata or {}), **ident})
@@ -674,7 +720,7 @@ class RecordStore:
                 raise _unreadable(p, exc) from exc
             spec = self.spec or _observed_spec(self.table, tbl, self.key)
             df = _check_part(p, tbl, spec).to_pandas()  # typed as declared, same row order
-            _check_identity(p, tbl, self.table, self._config)
+            _check_identity(p, tbl, self.table, self._config, self._run_id)
             check_rows([p] * len(df), self.table, df, spec.values, spec.key, self._config)
             mask = match(df).to_numpy(dtype=bool)
             if not mask.any():
@@ -737,7 +783,8 @@ def read_records(out_dir: str | os.PathLike, table: str, *, key: Sequence[str] |
         if spec is None:
             spec = _observed_spec(table, tbl, key)
         tables.append(_check_part(p, tbl, spec))
-        _check_identity(p, tbl, table, None if doc is None else doc.get("config"))
+        _check_identity(p, tbl, table, None if doc is None else doc.get("config"),
+                        None if doc is None else doc.get(RUN_ID))
         present.update(tbl.schema.names)
         origin.append(p)
     # An optional column no part has stays absent (as before it was declared).
