@@ -269,3 +269,13 @@ def test_a_rerun_refuses_an_injected_part_of_another_run_and_report_too(tmp_path
         assert moved.name in res.output and "another run" in res.output
     moved.rename(tmp_path / "kept.parquet")
     assert run_cli("report", a).exit_code == 0
+
+
+def test_a_cells_budget_rule_or_profile_other_than_the_configs_is_refused(tmp_path):
+    out, part = _bench(tmp_path)
+    _rewrite(part, lambda df: df.assign(budget_rule="fixed"))
+    _refused(out, "bench", "'budget_rule' = 'fixed'", "its cell's entry in the run config's "
+             "budget_rule")
+    out = _copy(tmp_path / "c", "cohort-fair44", "cohort_timing", "cohort_processes")
+    _rewrite(_parts(out, "cohort_timing")[0], lambda df: df.assign(profile_hash="0" * 64))
+    _refused(out, "cohort_timing", "'profile_hash'", "the run config's profile")

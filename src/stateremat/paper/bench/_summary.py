@@ -17,7 +17,7 @@ from ..limits import MAX_STEPS, MAX_WARMUPS
 from ..measured import (CELL_CONSTANT, MEASURED_VALUES, METHOD_CONSTANT, ROW_RULES, RUN_CONSTANT,
                         step_rule)
 from ..records import declare_table
-from ..records import config_value, in_config, integer, number, text, text_list
+from ..records import config_entry, config_value, in_config, integer, number, text, text_list
 from ._spec import METHODS
 
 TABLE = "bench"
@@ -48,6 +48,7 @@ VALUES = {**MEASURED_VALUES, **ROW_RULES, "step": step_rule(("cell", "method")),
           "experiment": config_value("experiment"),
           "preset": config_value("preset"), "cell": in_config("cells"),
           "method": in_config("methods"), "budget_bytes": config_value("budget_bytes"),
+          "budget_rule": config_entry("budget_rule", by="cell"),
           "torch_threads": number(1, missing=True)}
 #: Sidecar config fields, checked before a reader sizes its work from them.
 CONFIG = {"experiment": text(), "preset": text(), "device": text(), "cells": text_list(10_000),

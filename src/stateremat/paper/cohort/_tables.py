@@ -8,7 +8,8 @@ from ..limits import MAX_PROCESSES, MAX_STEPS, MAX_THREADS, MAX_WARMUPS
 from ..measured import (CELL_CONSTANT, MEASURED_VALUES, METHOD_CONSTANT, ROW_RULES, RUN_CONSTANT,
                         step_rule)
 from ..records import declare_table
-from ..records import config_value, in_config, integer, number, one_of, text, text_list
+from ..records import (config_entry, config_value, in_config, integer, number, one_of, text,
+                       text_list)
 
 TIMING_TABLE = "cohort_timing"
 STATUS_TABLE = "cohort_processes"
@@ -46,7 +47,8 @@ STATUS_COLUMNS = [
 #: run's experiment and preset, of one of its cells, with that cell's methods, budget and steps.
 TIMING_VALUES = {
     **MEASURED_VALUES, **ROW_RULES, "step": step_rule(("process", "cell", "method"), cell="cell"),
-    "seed": config_value("seed"),
+    "seed": config_value("seed"), "profile_hash": config_entry("profile", by="cell"),
+    "budget_rule": config_value("budget_rule", by="cell"),
     "experiment": config_value("experiment"), "preset": config_value("preset"),
     "cell": in_config("cells", key="cell"), "method": in_config("methods", by="cell"),
     **{c: config_value(c, by="cell") for c in ("budget_bytes", "warmups", "steps")},

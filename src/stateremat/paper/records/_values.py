@@ -18,7 +18,7 @@ import pandas as pd
 from ...contract import RecordsError
 
 __all__ = ["Rule", "ConfigField", "set_text", "one_of", "number", "config_value", "in_config",
-           "below_config", "step_index", "marker_alone", "constant", "all_of", "implies",
+           "below_config", "config_entry", "step_index", "marker_alone", "constant", "all_of", "implies",
            "integer", "text", "int_list", "text_list", "check_rows", "check_config"]
 
 #: rows (the part as pandas), config -> boolean mask of the rows a rule refuses
@@ -134,6 +134,21 @@ def config_value(field: str, *, by: str | None = None, among: str = "cells") -> 
         want = df[by].map(entries)
         return ~(_missing(df[c]) | (df[c] == want).to_numpy(dtype=bool))
     return Rule(f"its {by}'s {field} in the run config's {among}", bad_by)
+
+
+def config_entry(field: str, *, by: str) -> Rule:
+    """Equal to the row's entry in the run config's object ``field``, keyed by the row's column
+    ``by`` (e.g. a cell's profile hash in ``config["profile"][cell]``); a key the object lacks
+    is refused, a null value is left to the column's other rules."""
+    def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        entries = _config_at(cfg, field)
+        if not isinstance(entries, Mapping) or by not in df.columns:
+            return _none(df)
+        want = df[by].map(lambda k: entries.get(k, _UNSET)).to_numpy(dtype=object)
+        got = df[c].to_numpy(dtype=object)
+        return ~(_missing(df[c]) | np.asarray([w is not _UNSET and g == w
+                                               for g, w in zip(got, want)], dtype=bool))
+    return Rule(f"its {by}'s entry in the run config's {field}", bad)
 
 
 def in_config(field: str, *, by: str | None = None, among: str = "cells",
