@@ -279,3 +279,24 @@ def test_a_cells_budget_rule_or_profile_other_than_the_configs_is_refused(tmp_pa
     out = _copy(tmp_path / "c", "cohort-fair44", "cohort_timing", "cohort_processes")
     _rewrite(_parts(out, "cohort_timing")[0], lambda df: df.assign(profile_hash="0" * 64))
     _refused(out, "cohort_timing", "'profile_hash'", "the run config's profile")
+
+
+@pytest.mark.parametrize("column,value,words", [
+    ("fits_budget", True, "peak_bytes is at most its budget_bytes"),
+    ("semantic_max_error", 1e6, "where semantic_checks is 'pass'"),
+    ("error", "boom", "a row that has a step time"),
+    ("loadavg", "x", "/proc/loadavg"),
+])
+def test_a_value_that_contradicts_the_rows_other_columns_is_refused(tmp_path, column, value,
+                                                                     words):
+    out, part = _bench(tmp_path)  # every eager row edited alike: no row differs from another
+
+    def edit(df):
+        df[column] = df[column].astype(object)
+        df.loc[df.method == "eager", column] = value
+        return df
+    if column == "fits_budget":  # eager's peak is over the budget: its rows say False
+        eager = pq.read_table(part).to_pandas().query("method == 'eager'")
+        assert (eager.peak_bytes > eager.budget_bytes).all()
+    _rewrite(part, edit)
+    _refused(out, "bench", f"{column!r}", words, "'method': 'eager'")

@@ -53,8 +53,36 @@ def _text(df: pd.DataFrame, c: str) -> pd.Series:
     return df[c].fillna("").astype(str) if c in df.columns else pd.Series([""] * len(df))
 
 
+#: The semantic checks' tolerance per dtype (max relative error; ``bench._semantic`` uses it):
+#: a method whose checks pass has no larger error in any dtype.
+SEMANTIC_RTOL = {"float32": 1e-5, "float64": 1e-12}
+_LOADAVG = r"\d+\.\d+ \d+\.\d+ \d+\.\d+ \d+/\d+ \d+|unavailable"
+
+
+def _num(df: pd.DataFrame, c: str) -> pd.Series:
+    return pd.to_numeric(df[c], errors="coerce").astype("float64")
+
+
+def _fits(df: pd.DataFrame) -> np.ndarray:
+    peak, budget = _num(df, "peak_bytes"), _num(df, "budget_bytes")
+    return (peak.notna() & (peak <= budget)).to_numpy(dtype=bool)
+
+
 #: Rules across a row's columns, for both tables.
 ROW_RULES = {
+    "fits_budget": implies(
+        "true exactly where the row's peak_bytes is at most its budget_bytes", lambda df: True,
+        lambda df: df["fits_budget"].fillna(False).astype(bool).to_numpy(dtype=bool) == _fits(df)),
+    "error": implies("empty in a row that has a step time (a step that raised has none)",
+                     lambda df: (_text(df, "error") != "").to_numpy(),
+                     lambda df: _num(df, "step_time_s").isna().to_numpy()),
+    "loadavg": implies("the machine's /proc/loadavg line (or 'unavailable')",
+                       lambda df: df["loadavg"].notna().to_numpy(dtype=bool),
+                       lambda df: _text(df, "loadavg").str.fullmatch(_LOADAVG).to_numpy(dtype=bool)),
+    "semantic_max_error": implies(
+        f"at most {max(SEMANTIC_RTOL.values()):g} (the checks' tolerance) where semantic_checks "
+        "is 'pass'", lambda df: (_text(df, "semantic_checks") == "pass").to_numpy(),
+        lambda df: (_num(df, "semantic_max_error") <= max(SEMANTIC_RTOL.values())).to_numpy()),
     "policy": implies("a JSON list with one choice per segment", lambda df: True, _policy_fits),
     "memory_method": implies(
         "a cuda_* method only on a cuda device",
