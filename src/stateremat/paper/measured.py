@@ -60,19 +60,27 @@ _LOADAVG = r"\d+\.\d+ \d+\.\d+ \d+\.\d+ \d+/\d+ \d+|unavailable"
 
 
 def _num(df: pd.DataFrame, c: str) -> pd.Series:
+    """Column ``c`` as floats (all NaN where the rows do not give it)."""
+    if c not in df.columns:
+        return pd.Series(np.nan, index=df.index, dtype="float64")
     return pd.to_numeric(df[c], errors="coerce").astype("float64")
 
 
-def _fits(df: pd.DataFrame) -> np.ndarray:
+def _fits_agrees(df: pd.DataFrame) -> np.ndarray:
+    """Rows whose fits_budget says whether peak_bytes is at most budget_bytes (true where the
+    rows give no budget: nothing to compare)."""
+    if "budget_bytes" not in df.columns or "peak_bytes" not in df.columns:
+        return np.ones(len(df), dtype=bool)
     peak, budget = _num(df, "peak_bytes"), _num(df, "budget_bytes")
-    return (peak.notna() & (peak <= budget)).to_numpy(dtype=bool)
+    fits = (peak.notna() & (peak <= budget)).to_numpy(dtype=bool)
+    return df["fits_budget"].fillna(False).astype(bool).to_numpy(dtype=bool) == fits
 
 
 #: Rules across a row's columns, for both tables.
 ROW_RULES = {
     "fits_budget": implies(
         "true exactly where the row's peak_bytes is at most its budget_bytes", lambda df: True,
-        lambda df: df["fits_budget"].fillna(False).astype(bool).to_numpy(dtype=bool) == _fits(df)),
+        _fits_agrees),
     "error": implies("empty in a row that has a step time (a step that raised has none)",
                      lambda df: (_text(df, "error") != "").to_numpy(),
                      lambda df: _num(df, "step_time_s").isna().to_numpy()),
@@ -89,7 +97,7 @@ ROW_RULES = {
         lambda df: _text(df, "memory_method").str.startswith("cuda").to_numpy(),
         lambda df: _text(df, "device").str.startswith("cuda").to_numpy()),
     "feasible": implies("true in a row that measured a step (step >= 0)",
-                        lambda df: (df["step"] >= 0).to_numpy(dtype=bool),
+                        lambda df: (_num(df, "step") >= 0).to_numpy(dtype=bool),
                         lambda df: df["feasible"].fillna(False).astype(bool).to_numpy()),
 }
 #: Columns one value for all rows of a method in a cell (its plan and semantic checks) ...
