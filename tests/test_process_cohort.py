@@ -211,7 +211,8 @@ BUDGET_WORKER = textwrap.dedent('''
                  "peak_bytes": cell.budget_bytes, "budget_bytes": cell.budget_bytes,
                  "fits_budget": True, "feasible": True,
                  "policy": None, "semantic_checks": "pass", "predicted_peak_bytes": 0,
-                 "predicted_time_s": 1.0, "profile_hash": "x", "source_hash": "x",
+                 "predicted_time_s": 1.0, "source_hash": "x",
+                 "profile_hash": card.source_hash() if card else "none",  # as a real worker
                  "memory_method": "fake"} for m in methods]
 
     if __name__ == "__main__":

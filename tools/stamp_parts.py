@@ -4,7 +4,7 @@ Usage: ``python tools/stamp_parts.py RUN_OR_RESULTS_FOLDER...``
 
 For each run folder found under the given folders (a ``<table>.json`` sidecar beside its
 ``<table>/`` rows folder), every ``part-*.parquet`` without the ``stateremat.part`` note gets
-it: the table and the sidecar's run config, as ``RecordStore.append`` now writes. Only schema
+it: the table, the sidecar's run config and run id, as ``RecordStore.append`` now writes. Only schema
 metadata is added: rows, columns and types are unchanged (checked before each part is
 replaced, atomically). Parts already stamped are left alone. Use it only on folders whose
 parts are all their own run's: the note is what tells a copied-in part apart afterwards.
@@ -35,7 +35,7 @@ def stamp_run(sidecar: Path) -> int:
         meta = dict(tbl.schema.metadata or {})
         if PART_KEY in meta:
             continue
-        meta[PART_KEY] = part_identity(table, config)
+        meta[PART_KEY] = part_identity(table, config, doc.get("run_id"))
         stamped = tbl.replace_schema_metadata(meta)
         buf = io.BytesIO()
         pq.write_table(stamped, buf)

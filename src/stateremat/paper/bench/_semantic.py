@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import torch
 
+from ..measured import SEMANTIC_RTOL
 from ..workloads import StatefulChain, WorkloadConfig, loss_fn, make_batch
 from ._methods import build_method
 
 #: max |difference| allowed, relative to max(1, max |reference|), per dtype. CPU replays run the
 #: same kernels on the same bytes, so differences are expected to be exactly 0; the tolerance
 #: leaves room for non-deterministic GPU reductions.
-RTOL = {"float32": 1e-5, "float64": 1e-12}
+RTOL = SEMANTIC_RTOL  # per dtype; declared with the rows that record it
 _SEED = 1234
 _STEP = 1
 

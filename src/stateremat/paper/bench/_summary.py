@@ -14,9 +14,10 @@ import pandas as pd
 import pyarrow as pa
 
 from ..limits import MAX_STEPS, MAX_WARMUPS
-from ..measured import MEASURED_VALUES
+from ..measured import (CELL_CONSTANT, MEASURED_VALUES, METHOD_CONSTANT, ROW_RULES, RUN_CONSTANT,
+                        step_rule)
 from ..records import declare_table
-from ..records import config_value, in_config, integer, number, text, text_list
+from ..records import config_entry, config_value, in_config, integer, number, text, text_list
 from ._spec import METHODS
 
 TABLE = "bench"
@@ -41,17 +42,22 @@ COLUMNS = [
 KEY = ("cell", "method", "step")
 COLUMNS.append(("torch_threads", pa.int64()))  # the process's torch threads, when recorded
 #: Value rules (checked on every read, against the run's sidecar config): a row is of the
-#: run's experiment, preset, cells, methods and budget.
-VALUES = {**MEASURED_VALUES, "experiment": config_value("experiment"),
+#: run's experiment, preset, cells, methods and budget, its step one the run took (or an
+#: infeasible method's lone -1 row), a method's plan the same in each of its rows.
+VALUES = {**MEASURED_VALUES, **ROW_RULES, "step": step_rule(("cell", "method")),
+          "experiment": config_value("experiment"),
           "preset": config_value("preset"), "cell": in_config("cells"),
           "method": in_config("methods"), "budget_bytes": config_value("budget_bytes"),
+          "budget_rule": config_entry("budget_rule", by="cell"),
           "torch_threads": number(1, missing=True)}
 #: Sidecar config fields, checked before a reader sizes its work from them.
 CONFIG = {"experiment": text(), "preset": text(), "device": text(), "cells": text_list(10_000),
           "methods": text_list(len(METHODS)), "budget_bytes": integer(0, 2**63 - 1),
           "warmups": integer(0, MAX_WARMUPS), "steps": integer(1, MAX_STEPS)}
+#: Columns one value in all rows of a (cell, method), of a cell, of the run.
+CONSTANT_IN = {("cell", "method"): METHOD_CONSTANT, ("cell",): CELL_CONSTANT, (): RUN_CONSTANT}
 declare_table(TABLE, COLUMNS, KEY, optional=("budget_rule", "torch_threads"), values=VALUES,
-              config=CONFIG)
+              config=CONFIG, constant_in=CONSTANT_IN)
 
 
 def _num(v: Any) -> Any:

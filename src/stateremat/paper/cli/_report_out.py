@@ -10,14 +10,13 @@ or not), a folder or a device there is refused before any work, never followed o
 """
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from pathlib import Path
 from typing import Iterable
 
 from stateremat._shared.checks import check_out_dir, fail, printable
-from stateremat._shared.io import atomic_write_json, utc_now
+from stateremat._shared.io import DuplicateKeyError, atomic_write_json, loads_json, utc_now
 
 #: The mark of a folder ``report --out`` wrote: ``{"command", "run", "created_utc"}``.
 MARK = ".report.json"
@@ -29,13 +28,20 @@ def _real(p: Path) -> str:
 
 
 def _marked_run(out: Path) -> str | None:
-    """The run folder ``out``'s mark names, or None (no mark, or not one ``report`` wrote)."""
+    """The run folder ``out``'s mark names, or None (no mark, or not one ``report`` wrote).
+
+    Raises:
+        DuplicateKeyError: the mark names a key twice (a reader would keep only the last, so
+            it is not trusted; :func:`check_report_out` refuses it like a sidecar).
+    """
     mark = out / MARK
     if mark.is_symlink() or not mark.is_file():
         return None
     try:
-        doc = json.loads(mark.read_bytes().decode("utf-8"))
-    except (OSError, ValueError):
+        doc = loads_json(mark.read_bytes().decode("utf-8"))
+    except DuplicateKeyError:
+        raise
+    except (OSError, ValueError, RecursionError):
         return None
     if isinstance(doc, dict) and doc.get("command") == _COMMAND and isinstance(doc.get("run"), str):
         return doc["run"]
@@ -49,7 +55,7 @@ def _usable(run: Path, out: Path) -> bool:
         return False
     try:
         return not any(os.scandir(out)) or _marked_run(out) == _real(run)
-    except OSError:
+    except (OSError, DuplicateKeyError):
         return False
 
 
@@ -88,7 +94,11 @@ def check_report_out(api: str, run: Path, out: Path) -> None:
         raise fail(f"{where}: cannot list the folder ({exc.strerror or exc}). {tip}") from None
     if not entries:
         return
-    owner = _marked_run(out)
+    try:
+        owner = _marked_run(out)
+    except DuplicateKeyError as exc:
+        raise fail(f"{where}: its mark {MARK} is not one report wrote ({exc}); report writes "
+                   f"each key once, so it was edited. {tip}") from None
     if owner is None:
         shown = ", ".join(repr(printable(e)) for e in entries[:3])
         raise fail(f"{where} already holds files report did not write (no {MARK} mark): "

@@ -5,9 +5,11 @@ import pyarrow as pa
 
 from ..._shared.checks import MAX_SEED
 from ..limits import MAX_PROCESSES, MAX_STEPS, MAX_THREADS, MAX_WARMUPS
-from ..measured import MEASURED_VALUES
+from ..measured import (CELL_CONSTANT, MEASURED_VALUES, METHOD_CONSTANT, ROW_RULES, RUN_CONSTANT,
+                        step_rule)
 from ..records import declare_table
-from ..records import config_value, in_config, integer, number, one_of, text, text_list
+from ..records import (config_entry, config_value, in_config, integer, number, one_of, text,
+                       text_list)
 
 TIMING_TABLE = "cohort_timing"
 STATUS_TABLE = "cohort_processes"
@@ -44,7 +46,10 @@ STATUS_COLUMNS = [
 #: Value rules (checked on every read, against the run's sidecar config): a row is of the
 #: run's experiment and preset, of one of its cells, with that cell's methods, budget and steps.
 TIMING_VALUES = {
-    **MEASURED_VALUES, "experiment": config_value("experiment"), "preset": config_value("preset"),
+    **MEASURED_VALUES, **ROW_RULES, "step": step_rule(("process", "cell", "method"), cell="cell"),
+    "seed": config_value("seed"), "profile_hash": config_entry("profile", by="cell"),
+    "budget_rule": config_value("budget_rule", by="cell"),
+    "experiment": config_value("experiment"), "preset": config_value("preset"),
     "cell": in_config("cells", key="cell"), "method": in_config("methods", by="cell"),
     **{c: config_value(c, by="cell") for c in ("budget_bytes", "warmups", "steps")},
     "process": number(0, MAX_PROCESSES), "order_index": number(0), "attempt": number(0),
@@ -60,7 +65,10 @@ CONFIG = {"experiment": text(), "preset": text(), "device": text(), "seed": inte
           "threads": integer(1, MAX_THREADS), "cells[].cell": text(),
           "cells[].methods": text_list(100), "cells[].budget_bytes": integer(0, 2**63 - 1),
           "cells[].warmups": integer(0, MAX_WARMUPS), "cells[].steps": integer(1, MAX_STEPS)}
+#: Columns one value in all rows of a process's (cell, method), of its cell, of the run.
+TIMING_CONSTANT_IN = {("process", "cell", "method"): METHOD_CONSTANT,
+                      ("process", "cell"): (*CELL_CONSTANT, "warmups", "steps"), (): RUN_CONSTANT}
 declare_table(TIMING_TABLE, TIMING_COLUMNS, TIMING_KEY, optional=("budget_rule",),
-              values=TIMING_VALUES, config=CONFIG)
+              values=TIMING_VALUES, config=CONFIG, constant_in=TIMING_CONSTANT_IN)
 declare_table(STATUS_TABLE, STATUS_COLUMNS, STATUS_KEY, required=("status",),
               optional=("requested_processes",), values=STATUS_VALUES, config=CONFIG)

@@ -9,13 +9,19 @@ from ._store import (TEMP_DIR as TEMP_DIR, RecordStore as RecordStore,
                      declare_table as declare_table, lock_run as lock_run,
                      read_records as read_records,
                      read_sidecar as read_sidecar, table_spec as table_spec,
-                     PART_KEY as PART_KEY, part_identity as part_identity)
-from ._values import (below_config as below_config, config_value as config_value,
+                     PART_KEY as PART_KEY, RUN_ID as RUN_ID, new_run_id as new_run_id,
+                     part_identity as part_identity)
+from ._values import (Rule as Rule, all_of as all_of, constant as constant,
+                      implies as implies, marker_alone as marker_alone, step_index as step_index,
+                      below_config as below_config, config_entry as config_entry,
+                      config_value as config_value,
                       in_config as in_config, int_list as int_list, integer as integer,
                       number as number, one_of as one_of, set_text as set_text, text as text,
                       text_list as text_list)
 
-__all__ = ["PART_KEY", "RecordStore", "TEMP_DIR", "below_config", "config_value", "in_config",
-           "int_list", "integer", "number", "one_of", "part_identity", "set_text", "text",
-           "text_list", "check_not_writing", "check_resumable", "claim_folder", "declare_table",
-           "lock_run", "read_records", "read_sidecar", "table_spec"]
+__all__ = ["PART_KEY", "RUN_ID", "RecordStore", "Rule", "new_run_id", "TEMP_DIR", "all_of",
+           "constant", "implies", "marker_alone", "step_index", "below_config", "config_entry",
+           "config_value", "in_config", "int_list", "integer", "number", "one_of",
+           "part_identity", "set_text", "text", "text_list", "check_not_writing",
+           "check_resumable", "claim_folder", "declare_table", "lock_run", "read_records",
+           "read_sidecar", "table_spec"]

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -32,7 +33,7 @@ from ...contract import RecordsError
 from ..._shared.io import (
     DuplicateKeyError, atomic_write_bytes, atomic_write_json, json_default, loads_json, provenance,
 )
-from ._values import ConfigField, Rule, check_config, check_rows, plain_value
+from ._values import ConfigField, Rule, all_of, check_config, check_rows, constant, plain_value
 
 _counter = itertools.count()
 _LOCKS: dict[str, int] = {}  # lock path -> fd held by this process for its lifetime
@@ -134,15 +135,35 @@ def lock_run(out_dir: str | os.PathLike) -> Path:
     _lock(out / ".run.lock")
     command = _CLAIMS.pop(str(out.resolve()), None)
     if command is not None and not (out / MANIFEST).is_file():  # see claim_folder
-        atomic_write_json(out / MANIFEST, {"command": command,
+        atomic_write_json(out / MANIFEST, {"command": command, RUN_ID: new_run_id(),
                                            "created_utc": provenance()["created_utc"]})
     if owned:
         _remove_leftovers(out)
     return out
 
 
-#: A run folder's manifest: the command that created it (see :func:`claim_folder`).
+#: A run folder's manifest: the command that created it (see :func:`claim_folder`) and its
+#: run id.
 MANIFEST = ".run.json"
+#: Field of a run folder's manifest and of each table's sidecar: the run's random id, made when
+#: the folder (or the table's sidecar) is first created. Every part the run writes carries it in
+#: its :data:`PART_KEY` note, so a part of another run of the same config is told apart.
+RUN_ID = "run_id"
+
+
+def new_run_id() -> str:
+    """A fresh random run id (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
+def _folder_run_id(out: Path) -> str:
+    """The run id of run folder ``out`` for a table created now: its manifest's, else new."""
+    manifest = out / MANIFEST
+    if manifest.is_file():
+        rid = read_sidecar(manifest).get(RUN_ID)
+        if isinstance(rid, str):
+            return rid
+    return new_run_id()
 #: For a folder made before manifests: the command each table's sidecar says wrote it
 #: (a prefix: bench and cohort commands are named by experiment).
 _TABLE_COMMANDS = {
@@ -288,6 +309,8 @@ _SIDECAR_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "has_rows": (lambda v: isinstance(v, bool), "true or false"),
     "command": (lambda v: isinstance(v, str), "a command"),
     "created_utc": (lambda v: isinstance(v, str), "a UTC time"),
+    RUN_ID: (lambda v: isinstance(v, str) and len(v) == 32
+             and all(ch in "0123456789abcdef" for ch in v), "a run id (32 hex digits)"),
 }
 
 
@@ -369,12 +392,15 @@ def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Se
                   required: Sequence[str] = (), optional: Sequence[str] = (),
                   unique: bool = True, distinct_by: Sequence[str] = (),
                   values: Mapping[str, Rule] | None = None,
-                  config: Mapping[str, ConfigField] | None = None) -> TableSpec:
+                  config: Mapping[str, ConfigField] | None = None,
+                  constant_in: Mapping[tuple[str, ...], Sequence[str]] | None = None) -> TableSpec:
     """Declare table ``name``'s row schema: ``columns`` as ``(name, type)``; the ``key`` and
     ``required`` columns are not nullable, the others are. ``values`` gives columns' value rules
     (checked on every read, against the run's sidecar config), ``config`` the sidecar config
-    fields' kinds and ranges (checked before any reader uses them). Returns the spec (also
-    registered)."""
+    fields' kinds and ranges (checked before any reader uses them). ``constant_in`` maps a
+    prefix of ``key`` (``()``: the whole run) to the columns that keep one value in all rows
+    sharing it (a method's policy and feasibility in every step's row), added to their rules.
+    Returns the spec (also registered)."""
     key = tuple(key)
     strict = set(key) | set(required)
     names = [c for c, _ in columns]
@@ -382,8 +408,13 @@ def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Se
     schema = pa.schema([pa.field(c, t, nullable=c not in strict) for c, t in columns])
     assert set(distinct_by) <= set(names) and not set(distinct_by) & set(key), (name, distinct_by)
     assert set(values or {}) <= set(names), (name, set(values or {}) - set(names))
+    values = dict(values or {})
+    for by, cols in (constant_in or {}).items():
+        assert tuple(by) == key[:len(by)] and set(cols) <= set(names), (name, by, cols)
+        for c in cols:
+            values[c] = all_of(values.get(c), constant(*by))
     spec = TableSpec(name, schema, key, frozenset(optional), unique, tuple(distinct_by),
-                     dict(values or {}), dict(config or {}))
+                     values, dict(config or {}))
     _SPECS[name] = spec
     return spec
 
@@ -454,20 +485,25 @@ ABSENT_KEY = b"stateremat.absent_columns"
 PART_KEY = b"stateremat.part"
 
 
-def part_identity(table: str, config: Any) -> bytes:
+def part_identity(table: str, config: Any, run_id: str | None = None) -> bytes:
     """The :data:`PART_KEY` value of a part of ``table`` written by the run of ``config``
-    (a sidecar's config, as JSON holds it)."""
-    return json.dumps({"table": table, "config": config}, sort_keys=True,
-                      default=json_default).encode()
+    (a sidecar's config, as JSON holds it) and ``run_id`` (its sidecar's :data:`RUN_ID`; None
+    for a run made before run ids, whose parts name none)."""
+    ident = {"table": table, "config": config}
+    if run_id is not None:
+        ident["run"] = run_id
+    return json.dumps(ident, sort_keys=True, default=json_default).encode()
 
 
 _STAMP_TIP = ("Tip: move it out of the folder (keep it if it belongs elsewhere), then rerun the "
               "run's command with the same --out to redo its rows.")
 
 
-def _check_identity(path: Path, tbl: pa.Table, table: str, config: Any) -> None:
+def _check_identity(path: Path, tbl: pa.Table, table: str, config: Any,
+                    run_id: str | None = None) -> None:
     """Refuse part ``path`` unless its :data:`PART_KEY` says it is ``table``'s, written by the run
-    of ``config`` (None: no sidecar says which run; only the table is compared).
+    of ``config`` and ``run_id`` (the sidecar's; None: a run made before run ids, whose parts
+    name none) (``config`` None: no sidecar says which run; only the table is compared).
 
     Raises:
         RecordsError: naming the file and the table or config fields that differ.
@@ -494,6 +530,22 @@ def _check_identity(path: Path, tbl: pa.Table, table: str, config: Any) -> None:
             f"stateremat records: {path} was written by another run of table {table!r} (its "
             f"config differs from the sidecar's: {_config_diff(ident.get('config') or {}, config)}"
             f"); it was copied or moved in. {_STAMP_TIP}")
+    if config is not None and ident.get("run") != run_id:
+        raise _other_run(path, table, ident.get("run"), run_id)
+
+
+def _other_run(path: Path, table: str, got: Any, want: str | None) -> RecordsError:
+    if want is None:
+        why = (f"it names run {_short(got, 40)}, but the sidecar names none (a run made before "
+               "run ids, whose parts name none)")
+    elif got is None:
+        why = (f"it names no run, but the sidecar's run is {want} (each part of that run names "
+               "it)")
+    else:
+        why = f"it names run {_short(got, 40)}, not the sidecar's {want}"
+    return RecordsError(
+        f"stateremat records: {path} was written by another run of table {table!r} with the same "
+        f"config ({why}); it was copied or moved in. {_STAMP_TIP}")
 
 
 def _absent_columns(tbl: pa.Table) -> set[str]:
@@ -645,13 +697,15 @@ class RecordStore:
             new = json.loads(json.dumps(config, default=json_default))
             if old.get("config") != new:
                 raise _other_config(self.sidecar, old.get("config") or {}, new)
+            self._run_id = old.get(RUN_ID)  # None: a run made before run ids (its parts name none)
             old.setdefault("resumed_utc", []).append(provenance()["created_utc"])
             if launch is not None:
                 old.setdefault("launches", []).append(dict(launch))
             atomic_write_json(self.sidecar, old)
         else:
+            self._run_id = _folder_run_id(self.out_dir)
             doc = {"table": table, "key": list(self.key), "config": config,
-                   "provenance": provenance()}
+                   RUN_ID: self._run_id, "provenance": provenance()}
             if launch is not None:
                 doc["launches"] = [dict(launch)]
             atomic_write_json(self.sidecar, doc)
@@ -681,7 +735,7 @@ class RecordStore:
         if missing:
             raise RecordsError(f"stateremat records: rows for {self.table!r} lack key columns "
                                f"{missing}. This is a bug in the caller, please report it.")
-        ident = {PART_KEY: part_identity(self.table, self._config)}
+        ident = {PART_KEY: part_identity(self.table, self._config, self._run_id)}
         if self.spec is None:
             tbl = pa.Table.from_pylist([dict(r) for r in rows])
             tbl = tbl.replace_schema_metadata({**(tbl.schema.metadata or {}), **ident})
@@ -733,7 +787,7 @@ class RecordStore:
                 raise _unreadable(p, exc) from exc
             spec = self.spec or _observed_spec(self.table, tbl, self.key)
             df = _check_part(p, tbl, spec).to_pandas()  # typed as declared, same row order
-            _check_identity(p, tbl, self.table, self._config)
+            _check_identity(p, tbl, self.table, self._config, self._run_id)
             check_rows([p] * len(df), self.table, df, spec.values, spec.key, self._config)
             mask = match(df).to_numpy(dtype=bool)
             if not mask.any():
@@ -796,7 +850,8 @@ def read_records(out_dir: str | os.PathLike, table: str, *, key: Sequence[str] |
         if spec is None:
             spec = _observed_spec(table, tbl, key)
         tables.append(_check_part(p, tbl, spec))
-        _check_identity(p, tbl, table, None if doc is None else doc.get("config"))
+        _check_identity(p, tbl, table, None if doc is None else doc.get("config"),
+                        None if doc is None else doc.get(RUN_ID))
         present.update(tbl.schema.names)
         origin.append(p)
     # An optional column no part has stays absent (as before it was declared).

@@ -18,8 +18,8 @@ import pandas as pd
 from ...contract import RecordsError
 
 __all__ = ["Rule", "ConfigField", "set_text", "one_of", "number", "config_value", "in_config",
-           "below_config", "integer", "text", "int_list", "text_list", "check_rows",
-           "check_config"]
+           "below_config", "config_entry", "step_index", "marker_alone", "constant", "all_of", "implies",
+           "integer", "text", "int_list", "text_list", "check_rows", "check_config"]
 
 #: rows (the part as pandas), config -> boolean mask of the rows a rule refuses
 _Bad = Callable[[pd.DataFrame, str, Mapping[str, Any]], np.ndarray]
@@ -27,10 +27,12 @@ _Bad = Callable[[pd.DataFrame, str, Mapping[str, Any]], np.ndarray]
 
 @dataclass(frozen=True)
 class Rule:
-    """What a column's values may be: ``what`` in words (for the error), ``bad`` the test."""
+    """What a column's values may be: ``what`` in words (for the error), ``bad`` the test;
+    ``parts``: the rules it joins (:func:`all_of`), each refused in its own words."""
 
     what: str
     bad: _Bad
+    parts: tuple["Rule", ...] = ()
 
 
 def _missing(s: pd.Series) -> np.ndarray:
@@ -134,6 +136,21 @@ def config_value(field: str, *, by: str | None = None, among: str = "cells") -> 
     return Rule(f"its {by}'s {field} in the run config's {among}", bad_by)
 
 
+def config_entry(field: str, *, by: str) -> Rule:
+    """Equal to the row's entry in the run config's object ``field``, keyed by the row's column
+    ``by`` (e.g. a cell's profile hash in ``config["profile"][cell]``); a key the object lacks
+    is refused, a null value is left to the column's other rules."""
+    def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        entries = _config_at(cfg, field)
+        if not isinstance(entries, Mapping) or by not in df.columns:
+            return _none(df)
+        want = df[by].map(lambda k: entries.get(k, _UNSET)).to_numpy(dtype=object)
+        got = df[c].to_numpy(dtype=object)
+        return ~(_missing(df[c]) | np.asarray([w is not _UNSET and g == w
+                                               for g, w in zip(got, want)], dtype=bool))
+    return Rule(f"its {by}'s entry in the run config's {field}", bad)
+
+
 def in_config(field: str, *, by: str | None = None, among: str = "cells",
               key: str | None = None) -> Rule:
     """One of the run config's list ``field`` (a list of values, or with ``key`` of objects'
@@ -172,6 +189,117 @@ def below_config(field: str) -> Rule:
     return Rule(f"in [0, the run config's {field})", bad)
 
 
+def all_of(*rules: Rule) -> Rule:
+    """Every one of ``rules`` (a row breaking any is refused, in words ``a; b``)."""
+    rules = tuple(p for r in rules if r is not None for p in (r.parts or (r,)))
+    if len(rules) == 1:
+        return rules[0]
+
+    def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        out = _none(df)
+        for r in rules:
+            out = out | np.asarray(r.bad(df, c, cfg), dtype=bool)
+        return out
+    return Rule("; and ".join(r.what for r in rules), bad, rules)
+
+
+def _config_by(df: pd.DataFrame, cfg: Mapping[str, Any], field: str, by: str | None,
+               among: str) -> Any:
+    """The config's ``field`` for each row (with ``by``: its ``among`` entry's), as a float
+    array (NaN where the config does not say); None where the config does not set it at all."""
+    if by is None:
+        n = _config_at(cfg, field)
+        if n is _UNSET:
+            return None
+        return np.full(len(df), float(n) if _is_int(n) else np.nan)
+    if not isinstance(cfg.get(among), list) or by not in df.columns:
+        return None
+    entries = {e.get(by): e.get(field) for e in cfg[among] if isinstance(e, Mapping)}
+    return np.asarray([float(v) if _is_int(v) else np.nan for v in df[by].map(entries)],
+                      dtype="float64")
+
+
+def step_index(field: str, *, by: str | None = None, among: str = "cells",
+               marker: int | None = -1) -> Rule:
+    """A step number: an integer in ``[0, config[field])`` (with ``by``: the ``field`` of the
+    row's ``among`` entry, e.g. its cell's steps), or ``marker`` (the row of a method that ran
+    no step). A step at or past the run's steps is no step the run took."""
+    where = f"its {by}'s {field}" if by else f"the run config's {field}"
+    words = f"a step in [0, {where})" + (f" or {marker}" if marker is not None else "")
+
+    def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        v = pd.to_numeric(df[c], errors="coerce").astype("float64").to_numpy()
+        out = np.isnan(v) | (v != np.floor(v))
+        out |= (v < 0) & ~((v == marker) if marker is not None else np.zeros(len(v), bool))
+        n = _config_by(df, cfg, field, by, among)
+        if n is not None:
+            out |= (v >= 0) & ~(v < n)  # NaN n (the config does not say for this row): refused
+        return out
+    return Rule(words, bad)
+
+
+#: (id of the frame, columns) -> (group numbers, each row's group's first row), for the frame
+#: :func:`check_rows` is checking (cleared when it returns: rules share one grouping).
+_GROUPS: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _groups(df: pd.DataFrame, by: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """A group number per row (rows sharing the values of columns ``by``; none: one group),
+    and the index of each row's group's first row."""
+    by = tuple(b for b in by if b in df.columns)
+    key = (id(df), len(df), by)
+    if key not in _GROUPS:
+        gid = (df.groupby(list(by), sort=False, dropna=False).ngroup().to_numpy() if by
+               else np.zeros(len(df), dtype="int64"))
+        firsts = np.full(int(gid.max()) + 1 if len(gid) else 0, len(df), dtype="int64")
+        np.minimum.at(firsts, gid, np.arange(len(df)))
+        _GROUPS[key] = (gid, firsts[gid])
+    return _GROUPS[key]
+
+
+def constant(*by: str) -> Rule:
+    """The same value (null counting as one) in every row sharing columns ``by`` (none: every
+    row of the run), e.g. a method's policy in each of its steps' rows. A row differing from
+    the first row of its group is refused."""
+    words = (f"the same in every row of its ({', '.join(by)}) (it differs from the first one's)"
+             if by else "the same in every row of the run (it differs from the first row's)")
+
+    def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        first = _groups(df, by)[1]
+        codes = pd.factorize(df[c], use_na_sentinel=False)[0]
+        return codes != codes[first]
+    return Rule(words, bad)
+
+
+def marker_alone(marker: Any, *, by: Sequence[str], flag: str | None = None) -> Rule:
+    """``marker`` (e.g. step ``-1``: a method that could not run and measured nothing) only
+    as the one row of its ``by`` group, and there with column ``flag`` false (e.g. not
+    ``feasible``); a group mixing the marker with other rows is refused."""
+    words = (f"{marker} only as the one row of its ({', '.join(by)})"
+             + (f" with {flag} false" if flag else ""))
+
+    def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        hit = (df[c] == marker).fillna(False).to_numpy(dtype=bool)
+        if not hit.any():
+            return hit
+        gid = _groups(df, by)[0]
+        size = np.bincount(gid)[gid]
+        out = hit & (size > 1)
+        if flag is not None and flag in df.columns:
+            out |= hit & df[flag].fillna(True).astype(bool).to_numpy(dtype=bool)
+        return out
+    return Rule(words, bad)
+
+
+def implies(what: str, cond: Callable[[pd.DataFrame], Any],
+            need: Callable[[pd.DataFrame], Any]) -> Rule:
+    """A rule across columns: in rows where ``cond`` holds, ``need`` must (``what`` in words),
+    e.g. a check's ``detected`` agrees with its ``outcome``."""
+    def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        return (np.asarray(cond(df), dtype=bool) & ~np.asarray(need(df), dtype=bool))
+    return Rule(what, bad)
+
+
 def check_rows(where: Sequence[Path], table: str, df: pd.DataFrame, rules: Mapping[str, Rule],
                key: Sequence[str], config: Mapping[str, Any]) -> None:
     """Refuse the first row of ``df`` that breaks a rule of ``rules`` (``where[i]``: the part
@@ -180,20 +308,28 @@ def check_rows(where: Sequence[Path], table: str, df: pd.DataFrame, rules: Mappi
     Raises:
         RecordsError: naming the file, the column, the row's key and its value.
     """
-    for column, rule in rules.items():
-        if column not in df.columns or df.empty:
-            continue
-        bad = rule.bad(df, column, config)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            row = df.iloc[i]
-            ident = {k: plain_value(row[k]) for k in key if k in df.columns}
-            raise RecordsError(
-                f"stateremat records: {where[i]} (table {table!r}) row {ident} gives {column!r} = "
-                f"{plain_value(row[column])!r}, not {rule.what} ({int(bad.sum())} such row(s)); no "
-                "run of this table writes that. Tip: the part was edited or comes from another "
-                "run; move it out of the folder (keep it if it belongs elsewhere), then rerun "
-                "the run's command with the same --out to redo its rows.")
+    try:
+        for column, rule in rules.items():
+            if column not in df.columns or df.empty:
+                continue
+            for part in rule.parts or (rule,):
+                _refuse(where, table, df, column, part, part.bad(df, column, config), key)
+    finally:
+        _GROUPS.clear()
+
+
+def _refuse(where: Sequence[Path], table: str, df: pd.DataFrame, column: str, rule: Rule,
+            bad: np.ndarray, key: Sequence[str]) -> None:
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        row = df.iloc[i]
+        ident = {k: plain_value(row[k]) for k in key if k in df.columns}
+        raise RecordsError(
+            f"stateremat records: {where[i]} (table {table!r}) row {ident} gives {column!r} = "
+            f"{plain_value(row[column])!r}, not {rule.what} ({int(bad.sum())} such row(s)); no "
+            "run of this table writes that. Tip: the part was edited or comes from another "
+            "run; move it out of the folder (keep it if it belongs elsewhere), then rerun "
+            "the run's command with the same --out to redo its rows.")
 
 
 def plain_value(v: Any) -> Any:

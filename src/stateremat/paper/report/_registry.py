@@ -92,10 +92,13 @@ def missing_units(rows: pd.DataFrame, exp: Expected) -> list[tuple]:
 
 
 def steps_done(steps: int) -> Callable[[pd.DataFrame], bool]:
-    """A unit of timing rows is complete with steps ``0..steps-1`` or an infeasible ``-1`` row."""
+    """A unit of timing rows is complete with steps ``0..steps-1``, or with one infeasible
+    ``-1`` row alone (nothing measured; a -1 beside measured or feasible rows is no such unit)."""
 
     def done(g: pd.DataFrame) -> bool:
-        got = set(int(s) for s in g["step"])
-        return -1 in got or set(range(steps)) <= got
+        got = [int(s) for s in g["step"]]
+        if -1 in got:
+            return got == [-1] and not ("feasible" in g and g["feasible"].fillna(True).any())
+        return set(range(steps)) <= set(got)
 
     return done

@@ -15,8 +15,8 @@ from ..._shared.checks import MAX_SEED
 from ...contract import Outcome
 from ..limits import MAX_PROGRAMS, MAX_STUDY_SEEDS
 from ..records import declare_table
-from ..records import (below_config, config_value, in_config, int_list, integer, number,
-                               one_of)
+from ..records import (below_config, config_value, implies, in_config, int_list, integer,
+                       number, one_of)
 from ._families import FAMILIES
 
 #: The engines of the study (``reference.engines.ENGINES``; named here so readers need not
@@ -68,9 +68,26 @@ def _sizes(columns) -> dict:
     return {c: number(0) for c, _ in columns if c in _SIZES}
 
 
+_CONTROLS = ("final_storage_control", "wrong_rng")
+
+
+def _says_detected(df: pd.DataFrame):
+    """Rows whose ``detected`` is given: a control check that ran (M or D), or any set."""
+    ran = df["check"].isin(_CONTROLS) & df["outcome"].isin(("M", "D"))
+    return (df["detected"].notna() | ran).to_numpy(dtype=bool)
+
+
+def _detected_is_divergence(df: pd.DataFrame):
+    det = df["detected"].astype("boolean")
+    return (det.notna() & (det.fillna(False) == (df["outcome"] == "D"))).to_numpy(dtype=bool)
+
+
 #: Value rules (checked on every read, against the run's sidecar config); a check that measures
-#: no error (or a program outside the supported domain) writes NaN for it.
+#: no error (or a program outside the supported domain) writes NaN for it. A control's
+#: ``detected`` is its outcome in other words (D: detected), so the two agree.
 FINITE_VALUES = {
+    "detected": implies("true where the outcome is D and false where it is M (a control that "
+                        "ran says it)", _says_detected, _detected_is_divergence),
     **_sizes(FINITE_COLUMNS), "suite": one_of("derivative", "byte"), "family": one_of("derivative", "byte"),
     "check": one_of("scalar_output", "gradient", "final_storage_control", "complex_step",
                     "snapshot_replay", "region_undo", "wrong_rng"),
