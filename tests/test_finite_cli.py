@@ -119,7 +119,9 @@ def test_verify_exits_1_listing_failed_targets_after_writing_the_summary(tmp_pat
     assert res.exit_code == 1
     assert "derivative_suite.max_grad_error = 0.5, expected <= 1e-14" in res.output
     assert json.loads(js.read_text())["derivative_suite"]["max_grad_error"] == 0.5  # still written
-    _tamper(out, "finite", lambda df: (df["check"] == "wrong_rng") & (df["program"] == 2), "detected", False)
+    wrong_rng_2 = lambda df: (df["check"] == "wrong_rng") & (df["program"] == 2)  # noqa: E731
+    _tamper(out, "finite", wrong_rng_2, "detected", False)  # a missed control: its outcome says so too
+    _tamper(out, "finite", wrong_rng_2, "outcome", "M")  # (detected and outcome must agree: exit 2)
     res = CliRunner().invoke(app, argv)
     assert res.exit_code == 1 and "byte_suite.wrong_rng_detected = 3, expected 4" in res.output
 

@@ -91,7 +91,9 @@ ROW_RULES = {
         f"at most {max(SEMANTIC_RTOL.values()):g} (the checks' tolerance) where semantic_checks "
         "is 'pass'", lambda df: (_text(df, "semantic_checks") == "pass").to_numpy(),
         lambda df: (_num(df, "semantic_max_error") <= max(SEMANTIC_RTOL.values())).to_numpy()),
-    "policy": implies("a JSON list with one choice per segment", lambda df: True, _policy_fits),
+    # (a row that raised keeps the policy it was given: a plan for another card is what raised)
+    "policy": implies("a JSON list with one choice per segment, in a row that did not raise",
+                      lambda df: (_text(df, "error") == "").to_numpy(), _policy_fits),
     "memory_method": implies(
         "a cuda_* method only on a cuda device",
         lambda df: _text(df, "memory_method").str.startswith("cuda").to_numpy(),

@@ -124,6 +124,8 @@ def _fail_on_error_rows(out: Path) -> None:
     from ..report import check_complete
 
     st = check_complete(out).get(TIMING_TABLE)
+    if st is not None and st.problem:  # rows that cannot be read cannot say the run succeeded
+        raise fail(f"{_API}: the processes finished but their rows cannot be read: {st.problem}", code=2)
     if st is None or not st.why:
         return
     (p, cell, method), why = next(iter(st.why.items()))
