@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from _cli import run_cli
+from _runs import copy_run
 from stateremat.contract import RecordsError
 from stateremat.paper.records import PART_KEY, RecordStore, read_records, table_spec
 
@@ -26,14 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "results" / "cpu"
 
 
-def _copy(tmp: Path, run: str, *tables: str) -> Path:
-    """``results/cpu/<run>``'s ``tables`` (rows folder + sidecar) under ``tmp/<run>``."""
-    out = tmp / run
-    out.mkdir(parents=True)
-    for t in tables:
-        shutil.copytree(CPU / run / t, out / t)
-        shutil.copy(CPU / run / f"{t}.json", out / f"{t}.json")
-    return out
+_copy = copy_run
 
 
 def _edit(part: Path, select, column: str, value) -> None:

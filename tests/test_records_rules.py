@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from _cli import run_cli
+from _runs import copy_run
 from stateremat.contract import RecordsError
 from stateremat.paper.records import PART_KEY, read_records
 
@@ -25,13 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "results" / "cpu"
 
 
-def _copy(tmp: Path, run: str, *tables: str) -> Path:
-    out = tmp / run
-    out.mkdir(parents=True)
-    for t in tables:
-        shutil.copytree(CPU / run / t, out / t)
-        shutil.copy(CPU / run / f"{t}.json", out / f"{t}.json")
-    return out
+_copy = copy_run
 
 
 def _parts(out: Path, table: str) -> list[Path]:
