@@ -60,6 +60,23 @@ def test_mixed_plans_with_eager_writers_after_region_segments_pass():
         assert res["semantic_checks"] == "pass", res["semantic_detail"]
 
 
+def test_controls_that_mix_recompute_only_with_registered_options_wrap_the_registered_ones():
+    # the control path (wrap_segment) puts region/whole segments under the library's checkpoint:
+    # only the recompute_only segment replays its writes twice, and the check names gradients
+    res = check_method("plain", TINY, ["region", "whole", "eager", "recompute_only"])
+    assert res["semantic_checks"] == "fail" and "gradients" in res["semantic_detail"]
+    from stateremat.paper.profile import RecomputeOnly, wrap_segment
+    from stateremat.paper.workloads import StatefulChain
+
+    chain = StatefulChain(TINY, "cpu")
+    seg = getattr(chain, chain.segment_names[0])
+    assert wrap_segment(seg, "region", name="seg") is seg and "forward" in vars(seg)
+    assert wrap_segment(seg, "eager", name="seg") is seg and "forward" not in vars(seg)
+    assert isinstance(wrap_segment(seg, "recompute_only"), RecomputeOnly)
+    with pytest.raises(ValueError, match="not one of"):
+        wrap_segment(seg, "regions")
+
+
 @pytest.fixture(scope="module")
 def rows():
     spec = tiny_spec()

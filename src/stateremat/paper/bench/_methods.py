@@ -142,5 +142,5 @@ def build_method(method: str, cfg: WorkloadConfig, options: list[str] | None,
                        granularity_bytes=cfg.granularity_bytes, state="buffers")  # as profiled (§4)
         else:  # negative controls (recompute_only = plain torch.utils.checkpoint), tests only
             for name, opt in zip(chain.segment_names, options):
-                setattr(chain, name, wrap_segment(getattr(chain, name), opt))
+                setattr(chain, name, wrap_segment(getattr(chain, name), opt, name=name))
     return MethodRun(method, chain, x, None if method == "functional" else options)

@@ -33,33 +33,38 @@ class RecomputeOnly(nn.Module):
         return tcheckpoint(self.module, *args, use_reentrant=False, **kwargs)
 
 
-def wrap_segment(module: nn.Module, option: str, *, granularity_bytes: int | None = None) -> nn.Module:
-    """``module`` under checkpoint ``option`` (``eager`` returns it unwrapped).
+def wrap_segment(module: nn.Module, option: str, *, granularity_bytes: int | None = None,
+                 name: str = "segment") -> nn.Module:
+    """``module`` under checkpoint ``option``, its declared state its buffers.
+
+    A registered option is applied in place by :func:`stateremat.torch.apply_plan` (which alone
+    decides what each option wraps: ``eager`` leaves the module's own forward), so the module
+    itself comes back; ``recompute_only`` comes back inside a :class:`RecomputeOnly`.
 
     Args:
         module: a segment whose declared state is its buffers.
         option: a registered option (``eager``, ``whole``, ``region``, ...) or ``recompute_only``.
         granularity_bytes: region journal granularity, bytes (``region`` only).
+        name: the segment's name in errors (a module attribute name, no dots).
 
     Returns:
         The module to call in place of ``module``.
 
     Raises:
         ValueError: on an unknown option.
-        ImportError: if ``stateremat.torch`` has no ``StatefulCheckpoint`` yet.
     """
     if option == RECOMPUTE_ONLY:
         return RecomputeOnly(module)
     if option not in OPTIONS:
         raise ValueError(f"wrap_segment: option {option!r} is not one of {list(card_options())}. "
                          "Tip: plans use the options registered in stateremat.contract.OPTIONS.")
-    if not OPTIONS.replays(option):  # eager: activations kept, nothing to wrap
-        return module
-    from stateremat.torch import StatefulCheckpoint
+    from stateremat.torch import apply_plan
 
-    # the segment's declared state is its buffers (none: whole is a plain replay)
-    return StatefulCheckpoint(module, state="buffers", preserve=option,
-                              granularity_bytes=granularity_bytes)
+    holder = nn.Module()  # apply_plan names segments by module path: this one's is ``name``
+    holder.add_module(name, module)
+    apply_plan(holder, {"options": [option], "segment_names": [name]}, state="buffers",
+               granularity_bytes=granularity_bytes)
+    return module
 
 
 def preserved_now() -> int | None:
