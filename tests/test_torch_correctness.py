@@ -333,7 +333,9 @@ def test_warn_mode_warns_in_forward_and_at_replay():
 
 
 # ---- 12. drop-in parity with torch's non-reentrant checkpoint ---------------------------------
-def test_early_stop_is_honoured():
+def test_early_stop_is_honoured(fresh_runtime):
+    # a fresh runtime: once any auto forward wrote state no scan reaches, auto replays run on
+    # past the early-stop point for the rest of the thread (Runtime.unreached_writes)
     counts = []
 
     def fn(x):
