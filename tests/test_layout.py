@@ -181,12 +181,12 @@ def _package(module: str) -> str:
 
 
 def _core_file(module: str) -> str | None:
-    """The node of the core's file graph: a module of ``stateremat.torch`` (a subpackage such as
-    ``_preserve`` is one node), or None outside the core."""
+    """The node of the core's file graph: a file of ``stateremat.torch`` (each file of a
+    subpackage such as ``_preserve`` too, its ``__init__`` one of them), or None outside the core."""
     parts = module.split(".")
     if parts[:2] != ["stateremat", "torch"]:
         return None
-    return ".".join(parts[:3]) if len(parts) >= 3 else "stateremat.torch.__init__"  # the face is a node
+    return module if len(parts) >= 3 else "stateremat.torch.__init__"  # the face is a node
 
 
 def import_cycles(modules: dict[str, tuple[str, bool]], node) -> list[list[str]]:
@@ -260,6 +260,11 @@ def test_the_cycle_checker_catches_planted_cycles():
         ["stateremat.cli", "stateremat.paper.cli"], ["stateremat.paper.bench", "stateremat.paper.report"]]
     assert import_cycles(fake, _core_file) == [
         ["stateremat.torch._x", "stateremat.torch._y", "stateremat.torch._z"]]
+    # inside a subpackage of the core: an engine importing its registry, which imports the engine
+    sub = {"stateremat.torch._p": ("from .a import A\n", True),
+           "stateremat.torch._p.a": ("def f():\n    from . import REGISTRY\n", False),
+           "stateremat.torch._p.b": ("from .a import A\n", False)}
+    assert import_cycles(sub, _core_file) == [["stateremat.torch._p", "stateremat.torch._p.a"]]
     # the entry point's lazy load alone is no cycle; a top-level one would be
     fake.pop("stateremat.cli._profile")
     assert ["stateremat.cli", "stateremat.paper.cli"] not in import_cycles(fake, _package)
