@@ -173,6 +173,8 @@ class Runtime:
         self.replay_queries = 0  # calls of is_replaying(): a forward that asks guards its side effects
         #: storage keys of the tensors a watched state="auto" forward passed to an op (``_learn``)
         self.touched: set | None = None
+        #: what ``state="auto"`` learned on this thread (``_learn.Learned``, created on first use)
+        self.learned: Any = None
         #: a watched state="auto" forward wrote a pre-existing tensor no scan reached: auto
         #: replays run on past the early-stop point from now on (``_frame.Frame.run_on``)
         self.unreached_writes = False

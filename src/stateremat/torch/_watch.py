@@ -116,6 +116,9 @@ class Watch:
         self.promoted: list[torch.Tensor] = []
         self._promoted_scan: list = []  # their scan records
         self.gaps: list[torch.Tensor] = []
+        #: storage keys a watched ``state="auto"`` forward passed to an op (set at its end by
+        #: ``_learn.end``; None: not watched), read by ``_learn.refuse_changed_reads``
+        self.touched: frozenset | None = None
         self._hook_only = r.hook_only  # a hook's own tensors: refused only if the replay writes them again
         self._pending: Deferred | None = None  # device-side byte checks of the forward, read before the replay
         self._scan_reached(r, txn.declared, txn.modules)
