@@ -53,7 +53,7 @@ def run_owns(*tables: str, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
 def check_json_target(api: str, json_path: Optional[Path], out: Optional[Path] = None,
                       owns: tuple[str, ...] = ()) -> None:
     """Reject a ``--json`` target that cannot or must not be written, before a run starts
-    (:func:`stateremat.cli.check_output_file`): ``-`` is standard output; a file the run in
+    (:func:`stateremat._shared.checks.check_output_file`): ``-`` is standard output; a file the run in
     ``out`` owns (``owns``, see :func:`run_owns`) is refused.
 
     Raises:
