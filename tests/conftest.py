@@ -1,7 +1,26 @@
 """Shared fixtures."""
 from __future__ import annotations
 
+import sys
+
 import pytest
+
+
+@pytest.fixture(autouse=True)
+def _runtime_per_test():
+    """Each test starts in a new ``stateremat.torch`` runtime, as a new process would: what an
+    earlier test left (live graphs' retained bytes, learned state, ``unreached_writes``) cannot
+    change its result whatever order the tests run in (``pytest -n``)."""
+    mod = sys.modules.get("stateremat.torch._runtime")
+    if mod is None:  # not imported yet: the first use creates a fresh one anyway
+        yield
+        return
+    old = mod._LOCAL.rt
+    mod._LOCAL.rt = mod.Runtime()
+    try:
+        yield
+    finally:
+        mod._LOCAL.rt = old
 
 
 @pytest.fixture

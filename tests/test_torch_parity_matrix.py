@@ -29,6 +29,9 @@ import pytest
 from _dist import run_ranks
 from _torch_parity_worker import CELLS, INDUCTOR_TOLERANCE, STEPS
 
+#: every cell spawns its engine's ranks and compiles: minutes (make test runs it; -m 'not slow' skips it)
+pytestmark = pytest.mark.slow
+
 ENGINES = ("single", "ddp", "fsdp_inside", "fsdp_around", "tp")
 
 #: cell -> (exception type name, text the message must hold): refused up front, by design.
