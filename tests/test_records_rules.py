@@ -22,10 +22,6 @@ from _runs import copy_run
 from stateremat.contract import RecordsError
 from stateremat.paper.records import PART_KEY, read_records
 
-ROOT = Path(__file__).resolve().parents[1]
-CPU = ROOT / "results" / "cpu"
-
-
 _copy = copy_run
 
 
