@@ -291,3 +291,26 @@ def test_a_value_that_contradicts_the_rows_other_columns_is_refused(tmp_path, co
         assert (eager.peak_bytes > eager.budget_bytes).all()
     _rewrite(part, edit)
     _refused(out, "bench", f"{column!r}", words, "'method': 'eager'")
+
+
+# ------------------------------------------------------------ the run's device
+@pytest.mark.parametrize("run,table", [("bench-fair", "bench"), ("cohort-fair44", "cohort_timing")])
+def test_a_row_measured_on_another_device_than_the_runs_is_refused(tmp_path, run, table):
+    out = _copy(tmp_path, run, table)
+    read_records(out, table)  # the committed run reads
+    part = _parts(out, table)[0]
+    _rewrite(part, lambda df: df.assign(device=["cuda:0"] + list(df.device[1:])))
+    _refused(out, table, part.name, "device", "cuda:0", "the run config's device")
+
+
+def test_an_indexed_device_belongs_to_a_run_configured_for_its_type():
+    import pandas as pd
+
+    from stateremat.paper.records import config_device
+
+    rows = pd.DataFrame({"device": ["cuda:0", "cuda:1", "cuda", "cpu", "cudax:0", None]})
+    assert config_device().bad(rows, "device", {"device": "cuda"}).tolist() == \
+        [False, False, False, True, True, False]
+    assert config_device().bad(rows, "device", {"device": "cuda:0"}).tolist() == \
+        [False, True, True, True, True, False]
+    assert not config_device().bad(rows, "device", {}).any()  # a config without it: no rule

@@ -17,7 +17,8 @@ from ..limits import MAX_STEPS, MAX_WARMUPS
 from ..measured import (CELL_CONSTANT, MEASURED_VALUES, METHOD_CONSTANT, ROW_RULES, RUN_CONSTANT,
                         step_rule)
 from ..records import declare_table
-from ..records import config_entry, config_value, in_config, integer, number, text, text_list
+from ..records import (config_device, config_entry, config_value, in_config, integer, number, text,
+                       text_list)
 from ._spec import METHODS
 
 TABLE = "bench"
@@ -46,7 +47,7 @@ COLUMNS.append(("torch_threads", pa.int64()))  # the process's torch threads, wh
 #: infeasible method's lone -1 row), a method's plan the same in each of its rows.
 VALUES = {**MEASURED_VALUES, **ROW_RULES, "step": step_rule(("cell", "method")),
           "experiment": config_value("experiment"),
-          "preset": config_value("preset"), "cell": in_config("cells"),
+          "preset": config_value("preset"), "device": config_device(), "cell": in_config("cells"),
           "method": in_config("methods"), "budget_bytes": config_value("budget_bytes"),
           "budget_rule": config_entry("budget_rule", by="cell"),
           "torch_threads": number(1, missing=True)}

@@ -8,8 +8,8 @@ from ..limits import MAX_PROCESSES, MAX_STEPS, MAX_THREADS, MAX_WARMUPS
 from ..measured import (CELL_CONSTANT, MEASURED_VALUES, METHOD_CONSTANT, ROW_RULES, RUN_CONSTANT,
                         step_rule)
 from ..records import declare_table
-from ..records import (config_entry, config_value, in_config, integer, number, one_of, text,
-                       text_list)
+from ..records import (config_device, config_entry, config_value, in_config, integer, number, one_of,
+                       text, text_list)
 
 TIMING_TABLE = "cohort_timing"
 STATUS_TABLE = "cohort_processes"
@@ -50,7 +50,8 @@ TIMING_VALUES = {
     "seed": config_value("seed"), "profile_hash": config_entry("profile", by="cell"),
     "budget_rule": config_value("budget_rule", by="cell"),
     "experiment": config_value("experiment"), "preset": config_value("preset"),
-    "cell": in_config("cells", key="cell"), "method": in_config("methods", by="cell"),
+    "device": config_device(), "cell": in_config("cells", key="cell"),
+    "method": in_config("methods", by="cell"),
     **{c: config_value(c, by="cell") for c in ("budget_bytes", "warmups", "steps")},
     "process": number(0, MAX_PROCESSES), "order_index": number(0), "attempt": number(0),
     "torch_threads": number(1, missing=True), "pid": number(0), "process_wall_s": number(0),

@@ -17,7 +17,7 @@ import pyarrow as pa
 from ..._shared.io import atomic_write_json
 from ..limits import MAX_THREADS
 from ..records import declare_table, read_records
-from ..records import config_value, integer, number, one_of, text
+from ..records import config_device, config_value, integer, number, one_of, text
 
 __all__ = ["KEY", "METHODS", "TABLE", "failed_runs", "score_file_problem", "summarize",
            "write_summary"]
@@ -48,6 +48,7 @@ _FAILED = {"outcome": ("error",)}  # a failed unit's row measured nothing
 VALUES = {
     "method": one_of(*METHODS), "outcome": one_of("ok", "error"),
     "preset": config_value("preset.name"), "dataset": config_value("dataset"),
+    "device": config_device(),
     "threads": config_value("threads"), "attempt": number(0, missing=True),
     **{c: number(0, missing=_FAILED) for c in ("peak_bytes", "encoder_time_s", "steps",
                                                "test_cross_entropy", "final_loss")},

@@ -13,14 +13,16 @@ from ._store import (TEMP_DIR as TEMP_DIR, RecordStore as RecordStore,
                      part_identity as part_identity)
 from ._values import (Rule as Rule, all_of as all_of, constant as constant,
                       implies as implies, marker_alone as marker_alone, step_index as step_index,
-                      below_config as below_config, config_entry as config_entry,
+                      below_config as below_config, config_device as config_device,
+                      config_entry as config_entry,
                       config_value as config_value,
                       in_config as in_config, int_list as int_list, integer as integer,
                       number as number, one_of as one_of, set_text as set_text, text as text,
                       text_list as text_list)
 
 __all__ = ["PART_KEY", "RUN_ID", "RecordStore", "Rule", "new_run_id", "TEMP_DIR", "all_of",
-           "constant", "implies", "marker_alone", "step_index", "below_config", "config_entry",
+           "constant", "implies", "marker_alone", "step_index", "below_config", "config_device",
+           "config_entry",
            "config_value", "in_config", "int_list", "integer", "number", "one_of",
            "part_identity", "set_text", "text", "text_list", "check_not_writing",
            "check_resumable", "claim_folder", "declare_table", "lock_run", "read_records",

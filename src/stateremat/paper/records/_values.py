@@ -8,6 +8,7 @@ file, column, row key and value instead of being counted.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -18,7 +19,8 @@ import pandas as pd
 from ...contract import RecordsError
 
 __all__ = ["Rule", "ConfigField", "set_text", "one_of", "number", "config_value", "in_config",
-           "below_config", "config_entry", "step_index", "marker_alone", "constant", "all_of", "implies",
+           "below_config", "config_device",
+           "config_entry", "step_index", "marker_alone", "constant", "all_of", "implies",
            "integer", "text", "int_list", "text_list", "check_rows", "check_config"]
 
 #: rows (the part as pandas), config -> boolean mask of the rows a rule refuses
@@ -134,6 +136,23 @@ def config_value(field: str, *, by: str | None = None, among: str = "cells") -> 
         want = df[by].map(entries)
         return ~(_missing(df[c]) | (df[c] == want).to_numpy(dtype=bool))
     return Rule(f"its {by}'s {field} in the run config's {among}", bad_by)
+
+
+def config_device(field: str = "device") -> Rule:
+    """The run config's device ``field``, or one of its indexed devices: rows a run configured
+    for ``cuda`` measured on ``cuda:0`` are its own, rows on ``cpu`` or ``cuda:1`` of a run
+    configured for ``cuda:0`` are not."""
+    def bad(df: pd.DataFrame, c: str, cfg: Mapping[str, Any]) -> np.ndarray:
+        want = _config_at(cfg, field)
+        if not isinstance(want, str):
+            return _none(df)
+        indexed = re.compile(re.escape(want) + r":\d+") if ":" not in want else None
+
+        def ok(v: Any) -> bool:
+            return v == want or (indexed is not None and isinstance(v, str)
+                                 and indexed.fullmatch(v) is not None)
+        return ~(_missing(df[c]) | df[c].map(ok).to_numpy(dtype=bool))
+    return Rule(f"the run config's {field} (or one of its indices)", bad)
 
 
 def config_entry(field: str, *, by: str) -> Rule:
