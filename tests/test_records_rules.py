@@ -314,3 +314,11 @@ def test_an_indexed_device_belongs_to_a_run_configured_for_its_type():
     assert config_device().bad(rows, "device", {"device": "cuda:0"}).tolist() == \
         [False, True, True, True, True, False]
     assert not config_device().bad(rows, "device", {}).any()  # a config without it: no rule
+
+
+def test_a_cohort_row_with_other_torch_threads_than_the_runs_is_refused(tmp_path):
+    out = _copy(tmp_path, "cohort-fair44", "cohort_timing")
+    threads = json.loads((out / "cohort_timing.json").read_text())["config"]["threads"]
+    part = _parts(out, "cohort_timing")[0]
+    _rewrite(part, lambda df: df.assign(torch_threads=[threads + 1] + list(df.torch_threads[1:])))
+    _refused(out, "cohort_timing", part.name, "torch_threads", "the run config's threads")

@@ -8,8 +8,8 @@ from ..limits import MAX_PROCESSES, MAX_STEPS, MAX_THREADS, MAX_WARMUPS
 from ..measured import (CELL_CONSTANT, MEASURED_VALUES, METHOD_CONSTANT, ROW_RULES, RUN_CONSTANT,
                         step_rule)
 from ..records import declare_table
-from ..records import (config_device, config_entry, config_value, in_config, integer, number, one_of,
-                       text, text_list)
+from ..records import (all_of, config_device, config_entry, config_value, in_config, integer, number,
+                       one_of, text, text_list)
 
 TIMING_TABLE = "cohort_timing"
 STATUS_TABLE = "cohort_processes"
@@ -54,7 +54,8 @@ TIMING_VALUES = {
     "method": in_config("methods", by="cell"),
     **{c: config_value(c, by="cell") for c in ("budget_bytes", "warmups", "steps")},
     "process": number(0, MAX_PROCESSES), "order_index": number(0), "attempt": number(0),
-    "torch_threads": number(1, missing=True), "pid": number(0), "process_wall_s": number(0),
+    "torch_threads": all_of(number(1, missing=True), config_value("threads")),  # the threads it ran with
+    "pid": number(0), "process_wall_s": number(0),
 }
 STATUS_VALUES = {
     "status": one_of("ok", "failed", "timeout", "interrupted"), "process": number(0, MAX_PROCESSES),
