@@ -29,6 +29,10 @@ def _cohort(out, launches: list[int], timing: list[dict]):
     status = RecordStore(out, "cohort_processes", key=STATUS_KEY, meta=CONFIG)
     for attempt, n in enumerate(launches):  # one launch after another, each asking for n processes
         status.append([_status(p, attempt, n) for p in range(n)])
+    # a process's rows are of its first ok attempt (rows of an attempt no status row records are
+    # refused: not the run's own)
+    first = {p: a for a, n in reversed(list(enumerate(launches))) for p in range(n)}
+    timing = [{**r, "attempt": first[r["process"]]} for r in timing]
     RecordStore(out, "cohort_timing", key=TIMING_KEY, meta=CONFIG).append(timing)
     return check_complete(out)["cohort_timing"]
 
