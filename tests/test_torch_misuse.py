@@ -231,3 +231,48 @@ def test_optimizers_that_are_not_a_list_of_optimizers(call, optimizers, words):
         run()
     assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
     assert all(p.grad is None for p in m.parameters())  # refused before any step ran
+
+
+def _self_sample(kind):
+    x = torch.randn(2, 4)
+    if kind == "list":
+        s = [x]
+        s.append(s)
+    elif kind == "dict":
+        s = {"input": x}
+        s["again"] = s
+    else:
+        s = [x]
+        for _ in range(5000):
+            s = [s]
+    return s
+
+
+@pytest.mark.parametrize("kind, words", [("list", "contains itself"), ("dict", "contains itself"),
+                                         ("deep", "nested more than 100 levels deep")])
+@pytest.mark.parametrize("call", ["profile", "auto_checkpoint"])
+def test_self_containing_or_deep_sample_is_refused(call, kind, words):
+    """A sample batch that contains itself or nests 5,000 deep: a RecursionError from torch's
+    pytree before; now stateremat's ValueError, before any step ran."""
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    sample = _self_sample(kind)
+    run = (lambda: profile(m, ["0", "1"], sample)) if call == "profile" else \
+        (lambda: auto_checkpoint(m, "1GiB", sample=sample))
+    with pytest.raises(ValueError, match=f"stateremat.torch: the sample (is )?{words}"):
+        run()
+    assert all(p.grad is None for p in m.parameters())
+
+
+class _Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l0, self.l1 = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, a, b):
+        return self.l1(self.l0(a[0] + b[0]))
+
+
+def test_a_sample_holding_one_list_twice_is_not_taken_for_a_cycle():
+    inner = [torch.randn(2, 4)]
+    card = profile(_Two(), ["l0", "l1"], (inner, inner), repeats=1)
+    assert [s.name for s in card.segments] == ["l0", "l1"]
