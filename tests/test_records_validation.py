@@ -405,3 +405,29 @@ def test_a_sidecar_with_a_field_of_the_wrong_kind_is_refused_naming_file_and_fie
         assert str(sidecar) in str(err.value) and repr(field) in str(err.value)
     res = run_cli("report", tmp_path, "--out", tmp_path.parent / f"rep-{tmp_path.name}")
     assert res.exit_code == 2 and str(sidecar) in res.output, res.output
+
+
+def test_a_sidecar_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    """`report` blocked forever on a sidecar replaced by a named pipe (waiting for a writer);
+    now the table is refused at once (exit 2), naming the file and what it is."""
+    import signal
+
+    from _runs import copy_run
+
+    out = copy_run(tmp_path, "verify-finite", "finite")
+    (out / "finite.json").unlink()
+    os.mkfifo(out / "finite.json")
+
+    def hung(signum, frame):
+        raise TimeoutError("report blocked on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        res = run_cli("report", out, "--out", tmp_path / "rep")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert res.exit_code == 2, res.output
+    assert f"cannot read sidecar {out / 'finite.json'}" in res.output
+    assert "it is a named pipe (FIFO), not a regular file" in res.output

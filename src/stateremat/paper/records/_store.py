@@ -32,6 +32,7 @@ import pyarrow.parquet as pq
 from ...contract import RecordsError
 from ..._shared.io import (
     DuplicateKeyError, atomic_write_bytes, atomic_write_json, json_default, loads_json, provenance,
+    read_regular_bytes,
 )
 from ._values import ConfigField, Rule, all_of, check_config, check_rows, constant, plain_value
 
@@ -269,7 +270,7 @@ def read_sidecar(path: Path) -> dict:
             a key given twice in one object, or not a JSON object.
     """
     try:  # bytes, not read_text: its newline translation would shift the error's position
-        doc = loads_json(path.read_bytes().decode("utf-8"))
+        doc = loads_json(read_regular_bytes(path).decode("utf-8"))  # a FIFO never blocks
     except DuplicateKeyError as exc:
         raise RecordsError(f"stateremat records: sidecar {path}: {exc}. Tip: restore it from a "
                            "copy, or use a new --out folder; a run writes each key once.") from None
