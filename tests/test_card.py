@@ -193,3 +193,30 @@ def test_an_unreadable_card_file_gets_a_tip_that_fits_its_cause(tmp_path, text, 
     with pytest.raises(ProfileCardError) as e:
         load_card(path)
     assert says in str(e.value) and tip in str(e.value) and str(path) in str(e.value)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "folder"])
+def test_load_card_refuses_what_is_not_a_regular_file_without_blocking(tmp_path, kind):
+    """A FIFO blocked load_card (and `stateremat plan`) for a writer forever, /dev/zero read
+    forever (/dev/null stands in for it here: a device); each is refused at once, naming the
+    file and what it is."""
+    import os
+    import signal
+
+    path = {"fifo": tmp_path / "card.json", "device": "/dev/null", "folder": tmp_path}[kind]
+    if kind == "fifo":
+        os.mkfifo(path)
+
+    def hung(signum, frame):
+        raise TimeoutError("load_card blocked")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(5)
+    try:
+        with pytest.raises(ProfileCardError) as err:
+            load_card(path)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    words = {"fifo": "a named pipe (FIFO)", "device": "a character device", "folder": "a folder"}[kind]
+    assert f"cannot read {str(path)!r}: it is {words}" in str(err.value)

@@ -311,3 +311,50 @@ def test_an_in_process_run_re_raises_a_stop_and_gives_the_hosts_handlers_back(tm
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+@pytest.mark.parametrize("column, value", [("process", 77), ("attempt", 2)])
+def test_timing_rows_of_an_attempt_the_run_never_recorded_are_refused(tmp_path, fake, column,
+                                                                       value):
+    """A timing part whose process (or attempt) has no ok status row was not written by the run:
+    report exits 2 naming the part (it counted 77 as a third process of N = 2 and exited 0), and
+    a rerun refuses the folder instead of keeping those rows for good."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from stateremat.paper.report._cohort import cohort_summary
+
+    out = tmp_path / "run"
+    _run(out, fake, 2)
+    part = next(p for p in sorted((out / "cohort_timing").glob("part-*.parquet"))
+                if set(pq.read_table(p)["process"].to_pylist()) == {1})
+    t = pq.read_table(part)
+    t = t.set_column(t.column_names.index(column), column, pa.array([value] * t.num_rows, pa.int64()))
+    pq.write_table(t, part)
+    res = CliRunner().invoke(app, ["report", str(out)])
+    assert res.exit_code == 2, res.output
+    assert part.name in res.output and "Traceback" not in res.output
+    assert not (out / "cohort.md").exists()
+    with pytest.raises(RecordsError, match=part.name):
+        cohort_summary(out, n_resamples=100)
+    with pytest.raises(RecordsError, match=f"rows of process {1 if column == 'attempt' else 77}"):
+        _run(out, fake, 2)
+    assert len(list((out / "cohort_timing").glob("part-*.parquet"))) == 2  # nothing added
+    assert pq.read_table(part)[column].to_pylist() == [value] * t.num_rows  # nor removed
+
+
+def test_rows_of_an_attempt_killed_before_its_status_row_are_still_the_runs(tmp_path, fake):
+    """``kill -9`` between a process's rows and its status row: those rows stay the run's own
+    (report renders them, a rerun keeps them and does not redo the process)."""
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "run"
+    _run(out, fake, 2)
+    [st1] = [p for p in (out / "cohort_processes").glob("part-*.parquet")
+             if pq.read_table(p)["process"].to_pylist() == [1]]
+    st1.unlink()
+    res = CliRunner().invoke(app, ["report", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "2 completed independent processes" in (out / "cohort.md").read_text()
+    summary = _run(out, fake, 2)
+    assert summary["already_done"] == 2 and summary["ran"] == 0

@@ -67,3 +67,47 @@ def test_workload_only_options_are_refused_for_a_target_and_segments_items_are_s
     assert [s["name"] for s in json.loads((tmp_path / "c.json").read_text())["segments"]] == ["1", "2"]
     res = _run(tmp_path, "mymodel:build", "--out", "c.json", "--repeats", "1", "--segments", "1,")
     assert res.returncode == 2 and "--segments has an empty item" in res.stderr
+
+
+BAD_PARTS = textwrap.dedent("""
+    import torch
+    from torch import nn
+
+    def one_optimizer():
+        model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+        x = torch.randn(2, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def step(m):
+            m(x).sum().backward()
+            opt.step()
+        return {"model": model, "step_fn": step, "optimizers": opt}
+
+    def not_a_module():
+        return {"model": lambda t: t, "sample": torch.randn(2, 4)}
+
+    def own_type_error():
+        def step(m):
+            raise TypeError("the user's own bug")
+        return {"model": nn.Sequential(nn.Linear(4, 4)), "step_fn": step}
+""")
+
+
+@pytest.mark.parametrize("factory, words", [
+    ("one_optimizer", "optimizers must be a list of optimizers, got one SGD"),
+    ("not_a_module", "model must be an nn.Module"),
+])
+def test_a_factory_whose_parts_profile_refuses_exits_2(tmp_path, factory, words):
+    """profile's own TypeError (a single optimizer, a function for the model) was a raw
+    traceback with exit 1; now one error line naming the target, exit 2."""
+    (tmp_path / "bad.py").write_text(BAD_PARTS)
+    res = _run(tmp_path, f"bad:{factory}", "--segments", "0", "--out", "c.json", "--repeats", "1")
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    assert f"bad:{factory} returned what profile refuses: stateremat.torch.profile: {words}" in res.stderr
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_a_type_error_in_the_users_own_step_keeps_its_traceback(tmp_path):
+    (tmp_path / "bad.py").write_text(BAD_PARTS)
+    res = _run(tmp_path, "bad:own_type_error", "--segments", "0", "--out", "c.json", "--repeats", "1")
+    assert res.returncode == 1 and "the user's own bug" in res.stderr and "Traceback" in res.stderr

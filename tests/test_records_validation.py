@@ -405,3 +405,47 @@ def test_a_sidecar_with_a_field_of_the_wrong_kind_is_refused_naming_file_and_fie
         assert str(sidecar) in str(err.value) and repr(field) in str(err.value)
     res = run_cli("report", tmp_path, "--out", tmp_path.parent / f"rep-{tmp_path.name}")
     assert res.exit_code == 2 and str(sidecar) in res.output, res.output
+
+
+def test_a_sidecar_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    """`report` blocked forever on a sidecar replaced by a named pipe (waiting for a writer);
+    now the table is refused at once (exit 2), naming the file and what it is."""
+    import signal
+
+    from _runs import copy_run
+
+    out = copy_run(tmp_path, "verify-finite", "finite")
+    (out / "finite.json").unlink()
+    os.mkfifo(out / "finite.json")
+
+    def hung(signum, frame):
+        raise TimeoutError("report blocked on the FIFO")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(20)
+    try:
+        res = run_cli("report", out, "--out", tmp_path / "rep")
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert res.exit_code == 2, res.output
+    assert f"cannot read sidecar {out / 'finite.json'}" in res.output
+    assert "it is a named pipe (FIFO), not a regular file" in res.output
+
+
+@pytest.mark.parametrize("kind, words", [("folder", "it is a folder"),
+                                         ("fifo", "it is a named pipe (FIFO)")])
+def test_a_part_name_that_is_not_a_file_is_named_for_what_it_is(tmp_path, kind, words):
+    """A folder named like a part was read as a dataset ('column suite is missing (a key
+    column)'), a named pipe as 'cannot read X: X' with a tip to keep it; both are now named for
+    what they are, with a tip to move them out."""
+    from _runs import copy_run
+
+    out = copy_run(tmp_path, "verify-finite", "finite")
+    part = sorted((out / "finite").glob("part-*.parquet"))[3]
+    part.unlink()
+    part.mkdir() if kind == "folder" else os.mkfifo(part)
+    res = run_cli("report", out, "--out", tmp_path / "rep")
+    assert res.exit_code == 2, res.output
+    assert f"cannot read {part}: {words}, not a regular file. Tip: a part is a regular file, so " \
+           "this is not one; move it out of the folder" in res.output.replace("\n", " ")

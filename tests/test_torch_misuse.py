@@ -183,3 +183,96 @@ def test_random_state_structures(spec, deep):
     out.sum().backward()
     assert torch.equal(x.grad, g_ref)
     assert torch.equal(got.count, ref.count)
+
+
+def _deep_names(depth: int = 5000):
+    names: list = ["0"]
+    for _ in range(depth):
+        names = [names]
+    return names
+
+
+def _lin_step(m):
+    x = torch.randn(2, 4)
+    return lambda mm: mm(x).sum().backward()
+
+
+@pytest.mark.parametrize("call", ["profile", "auto_checkpoint"])
+def test_deep_segments_list_is_refused_without_recursion(call):
+    """A 5,000-deep ``segments=`` list: its message was built with repr, a RecursionError."""
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    run = (lambda: profile(m, _deep_names(), _lin_step(m))) if call == "profile" else \
+        (lambda: auto_checkpoint(m, "1GiB", sample=torch.randn(2, 4), segments=_deep_names()))
+    with pytest.raises(TypeError, match=r"segments must be module paths \(str\), got \[\[\["):
+        run()
+
+
+@pytest.mark.parametrize("optimizers, words", [
+    ("one", "got one SGD. Tip: optimizers=\\[opt\\]"), (None, "got NoneType"), ("sgd", "got str"),
+    ([3], "optimizers\\[0\\] must be an optimizer .* got int"),
+    ("self", "optimizers\\[0\\] must be an optimizer .* got list"),
+])
+@pytest.mark.parametrize("call", ["profile", "auto_checkpoint"])
+def test_optimizers_that_are_not_a_list_of_optimizers(call, optimizers, words):
+    """``optimizers=`` is checked before any work (was: 'SGD' object is not iterable, or
+    'int' object has no attribute 'state_dict' from deep inside the snapshot)."""
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    if optimizers == "one":
+        optimizers = opt
+    elif optimizers == "self":
+        optimizers = []
+        optimizers.append(optimizers)
+    before = [p.detach().clone() for p in m.parameters()]
+    run = (lambda: profile(m, ["0", "1"], _lin_step(m), optimizers=optimizers, repeats=1)) \
+        if call == "profile" else \
+        (lambda: auto_checkpoint(m, "1GiB", sample=torch.randn(2, 4), optimizers=optimizers, repeats=1))
+    with pytest.raises(TypeError, match=f"stateremat.torch.profile: .*{words}"):
+        run()
+    assert all(torch.equal(a, b) for a, b in zip(before, m.parameters()))
+    assert all(p.grad is None for p in m.parameters())  # refused before any step ran
+
+
+def _self_sample(kind):
+    x = torch.randn(2, 4)
+    if kind == "list":
+        s = [x]
+        s.append(s)
+    elif kind == "dict":
+        s = {"input": x}
+        s["again"] = s
+    else:
+        s = [x]
+        for _ in range(5000):
+            s = [s]
+    return s
+
+
+@pytest.mark.parametrize("kind, words", [("list", "contains itself"), ("dict", "contains itself"),
+                                         ("deep", "nested more than 100 levels deep")])
+@pytest.mark.parametrize("call", ["profile", "auto_checkpoint"])
+def test_self_containing_or_deep_sample_is_refused(call, kind, words):
+    """A sample batch that contains itself or nests 5,000 deep: a RecursionError from torch's
+    pytree before; now stateremat's ValueError, before any step ran."""
+    m = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    sample = _self_sample(kind)
+    run = (lambda: profile(m, ["0", "1"], sample)) if call == "profile" else \
+        (lambda: auto_checkpoint(m, "1GiB", sample=sample))
+    with pytest.raises(ValueError, match=f"stateremat.torch: the sample (is )?{words}"):
+        run()
+    assert all(p.grad is None for p in m.parameters())
+
+
+class _Two(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l0, self.l1 = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, a, b):
+        return self.l1(self.l0(a[0] + b[0]))
+
+
+def test_a_sample_holding_one_list_twice_is_not_taken_for_a_cycle():
+    inner = [torch.randn(2, 4)]
+    card = profile(_Two(), ["l0", "l1"], (inner, inner), repeats=1)
+    assert [s.name for s in card.segments] == ["l0", "l1"]

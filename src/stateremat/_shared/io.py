@@ -78,6 +78,43 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return given
 
 
+def not_a_regular_file(path: str | os.PathLike, mode: int) -> OSError:
+    """The error for ``path`` (of ``os.stat`` mode ``mode``) that is not a regular file, naming
+    what it is (as stateremat._shared.checks names an output path of these kinds)."""
+    import errno
+    import stat
+
+    kind = ("a folder" if stat.S_ISDIR(mode) else "a named pipe (FIFO)" if stat.S_ISFIFO(mode)
+            else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "something else")
+    return OSError(errno.EINVAL, f"it is {kind}, not a regular file", str(path))
+
+
+def read_regular_bytes(path: str | os.PathLike) -> bytes:
+    """The bytes of regular file ``path``; anything else (a FIFO, a device such as /dev/zero, a
+    socket) is refused before a byte is read, instead of blocking for a writer or reading forever.
+
+    Raises:
+        OSError: the file cannot be opened or read, or is not a regular file (its ``strerror``
+            names the kind).
+    """
+    import stat
+
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, without a writer
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise not_a_regular_file(path, mode)
+        os.set_blocking(fd, True)
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            return fh.read()
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
 def json_default(obj: Any) -> Any:
     """``json.dumps`` fallback: numpy/torch scalars and arrays, paths and enums.
 

@@ -127,7 +127,12 @@ def _profile_target(target: str, out: Path, segments: str | list[str] | None, de
     from ..contract import format_bytes, save_card
     from ._target import profile_target
 
-    card = profile_target(target, segments, device, repeats)
+    try:
+        card = profile_target(target, segments, device, repeats)
+    except TypeError as exc:  # stateremat.torch refusing what the factory returned: bad input
+        if not str(exc).startswith("stateremat"):
+            raise  # the user's own code: its traceback says where
+        raise fail(f"{_API}: {target} returned what profile refuses: {exc}") from None
     save_card(card, out)
     typer.echo(f"wrote {out}: {len(card.segments)} segments of {card.meta['model']}, "
                f"P = {format_bytes(card.persistent_bytes)}, memory: {card.meta['memory_method']}")

@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from ._errors import ProfileCardError
-from .._shared.io import DuplicateKeyError, atomic_write_json, loads_json, source_hash
+from .._shared.io import (DuplicateKeyError, atomic_write_json, loads_json, read_regular_bytes,
+                          source_hash)
 from ._options import OPTIONS, RECOMPUTE_ONLY
 
 SCHEMA_VERSION = 1
@@ -447,7 +448,7 @@ def load_card(path: str | os.PathLike) -> ProfileCard:
     path = Path(path)
     where = f"profile card: {str(path)!r}"
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_regular_bytes(path).decode("utf-8")  # a FIFO or device never blocks
     except OSError as exc:
         raise ProfileCardError(f"profile card: cannot read {str(path)!r}: {exc.strerror or exc}. "
                                "Tip: check the path.") from exc

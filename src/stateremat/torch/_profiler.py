@@ -29,7 +29,7 @@ from ._segments import resolve_segments
 from ._snapshot import ModelSnapshot
 from ._step import make_step, model_device
 from ._timeline import StepCosts, read_timeline
-from ._validate import require_module
+from ._validate import check_optimizers, require_module
 from ._wrap import check_segment_options, unwrap_module, wrap_module
 
 _API = "stateremat.torch.profile"
@@ -257,10 +257,11 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
         names = resolve_segments(model, segments)
         option_names = _option_names(options)
         _check_repeats(repeats)
+        optimizers = check_optimizers(optimizers, _API)
         run, inputs = make_step(model, step)
         device = model_device(model, device)
     with every_rank_or_none(_API, model_collectives=runs_collectives(model)):
-        runner = _Runner(model, names, run, inputs, device, state, segment_options, list(optimizers))
+        runner = _Runner(model, names, run, inputs, device, state, segment_options, optimizers)
         card = _measured_card(runner, option_names, repeats)
     # with a process group: every figure the max over the ranks, so every rank makes the same plan
     return agree_card(card)

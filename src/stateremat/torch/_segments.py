@@ -3,6 +3,7 @@ model's repeated block (the default)."""
 from __future__ import annotations
 
 import fnmatch
+import reprlib
 from collections import defaultdict
 from typing import Any, Sequence
 
@@ -118,7 +119,8 @@ def resolve_segments(model: nn.Module, segments: Any) -> list[str]:
         how = "the list"
         bad = [n for n in names if not isinstance(n, str)]
         if bad:
-            raise TypeError(f"{_API}: segments must be module paths (str), got {bad[:3]}. "
+            raise TypeError(f"{_API}: segments must be module paths (str), got "  # bounded: a
+                            f"{reprlib.repr(bad[:3])}. "  # 5,000-deep list must not recurse
                             "Tip: names as in model.named_modules().")
     else:
         raise TypeError(f"{_API}: segments must be None, a pattern string, a container module or a list of "

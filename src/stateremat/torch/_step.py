@@ -60,6 +60,7 @@ def make_step(model: nn.Module, step: Any) -> tuple[Callable[[], Any], list[torc
         return (lambda: step(model)), captured_tensors(step)
     if not isinstance(step, (torch.Tensor, Mapping, tuple, list)):
         _call(model, step)  # raises the TypeError naming what a sample may be
+    _check_sample(step, 0, [])  # before flattening it: a sample that contains itself recurses
 
     def run() -> Any:
         loss = default_loss(_call(model, step))
@@ -67,6 +68,29 @@ def make_step(model: nn.Module, step: Any) -> tuple[Callable[[], Any], list[torc
         return loss.detach()
 
     return run, [t for t in tree_flatten(step)[0] if isinstance(t, torch.Tensor)]
+
+
+#: Nesting levels of tuples, lists and dicts accepted in a sample batch.
+MAX_SAMPLE_DEPTH = 100
+
+
+def _check_sample(obj: Any, depth: int, path: list[int]) -> None:
+    """Refuse a sample whose tuples, lists or dicts contain themselves or nest deeper than
+    :data:`MAX_SAMPLE_DEPTH` (``path``: ids of the containers above ``obj``)."""
+    if not isinstance(obj, (Mapping, tuple, list)):
+        return
+    if id(obj) in path:
+        raise ValueError(f"{_API}: the sample contains itself (a {type(obj).__name__} inside itself); "
+                         "expected a tensor, a tuple of positional arguments or a dict of keyword "
+                         "arguments. Tip: pass the batch itself, or a step function step_fn(model).")
+    if depth > MAX_SAMPLE_DEPTH:
+        raise ValueError(f"{_API}: the sample is nested more than {MAX_SAMPLE_DEPTH} levels deep; expected "
+                         "a tensor, a tuple of positional arguments or a dict of keyword arguments. "
+                         "Tip: pass the batch itself, or a step function step_fn(model).")
+    path.append(id(obj))
+    for x in (obj.values() if isinstance(obj, Mapping) else obj):
+        _check_sample(x, depth + 1, path)
+    path.pop()
 
 
 def captured_tensors(fn: Any) -> list[torch.Tensor]:

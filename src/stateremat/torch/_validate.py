@@ -68,3 +68,23 @@ def check_plan_fields(options: Any, names: Any, api: str = "apply_plan") -> None
             if isinstance(x, (list, tuple, dict, set)):
                 raise TypeError(f"{api}: plan {what}[{i}] must be {'a string' if what == 'segment_names' else 'an option name'}"
                                 f", got a {type(x).__name__}. Tip: pass a PlanResult or its PLAN.json dict.")
+
+
+def check_optimizers(optimizers: Any, api: str) -> list:
+    """``optimizers`` as a list of optimizers (objects with ``state`` and ``state_dict``, as
+    ``torch.optim.Optimizer``); a single optimizer, None, a string or a list of anything else is
+    refused naming what was got."""
+    if isinstance(optimizers, torch.optim.Optimizer):
+        raise TypeError(f"{api}: optimizers must be a list of optimizers, got one "
+                        f"{type(optimizers).__name__}. Tip: optimizers=[opt].")
+    if isinstance(optimizers, (str, bytes)) or not hasattr(optimizers, "__iter__"):
+        raise TypeError(f"{api}: optimizers must be a list of optimizers, got "
+                        f"{type(optimizers).__name__}. Tip: optimizers=[opt], or () for none.")
+    out = list(optimizers)
+    for i, o in enumerate(out):
+        if not (hasattr(o, "state_dict") and isinstance(getattr(o, "state", None), dict)):
+            raise TypeError(f"{api}: optimizers[{i}] must be an optimizer (a torch.optim.Optimizer: "
+                            f"its state counts in P and is put back after), got "
+                            f"{type(o).__name__}. Tip: optimizers=[opt] with the optimizers step_fn "
+                            "steps.")
+    return out

@@ -49,6 +49,7 @@ from .. import Progress, as_progress
 from ..records import RecordStore
 from ..records import TEMP_DIR, check_resumable, lock_run
 from ._launch import CohortStopped, StopRequest, check_dask_address, dask_results, local_results
+from ._tables import check_timing_attempts
 from ._process_worker import EXPERIMENTS, method_order as method_order, worker_main as worker_main
 
 TIMING_TABLE = "cohort_timing"
@@ -324,6 +325,7 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
     done_df = timing.read()
     done = set(done_df["process"].astype(int)) if not done_df.empty else set()
     st = status.read()
+    check_timing_attempts(out_dir, done_df, st, int(processes))  # rows this run did not write are never kept
     attempts = st.groupby("process").size().to_dict() if not st.empty else {}
     tasks = [(p, _worker_args(experiment, preset, p, seed, device, budget_bytes, warmups, steps))
              for p in range(int(processes)) if p not in done]

@@ -74,3 +74,67 @@ declare_table(TIMING_TABLE, TIMING_COLUMNS, TIMING_KEY, optional=("budget_rule",
               values=TIMING_VALUES, config=CONFIG, constant_in=TIMING_CONSTANT_IN)
 declare_table(STATUS_TABLE, STATUS_COLUMNS, STATUS_KEY, required=("status",),
               optional=("requested_processes",), values=STATUS_VALUES, config=CONFIG)
+
+
+
+def check_timing_attempts(out_dir, timing, status, processes: int | None = None) -> None:
+    """Refuse ``cohort_timing`` rows of a process attempt the run did not write.
+
+    A run appends a process's rows, then its ``ok`` status row. Rows are the run's own when
+    ``cohort_processes`` records their (process, attempt) as ``ok``, or when they are of the one
+    attempt a stop (``kill -9``) cut short between the two appends: a process with no ok attempt,
+    the attempt right after its recorded ones, of a process below the largest ``--processes``
+    asked for (``processes``: the launch resuming now). Anything else (a process outside the
+    cohort, an attempt after an ok one) would be counted as a process of this run. With no status
+    rows at all nothing is judged here (that table is reported on its own).
+
+    Args:
+        out_dir: the run folder; ``timing``, ``status``: its two tables' rows (DataFrames).
+        processes: the N of a launch resuming the run now, if any.
+
+    Raises:
+        RecordsError: naming the first part holding such rows, the process and the attempt.
+    """
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from ...contract import RecordsError
+
+    if timing.empty or status.empty:
+        return
+    recorded = set(zip(status["process"].astype(int), status["attempt"].astype(int)))
+    good = status[status["status"] == "ok"]
+    ok = set(zip(good["process"].astype(int), good["attempt"].astype(int)))
+    ok_process = {p for p, _ in ok}
+    tries = status.groupby("process").size().to_dict()
+    asked = status["requested_processes"].dropna() if "requested_processes" in status else None
+    bound = max(int(asked.max()) if asked is not None and not asked.empty
+                else int(status["process"].max()) + 1, int(processes or 0))
+
+    def own(p: int, a: int) -> bool:
+        if (p, a) in ok:
+            return True
+        return ((p, a) not in recorded and p not in ok_process and p < bound
+                and a == int(tries.get(p, 0)) + 1)
+
+    pairs = timing[["process", "attempt"]].drop_duplicates()
+    bad = [(int(p), int(a)) for p, a in pairs.itertuples(index=False, name=None)
+           if not own(int(p), int(a))]
+    if not bad:
+        return
+    p, a = bad[0]
+    folder = Path(out_dir) / TIMING_TABLE
+    part = folder
+    for f in sorted(folder.glob("part-*.parquet")):
+        t = pq.read_table(f, columns=["process", "attempt"]).to_pydict()
+        if (p, a) in zip(t["process"], t["attempt"]):
+            part = f
+            break
+    more = f" (and {len(bad) - 1} more such process attempt(s))" if len(bad) > 1 else ""
+    raise RecordsError(
+        f"stateremat records: {part} holds {TIMING_TABLE!r} rows of process {p}, attempt {a}, "
+        f"which {Path(out_dir) / STATUS_TABLE} does not record as a successful attempt of this "
+        f"run (processes 0 to {bound - 1}){more}: the run did not write them (a part of another "
+        "cohort copied in, or edited). Tip: move that part out of the folder (keep it if it "
+        "belongs elsewhere), then rerun the run's command with the same --out.")

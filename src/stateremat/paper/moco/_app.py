@@ -345,6 +345,9 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
                   "threads": torch.get_num_threads()}
         if images.note:
             config["data_note"] = images.note
+        from ..report._complete import refuse_foreign_units
+
+        refuse_foreign_units(out_dir, TABLE)  # rows no earlier launch asked for are never kept
         store = RecordStore(out_dir, TABLE, key=list(KEY), meta=config,
                             launch={"seeds": [int(x) for x in seeds], "methods": list(methods)})
         done, damaged = _done(store)

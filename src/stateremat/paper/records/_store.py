@@ -19,6 +19,7 @@ import itertools
 import os
 import re
 import shutil
+import stat
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ import pyarrow.parquet as pq
 from ...contract import RecordsError
 from ..._shared.io import (
     DuplicateKeyError, atomic_write_bytes, atomic_write_json, json_default, loads_json, provenance,
+    not_a_regular_file, read_regular_bytes,
 )
 from ._values import ConfigField, Rule, all_of, check_config, check_rows, constant, plain_value
 
@@ -269,7 +271,7 @@ def read_sidecar(path: Path) -> dict:
             a key given twice in one object, or not a JSON object.
     """
     try:  # bytes, not read_text: its newline translation would shift the error's position
-        doc = loads_json(path.read_bytes().decode("utf-8"))
+        doc = loads_json(read_regular_bytes(path).decode("utf-8"))  # a FIFO never blocks
     except DuplicateKeyError as exc:
         raise RecordsError(f"stateremat records: sidecar {path}: {exc}. Tip: restore it from a "
                            "copy, or use a new --out folder; a run writes each key once.") from None
@@ -581,7 +583,10 @@ def _unreadable(p: Path, exc: BaseException) -> RecordsError:
     detail = str(exc).strip().rstrip(".")
     if isinstance(exc, OSError) and exc.strerror:  # not "X: X": say what the system said
         detail = exc.strerror
-    if isinstance(exc, OSError) and os.path.islink(p) and exc.errno in (errno.ELOOP, errno.ENOENT):
+    if isinstance(exc, OSError) and exc.errno == errno.EINVAL and "not a regular file" in detail:
+        tip = ("Tip: a part is a regular file, so this is not one; move it out of the folder, "
+               "then rerun.")
+    elif isinstance(exc, OSError) and os.path.islink(p) and exc.errno in (errno.ELOOP, errno.ENOENT):
         tip = ("Tip: it is a symbolic link that loops or points nowhere, not a part; move it "
                "out of the folder (or put the real part there), then rerun.")
     elif isinstance(exc, OSError) and not isinstance(exc, (pa.ArrowInvalid,)):
@@ -626,8 +631,12 @@ def _parts(d: Path) -> list[Path]:
 
 
 def _read_part(p: Path) -> pa.Table:
-    """One part; a file name that is not UTF-8 (legal on the file system, refused by pyarrow's
-    own path handling) is read through a Python file."""
+    """One part; a folder, named pipe or device named like a part is refused (not read as a
+    dataset, not waited on); a file name that is not UTF-8 (legal on the file system, refused by
+    pyarrow's own path handling) is read through a Python file."""
+    mode = os.stat(p).st_mode
+    if not stat.S_ISREG(mode):
+        raise not_a_regular_file(p, mode)
     try:
         str(p).encode("utf-8")
     except UnicodeEncodeError:

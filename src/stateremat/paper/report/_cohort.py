@@ -13,6 +13,7 @@ import pandas as pd
 
 from ...contract import RecordsError
 from ..._shared.io import atomic_write_bytes, atomic_write_json
+from ..cohort._tables import check_timing_attempts
 from ..records import read_records, read_sidecar
 from ..stats import FAMILY_ALPHA, N_RESAMPLES, compare, comparisons_from, method_table
 from ._figures import method_color, new_figure, save_figure
@@ -75,6 +76,7 @@ def cohort_summary(out_dir: str | Path, *, n_resamples: int = N_RESAMPLES,
                                   if r["cell"] in budgets else 99, method_rank(r["method"])))
     results = compare(rows, comps, seed=seed, n_resamples=n_resamples)
     status = read_records(out_dir, STATUS_TABLE)
+    check_timing_attempts(out_dir, rows, status)
     attempts = ({s: int(n) for s, n in status["status"].value_counts().items()}
                 if not status.empty else {})
     return {
@@ -125,6 +127,7 @@ def expected_cohort(doc: dict, out_dir: Path) -> Expected:
     """
     check_frozen_cards(doc["config"], out_dir)
     status = read_records(out_dir, STATUS_TABLE)
+    check_timing_attempts(out_dir, read_records(out_dir, TIMING_TABLE), status)
     n = int(status["requested_processes"].max()) if "requested_processes" in status else 0
     cells = doc["config"]["cells"]
     finished = {c["cell"]: steps_done(int(c["steps"])) for c in cells}

@@ -91,6 +91,17 @@ def missing_units(rows: pd.DataFrame, exp: Expected) -> list[tuple]:
     return sorted((u for u in exp.units if u not in have), key=repr)
 
 
+def extra_units(rows: pd.DataFrame, exp: Expected) -> list[tuple]:
+    """Units that have rows but that no launch of the run asked for (not in ``exp.units``):
+    rows the run did not write, sorted."""
+    if rows.empty or not all(c in rows for c in exp.columns):
+        return []
+    want = set(exp.units)
+    got = {tuple(k.item() if hasattr(k, "item") else k for k in key)
+           for key in rows[list(exp.columns)].drop_duplicates().itertuples(index=False, name=None)}
+    return sorted((u for u in got if u not in want), key=repr)
+
+
 def steps_done(steps: int) -> Callable[[pd.DataFrame], bool]:
     """A unit of timing rows is complete with steps ``0..steps-1``, or with one infeasible
     ``-1`` row alone (nothing measured; a -1 beside measured or feasible rows is no such unit)."""
