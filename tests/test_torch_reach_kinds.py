@@ -2,7 +2,8 @@
 
 The kind: a tensor bound where the scan did not look — an attribute of a class the segment
 captures or loads (``K.acc = K.acc + x.sum()``), an attribute of a function it calls
-(``fn.acc = fn.acc + 1``), an object reached through a weak reference. Before, the replay read
+(``fn.acc = fn.acc + 1``), an object reached through a weak reference, a tensor or object held
+in a ``WeakValueDictionary`` / ``WeakKeyDictionary``. Before, the replay read
 the advanced tensor: silently wrong gradients and state from the second step. Each case is
 compared bit for bit with no checkpointing in float64 over several steps, over both preservers,
 ``checkpoint`` / ``StatefulCheckpoint`` / nested checkpoints, the default and strict mode.
@@ -241,3 +242,100 @@ def test_state_reached_through_a_weak_reference_replays_as_of_the_forward(kind, 
             _assert_eager(WEAKREF_KINDS[kind], mode, preserve, state)
         return
     _assert_eager(WEAKREF_KINDS[kind], mode, preserve, state)
+
+
+# -- kind 4: what the weakref module's containers hold -------------------------------------------
+
+def _weak_value_object():
+    lin = nn.Linear(4, 4).to(D)
+
+    class Stats:  # held weakly by value; its attribute rebound through the container
+        def __init__(self):
+            self.acc = torch.zeros(4, dtype=D)
+    stats = Stats()
+    table = weakref.WeakValueDictionary({"k": stats})
+
+    def fn(x):
+        y = lin(x) * table["k"].acc
+        table["k"].acc = table["k"].acc + x.sum(0)
+        return y
+    return lin, fn, lambda: stats.acc  # (the getter keeps it alive; the segment reaches it through ``table``)
+
+
+def _weak_value_tensor():
+    lin = nn.Linear(4, 4).to(D)
+    buf = torch.zeros(4, dtype=D)
+    table = weakref.WeakValueDictionary({"k": buf})
+
+    def fn(x):
+        y = lin(x) * table["k"].clone()
+        table["k"].add_(x.sum(0))  # written in place through the container
+        return y
+    return lin, fn, lambda: buf
+
+
+def _weak_key_rebound():
+    lin = nn.Linear(4, 4).to(D)
+    table = weakref.WeakKeyDictionary()
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = lin
+
+        def forward(self, x):
+            y = self.lin(x) * table[self]
+            table[self] = table[self] * 0.5 + x.sum(0)  # the entry rebound to a new tensor
+            return y
+    block = Block()
+    table[block] = torch.zeros(4, dtype=D)
+    return lin, block, lambda: table[block]
+
+
+def _weak_key_tensor():
+    lin = nn.Linear(4, 4).to(D)
+
+    class Key:
+        pass
+    key = Key()
+    table = weakref.WeakKeyDictionary({key: torch.zeros(4, dtype=D)})
+
+    def fn(x):
+        y = lin(x) * table[key].clone()
+        table[key].add_(x.sum(0))  # written in place through the container
+        return y
+    return lin, fn, lambda: table[key]
+
+
+WEAK_CONTAINER_KINDS = {"value dict, object": _weak_value_object, "value dict, tensor": _weak_value_tensor,
+                        "key dict, rebound": _weak_key_rebound, "key dict, tensor": _weak_key_tensor}
+
+
+@pytest.mark.parametrize("state", ["auto", None])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("kind", list(WEAK_CONTAINER_KINDS))
+def test_state_in_a_weak_container_replays_as_of_the_forward(kind, preserve, mode, state):
+    """A ``weakref.WeakValueDictionary`` or ``WeakKeyDictionary`` the segment reaches: a value
+    tensor written in place, an entry rebound, or an attribute of a value object rebound, replays
+    as of the forward (the scan follows the live values, and an entry is a binding slot like a
+    dict's)."""
+    if kind.endswith("tensor") and state is None:  # strict mode: an undeclared in-place write is refused
+        with pytest.raises(UndeclaredStateError, match="not declared state"):
+            _assert_eager(WEAK_CONTAINER_KINDS[kind], mode, preserve, state)
+        return
+    _assert_eager(WEAK_CONTAINER_KINDS[kind], mode, preserve, state)
+
+
+def test_a_profiling_snapshot_puts_a_weak_container_back():
+    """What a profiling run rebinds in a weak mapping the model reaches is put back by its snapshot
+    (the mapping is followed like a dict: before, the entry kept the profiling run's tensor)."""
+    from stateremat.torch._snapshot import ModelSnapshot
+
+    _, block, now = _weak_key_rebound()
+    start = now()
+    snap = ModelSnapshot(block)
+    block(torch.ones(3, 4, dtype=D))  # rebinds ``table[block]``
+    assert now() is not start
+    snap.restore()
+    assert now() is start and torch.equal(start, torch.zeros(4, dtype=D))

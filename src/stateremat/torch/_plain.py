@@ -20,9 +20,10 @@ is refused with :class:`ReplayError` (it may have computed with a value the forw
 see). An update after the value's last use needs no guard.
 
 A slot is ``(holder, key)``: the holder is a dict (a container, a module's ``__dict__`` or
-``_buffers``, an object's ``vars()``, module globals), a list (a tensor entry by index) or a
-class. A list's Python scalars are not state here: ``counter = [0]; counter[0] += 1`` is how
-code counts calls, replays included (torch's own tests do), as a list's appends are.
+``_buffers``, an object's ``vars()``, module globals), a list (a tensor entry by index), a class
+or a ``weakref`` mapping (a tensor entry of a ``WeakValueDictionary`` / ``WeakKeyDictionary``).
+A list's Python scalars are not state here: ``counter = [0]; counter[0] += 1`` is how code
+counts calls, replays included (torch's own tests do), as a list's appends are.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ from typing import Any, Iterator
 import torch
 
 from ._errors import ReplayError
-from ._scan import Reach
+from ._scan import WEAK_MAPPINGS, Reach
 
 _ABSENT = object()  # a slot that is not bound at all
 
@@ -43,7 +44,9 @@ SCALARS = (bool, int, float, complex, str, bytes, type(None))
 
 def _table(holder: Any) -> Any:
     """The dict (or a class's mapping) a slot of ``holder`` lives in."""
-    return holder if isinstance(holder, (dict, type, list, types.CellType)) else vars(holder)
+    if isinstance(holder, (dict, type, list, types.CellType)) or type(holder) in WEAK_MAPPINGS:
+        return holder
+    return vars(holder)
 
 
 def slot_id(holder: Any, key: Any) -> tuple[int, Any]:
@@ -113,7 +116,8 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> list[tuple[Any, Any,
                     if isinstance(v, torch.Tensor):
                         out[(id(table), k)] = (table, k, v)
     tables = [m.__dict__ for _, m in r.modules]
-    tables += [c if isinstance(c, dict) else vars(c) for c in r.mutables if not isinstance(c, (list, set))]
+    tables += [c if isinstance(c, dict) else vars(c) for c in r.mutables
+               if not isinstance(c, (list, set)) and type(c) not in WEAK_MAPPINGS]  # (their tensor entries: slots)
     for table in tables:
         for k, v in table.items():
             if isinstance(v, SCALARS) and k != "training":  # modules' flags: ModuleState's

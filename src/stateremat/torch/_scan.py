@@ -6,13 +6,14 @@ modules included) of the modules it runs (``fn`` itself, a bound method's ``self
 captured in its closure, named as globals or passed as arguments), their classes' attributes,
 the globals their methods (``forward`` and its helpers) and ``fn`` load, tensors in its
 arguments and closure, and — up to :data:`MAX_DEPTH` levels — tensors inside captured lists,
-tuples, dicts and plain objects' attributes (``self.memory.bank``) and what user functions,
-bound methods, callable objects and module hooks capture, hold or load as globals (a helper
-closing over a BatchNorm, a pre-hook drawing from its own generator). Version counters of
+tuples, dicts, plain objects' attributes (``self.memory.bank``), the live referents of weak
+references and values of ``WeakValueDictionary`` / ``WeakKeyDictionary``, and what user
+functions, bound methods, callable objects and module hooks capture, hold or load as globals (a
+helper closing over a BatchNorm, a pre-hook drawing from its own generator). Version counters of
 reachable tensors are read before and after the forward (and around the replay): a change on
-one that is not declared is an undeclared in-place write; a list, dict, object, class or
-module global that holds another tensor after the forward was *rebound* (refused the same
-way). Reachable ``torch.Generator`` objects are captured and replayed like the default
+one that is not declared is an undeclared in-place write; a list, dict, weak mapping, object,
+class or module global that holds another tensor after the forward was *rebound* (refused the
+same way). Reachable ``torch.Generator`` objects are captured and replayed like the default
 generators (R3). Running statistics of reachable normalization layers in training are compared
 byte for byte, because ``native_batch_norm`` updates them without bumping a version.
 
@@ -23,7 +24,8 @@ parameters (FSDP2's sharded ones, tensor parallelism's) are left to their framew
 
 Danger:
     Tensors reachable only through deeper object graphs (or past :data:`MAX_OBJECTS` objects),
-    or through objects and functions of the standard library (other than ``SimpleNamespace``),
+    or through objects and functions of the standard library (other than ``SimpleNamespace``,
+    ``weakref.ref`` and the ``weakref`` mappings),
     torch, numpy or jax are not checked: an undeclared write to one repeats at replay.
 """
 from __future__ import annotations
@@ -309,7 +311,7 @@ class Reach:
     norm_counters: list[torch.Tensor] = field(default_factory=list)
     modules: list[tuple[str, nn.Module]] = field(default_factory=list)
     seen: set[int] = field(default_factory=set)
-    #: lists, dicts, sets and plain objects followed (what a profiling run must put back)
+    #: lists, dicts, sets, weak mappings and plain objects followed (what a profiling run must put back)
     mutables: list[Any] = field(default_factory=list)
     #: ``(name, holder, key, tensor)``: a tensor bound in a list, dict, plain object, class or
     #: module globals (see :func:`rebound`)
@@ -496,6 +498,11 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
         if target is not None:
             _add_value(r, target, f"{what}()", depth + 1, prefix)
         return
+    if type(v) in WEAK_MAPPINGS:  # weakref's containers: their live entries, each a binding slot
+        r.seen.add(id(v))
+        r.mutables.append(v)
+        _add_weak_mapping(r, v, what, depth, prefix)
+        return
     if isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
         # a helper, bound method or hook the segment calls: what it captures runs again at replay
         if isinstance(v, functools.partial) or _user_code(v) or root_module(v) is not None:
@@ -539,6 +546,28 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
                 g = glb.get(name)
                 if _state_global(g) and not isinstance(g, types.FunctionType):
                     _add_value(r, g, f"global {name!r}", depth + 1, name)
+
+
+#: The ``weakref`` module's mappings (standard library objects, so not followed as plain objects):
+#: a segment may keep state in one (``table[self] = table[self] * 0.5 + y``).
+WEAK_MAPPINGS = frozenset({weakref.WeakValueDictionary, weakref.WeakKeyDictionary})
+
+
+def _add_weak_mapping(r: Reach, v: Any, what: str, depth: int, prefix: str) -> None:
+    """A ``WeakValueDictionary`` or ``WeakKeyDictionary``: what its live values hold (a value tensor
+    written in place, a value object's attribute rebound), and each entry bound to a tensor as a
+    slot (``table[key] = ...`` replays as of the forward, like a dict's entry)."""
+    try:
+        items = list(v.items())  # (live entries only: a dead referent's entry is skipped)
+    except RuntimeError:  # changed size while iterated (a referent collected meanwhile)
+        return
+    for k, x in items:
+        if type(x) in _PLAIN_VALUES:
+            continue
+        name = f"{what}[{k!r}]" if type(v) is weakref.WeakValueDictionary else f"{what}[<{type(k).__name__}>]"
+        if isinstance(x, torch.Tensor):
+            r.slots.append((name, v, k, x))
+        _add_value(r, x, name, depth + 1, prefix)
 
 
 def reach(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") -> Reach:
@@ -599,7 +628,7 @@ def rebound(slots: list[tuple[str, Any, Any, torch.Tensor]]) -> list[str]:
     for name, holder, key, t in slots:
         if isinstance(holder, list):
             now = holder[key] if key < len(holder) else _MISSING
-        elif isinstance(holder, dict):
+        elif isinstance(holder, dict) or type(holder) in WEAK_MAPPINGS:
             now = holder.get(key, _MISSING)
         else:
             try:

@@ -30,7 +30,7 @@ class ModelSnapshot:
 
     def __init__(self, model: nn.Module, optimizers: tuple = ()) -> None:
         from ._framework import framework_objects, fsdp_unsharded_grads, reshard_units
-        from ._scan import reach
+        from ._scan import WEAK_MAPPINGS, reach
 
         # FSDP2 units bound unsharded (the root after a no_grad forward): resharded, so that what is
         # saved is the sharded parameters (FSDP frees the unsharded storage), and unsharded again
@@ -57,8 +57,10 @@ class ModelSnapshot:
         # (not the parallelism framework's own bookkeeping, FSDP2's state: see _framework)
         theirs = framework_objects(self.modules)
         ours = [v for v in found.mutables if id(v) not in theirs]
-        self.containers = [(v, copy.copy(v)) for v in ours if type(v) in (list, dict, set)]
-        self.objects = [(v, dict(vars(v))) for v in ours if not isinstance(v, (list, dict, set))]
+        containers = (list, dict, set, *WEAK_MAPPINGS)  # (a weak mapping's copy holds its referents weakly too)
+        self.containers = [(v, copy.copy(v)) for v in ours if type(v) in containers]
+        self.objects = [(v, dict(vars(v))) for v in ours if not isinstance(v, (list, dict, set))
+                        and type(v) not in WEAK_MAPPINGS]
         self.generators = [(g, g.get_state()) for _, g in found.generators.values()]
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
