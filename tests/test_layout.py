@@ -441,6 +441,7 @@ EXPECTED_ALL = {
     "stateremat.paper.records": ["PART_KEY", "RUN_ID", "RecordStore", "Rule", "new_run_id", "TEMP_DIR", "all_of",
                                  "constant", "implies", "marker_alone", "step_index",
                                  "below_config", "config_device", "config_entry",
+                                 "foreign_units_message", "refuse_units_outside", "units_outside",
                                  "check_not_writing", "check_resumable", "claim_folder",
                                  "config_value", "declare_table", "in_config", "int_list",
                                  "integer", "lock_run", "number", "one_of", "part_identity",
@@ -460,11 +461,11 @@ EXPECTED_ALL = {
         "summarize", "with_budget", "write_bench_tables"],
     "stateremat.paper.cohort": [
         "CohortStopped", "EXPERIMENTS", "PRESPECIFIED", "STATUS_TABLE", "TIMING_TABLE", "check_dask_address",
-        "cohort_config", "freeze_profiles", "method_order", "prespecified_comparisons", "run_one_process",
+        "check_timing_attempts", "cohort_config", "freeze_profiles", "method_order", "prespecified_comparisons", "run_one_process",
         "run_process_cohort", "worker_main"],
     "stateremat.paper.moco": [
         "KEY", "METHODS", "MocoPreset", "PRESETS", "TABLE", "check_threads", "failed_runs",
-        "resolve_device", "run_moco", "score_file_problem", "scores_path", "summarize",
+        "launch_units", "refuse_foreign_rows", "resolve_device", "run_moco", "score_file_problem", "scores_path", "summarize",
         "write_summary"],
     "stateremat.paper.semantics": [
         "DTYPES", "EXTENSION_TABLE", "FAMILIES", "FLOAT32_RTOL", "HIDDEN_FAMILIES", "KEY",

@@ -77,7 +77,7 @@ def test_rows_of_a_unit_no_launch_asked_for_are_refused(tmp_path, allow):
     from _cli import run_cli
     from _runs import CPU, copy_run
     from stateremat.contract import RecordsError
-    from stateremat.paper.report._complete import refuse_foreign_units
+    from stateremat.paper.moco import refuse_foreign_rows
 
     out = copy_run(tmp_path, "app-moco", "moco")
     for extra in ("scores", "cards"):  # the score files the rows' hashes name
@@ -88,7 +88,7 @@ def test_rows_of_a_unit_no_launch_asked_for_are_refused(tmp_path, allow):
                         "methods": list(dict.fromkeys(rows["method"]))}]
     (out / "moco.json").write_text(json.dumps(doc))
     assert run_cli("report", out, "--out", tmp_path / "ok").exit_code == 0  # the run as it was
-    refuse_foreign_units(out, "moco")
+    refuse_foreign_rows(out)
     part = sorted((out / "moco").glob("part-*.parquet"))[0]
     t = pq.read_table(part)
     t = t.set_column(t.column_names.index("seed"), "seed", pa.array([9999] * t.num_rows, pa.int64()))
@@ -98,4 +98,4 @@ def test_rows_of_a_unit_no_launch_asked_for_are_refused(tmp_path, allow):
     assert f"{part.name} holds rows of (seed, method) unit 9999, eager" in res.output
     assert not (tmp_path / "rep" / "moco_table9.md").exists()
     with pytest.raises(RecordsError, match=f"{part.name} holds rows of .* unit 9999, eager"):
-        refuse_foreign_units(out, "moco")
+        refuse_foreign_rows(out)

@@ -9,6 +9,7 @@ from ._process_cohort import (
     run_process_cohort as run_process_cohort,
 )
 from ._launch import CohortStopped as CohortStopped, check_dask_address as check_dask_address, run_one_process as run_one_process
+from ._tables import check_timing_attempts as check_timing_attempts
 from ._process_worker import (
     EXPERIMENTS as EXPERIMENTS,
     method_order as method_order,
@@ -17,7 +18,7 @@ from ._process_worker import (
 
 __all__ = [
     "CohortStopped", "EXPERIMENTS", "PRESPECIFIED", "STATUS_TABLE", "TIMING_TABLE", "check_dask_address",
-    "cohort_config",
+    "check_timing_attempts", "cohort_config",
     "freeze_profiles", "method_order", "prespecified_comparisons", "run_one_process",
     "run_process_cohort", "worker_main",
 ]

@@ -245,6 +245,21 @@ def _comparable(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- driver
+def _open_stores(out_dir: str | os.PathLike, config: dict, processes: int
+                 ) -> tuple[RecordStore, RecordStore, set[int], dict[int, int]]:
+    """The run's timing and status stores, the processes whose rows are on disk, and the
+    attempts recorded per process; rows this run did not write are refused, never kept."""
+    timing = RecordStore(out_dir, TIMING_TABLE, key=["process", "cell", "method", "step"],
+                         meta=config)
+    status = RecordStore(out_dir, STATUS_TABLE, key=["process", "attempt"], meta=config)
+    done_df = timing.read()
+    done = set(done_df["process"].astype(int)) if not done_df.empty else set()
+    st = status.read()
+    check_timing_attempts(out_dir, done_df, st, processes)
+    attempts = st.groupby("process").size().to_dict() if not st.empty else {}
+    return timing, status, done, attempts
+
+
 def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: int, *,
                        preset: str = "cpu", warmups: int | None = None,
                        steps: int | None = None, jobs: int | None = None,
@@ -319,14 +334,7 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
     cards = (profile_fn or freeze_profiles)(spec, out_dir, device, profile_dir)
     config = _frozen_config(spec, cards, experiment, preset, warmups=warmups, steps=steps,
                             seed=seed, device=device, threads=threads)
-    timing = RecordStore(out_dir, TIMING_TABLE, key=["process", "cell", "method", "step"],
-                         meta=config)
-    status = RecordStore(out_dir, STATUS_TABLE, key=["process", "attempt"], meta=config)
-    done_df = timing.read()
-    done = set(done_df["process"].astype(int)) if not done_df.empty else set()
-    st = status.read()
-    check_timing_attempts(out_dir, done_df, st, int(processes))  # rows this run did not write are never kept
-    attempts = st.groupby("process").size().to_dict() if not st.empty else {}
+    timing, status, done, attempts = _open_stores(out_dir, config, int(processes))
     tasks = [(p, _worker_args(experiment, preset, p, seed, device, budget_bytes, warmups, steps))
              for p in range(int(processes)) if p not in done]
     if jobs is None:

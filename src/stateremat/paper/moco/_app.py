@@ -22,7 +22,8 @@ import numpy as np
 from ..._shared.io import atomic_write_bytes, loadavg
 from .. import Progress, as_progress
 from ..records import RecordStore
-from ._summary import KEY, METHODS, TABLE, score_file_problem, summarize, write_summary
+from ._summary import (KEY, METHODS, TABLE, refuse_foreign_rows, score_file_problem, summarize,
+                       write_summary)
 
 __all__ = ["METHODS", "MocoPreset", "PRESETS", "TABLE", "check_threads", "resolve_device",
            "run_moco", "train_one", "summarize", "write_summary"]
@@ -345,9 +346,7 @@ def run_moco(preset: MocoPreset, seeds: list[int], out_dir: str | os.PathLike,
                   "threads": torch.get_num_threads()}
         if images.note:
             config["data_note"] = images.note
-        from ..report._complete import refuse_foreign_units
-
-        refuse_foreign_units(out_dir, TABLE)  # rows no earlier launch asked for are never kept
+        refuse_foreign_rows(out_dir)  # rows no earlier launch asked for are never kept
         store = RecordStore(out_dir, TABLE, key=list(KEY), meta=config,
                             launch={"seeds": [int(x) for x in seeds], "methods": list(methods)})
         done, damaged = _done(store)

@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from ..._shared.io import atomic_write_json
 from ..limits import MAX_THREADS
-from ..records import declare_table, read_records
+from ..records import declare_table, read_records, read_sidecar, refuse_units_outside
 from ..records import config_device, config_value, integer, number, one_of, text
 
 __all__ = ["KEY", "METHODS", "TABLE", "failed_runs", "score_file_problem", "summarize",
@@ -61,6 +61,31 @@ CONFIG = {"preset.name": text(), "dataset": text(), "device": text(),
           "threads": integer(1, MAX_THREADS)}
 declare_table(TABLE, COLUMNS, KEY, required=("outcome",), optional=("attempt",),
               distinct_by=("attempt",), values=VALUES, config=CONFIG)
+
+
+#: The columns naming one unit of a moco run (one encoder trained).
+UNIT = ("seed", "method")
+
+
+def launch_units(doc: dict) -> set[tuple[int, str]] | None:
+    """Every ``(seed, method)`` some launch of the run asked for (the sidecar document's
+    ``launches``); None for runs written before launches were recorded."""
+    launches = doc.get("launches")
+    if not launches:
+        return None
+    return {(int(s), m) for ln in launches for s in ln["seeds"] for m in ln["methods"]}
+
+
+def refuse_foreign_rows(out_dir: str | os.PathLike) -> None:
+    """Before a resume: refuse rows of a ``(seed, method)`` no launch of the run asked for (a
+    resume would keep them for good; ``report`` refuses to count them the same way).
+
+    Raises:
+        RecordsError: naming the first part holding such rows.
+    """
+    sidecar = Path(out_dir) / f"{TABLE}.json"
+    if sidecar.is_file():
+        refuse_units_outside(out_dir, TABLE, UNIT, launch_units(read_sidecar(sidecar)), "(seed, method)")
 
 
 def _latest_rows(out_dir: Path):

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ...contract import RecordsError
 from ..._shared.io import atomic_write_bytes, atomic_write_json
-from ..cohort._tables import check_timing_attempts
+from ..cohort import check_timing_attempts
 from ..records import read_records, read_sidecar
 from ..stats import FAMILY_ALPHA, N_RESAMPLES, compare, comparisons_from, method_table
 from ._figures import method_color, new_figure, save_figure

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...contract import RecordsError
-from ..records import read_records, read_sidecar
+from ..records import foreign_units_message, read_records, read_sidecar
 from ._registry import (EXPECTED, OUTPUTS, REPORTERS, extra_units, missing_units, orphan_tables,
                         tables_in)
 
@@ -109,41 +109,7 @@ def _status(out_dir: Path, table: str) -> TableStatus:
 
 
 def _foreign(out_dir: Path, table: str, exp, extra: list[tuple]) -> str:
-    """The message for rows of units outside the run's config, naming the first part holding
-    one."""
-    import pyarrow.parquet as pq
-
-    first, part = extra[0], out_dir / table
-    for f in sorted((out_dir / table).glob("part-*.parquet")):
-        cols = pq.read_table(f, columns=list(exp.columns)).to_pydict()
-        if first in set(zip(*(cols[c] for c in exp.columns))):
-            part = f
-            break
-    more = f" (and {len(extra) - 1:,} more such unit(s))" if len(extra) > 1 else ""
-    unit = ", ".join(map(str, first))
-    return (f"stateremat records: {part} holds rows of {exp.noun} unit {unit}, which no launch "
-            f"of the run asked for (its config and sidecar {out_dir / (table + '.json')}: "
-            f"{len(exp.units):,} units){more}; the run did not write them (a part of another run "
-            "copied in, or edited). Tip: move that part out of the folder (keep it if it belongs "
-            "elsewhere), then rerun the run's command with the same --out")
-
-
-def refuse_foreign_units(out_dir: str | Path, table: str) -> None:
-    """Refuse ``table``'s rows of units no launch of the run asked for (a resume would keep them
-    for good): the check ``report`` makes, for a command resuming the run.
-
-    Raises:
-        RecordsError: naming the first part holding such rows.
-    """
-    out_dir = Path(out_dir)
-    if table not in EXPECTED or not (out_dir / f"{table}.json").is_file():
-        return
-    exp = EXPECTED[table](read_sidecar(out_dir / f"{table}.json"), out_dir)
-    if exp is None or not exp.units:
-        return
-    extra = extra_units(read_records(out_dir, table, finished=False), exp)
-    if extra:
-        raise RecordsError(_foreign(out_dir, table, exp, extra) + ".")
+    return foreign_units_message(out_dir, table, exp.columns, len(exp.units), exp.noun, extra)
 
 
 def check_complete(out_dir: str | Path) -> dict[str, TableStatus]:

@@ -151,12 +151,11 @@ def expected_moco(doc: dict, out_dir: Path) -> Expected | None:
     of its latest finished row matches that row's hash (a missing or changed file leaves the
     unit incomplete, named with the file). None for runs written before launches were
     recorded."""
-    from ..moco import score_file_problem
+    from ..moco import launch_units, score_file_problem
 
-    launches = doc.get("launches")
-    if not launches:
+    units = launch_units(doc)
+    if units is None:
         return None
-    units = {(int(s), m) for ln in launches for s in ln["seeds"] for m in ln["methods"]}
     problems: dict[tuple, str] = {}
 
     def done(g) -> bool:

@@ -13,6 +13,8 @@ from typing import Any, Callable, Collection, Mapping
 
 import pandas as pd
 
+from ..records import units_outside
+
 Reporter = Callable[..., list[Path]]  # (run folder, dest=None) -> paths written
 REPORTERS: dict[str, Reporter] = {}
 #: table -> file names its reporter writes into the run folder.
@@ -94,12 +96,7 @@ def missing_units(rows: pd.DataFrame, exp: Expected) -> list[tuple]:
 def extra_units(rows: pd.DataFrame, exp: Expected) -> list[tuple]:
     """Units that have rows but that no launch of the run asked for (not in ``exp.units``):
     rows the run did not write, sorted."""
-    if rows.empty or not all(c in rows for c in exp.columns):
-        return []
-    want = set(exp.units)
-    got = {tuple(k.item() if hasattr(k, "item") else k for k in key)
-           for key in rows[list(exp.columns)].drop_duplicates().itertuples(index=False, name=None)}
-    return sorted((u for u in got if u not in want), key=repr)
+    return units_outside(rows, exp.columns, exp.units)
 
 
 def steps_done(steps: int) -> Callable[[pd.DataFrame], bool]:
