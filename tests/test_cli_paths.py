@@ -251,3 +251,25 @@ def test_whole_byte_sizes_are_accepted(card_path, tmp_path, budget, nbytes):
     res = _run("plan", card_path, "--budget", budget, "--json", out)
     assert res.exit_code in (0, 1), res.output
     assert json.loads(out.read_text())["budget_bytes"] == nbytes
+
+
+# ------------------------------------------------------------ names past the file system's limit
+@pytest.mark.parametrize("where", ["file", "folder"])
+def test_a_json_name_past_the_name_limit_is_refused_before_work_and_255_bytes_is_written(
+        card_path, tmp_path, where):
+    long = "n" * 251 + ".json"  # 256 bytes: one past the usual 255-byte limit
+    target = tmp_path / long if where == "file" else tmp_path / ("d" * 256) / "plan.json"
+    res = _run("plan", card_path, "--budget", "46MiB", "--json", target)
+    assert res.exit_code == 2, res.output
+    assert "256 bytes" in res.output and "limit of 255 bytes" in res.output and "Tip:" in res.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["card.json"]  # nothing written
+    ok = tmp_path / ("n" * 250 + ".json")  # 255 bytes: written
+    assert _run("plan", card_path, "--budget", "46MiB", "--json", ok).exit_code == 0
+    assert json.loads(ok.read_text())["options"]
+
+
+def test_an_out_folder_name_past_the_name_limit_is_refused_before_work(tmp_path):
+    res = _run("verify", "finite", "--programs", "2", "--out", tmp_path / ("v" * 256))
+    assert res.exit_code == 2, res.output
+    assert "256 bytes" in res.output and "Tip:" in res.output
+    assert list(tmp_path.iterdir()) == []

@@ -88,6 +88,20 @@ def _nearest_existing(path: Path) -> Path:
     return p
 
 
+def _check_names(where: str, path: Path, option: str) -> None:
+    """Refuse a path with a name longer than the file system allows (before anything stats it:
+    the OS refuses such a path with a bare ``File name too long``)."""
+    try:
+        name_max = os.pathconf(_nearest_existing(path), "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    for part, n in zip(path.parts, map(os.fsencode, path.parts)):
+        if len(n) > name_max:
+            raise fail(f"{where}: the name {part[:40]!r}... is {len(n):,} bytes, past the file "
+                       f"system's limit of {name_max} bytes for one name, so it cannot be created. "
+                       f"Tip: choose a {option} path with shorter names.")
+
+
 def _check_parent(where: str, path: Path, option: str) -> None:
     parent = _nearest_existing(path.absolute().parent)
     if not parent.is_dir():
@@ -212,6 +226,7 @@ def check_output_file(api: str, option: str, path: Path | None, *,
             return
         raise fail(f"{where}: '-' (standard output) is not supported here; the output is a file "
                    f"written atomically. Tip: name a file, e.g. {option} out.json.")
+    _check_names(where, path, option)
     if path.is_dir():
         raise fail(f"{where} is a folder; expected a file path. Tip: e.g. {option} "
                    f"{path / 'out.json'}.")
@@ -248,6 +263,7 @@ def check_out_dir(api: str, out: Path, option: str = "--out", *,
     where = f"{api}: {option} {str(out)!r}"
     if str(out) == "":
         raise fail(f"{where}: an empty path is not allowed. Tip: name a folder.")
+    _check_names(where, out, option)
     kind = _kind(out)
     if kind is not None or (out.exists() and not out.is_dir()):
         raise fail(f"{where} is {kind or 'a file'}, not a folder. Tip: pass a folder path (it "
