@@ -91,25 +91,40 @@ def not_a_regular_file(path: str | os.PathLike, mode: int) -> OSError:
     return OSError(errno.EINVAL, f"it is {kind}, not a regular file", str(path))
 
 
-def read_regular_bytes(path: str | os.PathLike) -> bytes:
+#: The largest card or sidecar :func:`read_regular_bytes` reads: a real one is kilobytes to a few
+#: megabytes; a larger file (a sparse or runaway one) is refused before it is read into memory.
+MAX_READ_BYTES = 256 * 2**20
+
+
+def read_regular_bytes(path: str | os.PathLike, limit: int = MAX_READ_BYTES) -> bytes:
     """The bytes of regular file ``path``; anything else (a FIFO, a device such as /dev/zero, a
-    socket) is refused before a byte is read, instead of blocking for a writer or reading forever.
+    socket) is refused before a byte is read, instead of blocking for a writer or reading forever,
+    and so is a file of more than ``limit`` bytes (instead of a MemoryError, or the machine's
+    memory filled).
 
     Raises:
-        OSError: the file cannot be opened or read, or is not a regular file (its ``strerror``
-            names the kind).
+        OSError: the file cannot be opened or read, is not a regular file, or is larger than
+            ``limit`` (its ``strerror`` names the kind or the size).
     """
+    import errno
     import stat
 
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once, without a writer
     try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise not_a_regular_file(path, mode)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_a_regular_file(path, st.st_mode)
+        too_big = OSError(errno.EFBIG, f"it is over {limit:,} bytes, far larger than such a file "
+                          "is (a file of another kind, or damaged)", str(path))
+        if st.st_size > limit:
+            raise too_big
         os.set_blocking(fd, True)
         with os.fdopen(fd, "rb") as fh:
             fd = -1
-            return fh.read()
+            data = fh.read(limit + 1)  # a file growing while it is read stops at the limit too
+        if len(data) > limit:
+            raise too_big
+        return data
     finally:
         if fd >= 0:
             os.close(fd)

@@ -256,6 +256,8 @@ def _open_stores(out_dir: str | os.PathLike, config: dict, processes: int
     done = set(done_df["process"].astype(int)) if not done_df.empty else set()
     st = status.read()
     check_timing_attempts(out_dir, done_df, st, processes)
+    _record_cut_attempts(status, done_df, st, processes)  # an ok status row a kill -9 cut off
+    st = status.read()
     attempts = st.groupby("process").size().to_dict() if not st.empty else {}
     return timing, status, done, attempts
 
@@ -354,6 +356,28 @@ def run_process_cohort(out_dir: str | os.PathLike, experiment: str, processes: i
                "interrupted": None if stop.signum is None else signal.Signals(stop.signum).name,
                "stopped": sorted(stopped), "not_started": len(tasks) - ok - len(failed) - len(stopped)}
     return _after_stop(stop, summary, on_stop)
+
+
+def _record_cut_attempts(status: RecordStore, timing_df, st, processes: int) -> None:
+    """Write the status row a stop (``kill -9``) cut off: a process whose rows were appended but
+    whose ``ok`` status row never was (rows are appended only for an ok process). Without it the
+    run's ``cohort_processes`` stays short (empty, after a cut first process) and ``report``
+    refuses the run for good, while a rerun has nothing left to do."""
+    if timing_df.empty:
+        return
+    ok = (set(st.loc[st["status"] == "ok", "process"].astype(int)) if not st.empty else set())
+    for (p, a), g in timing_df.groupby(["process", "attempt"], sort=True):
+        if int(p) in ok:
+            continue
+        wall = g["process_wall_s"].dropna() if "process_wall_s" in g else g.iloc[:0]
+        host = g["hostname"].dropna() if "hostname" in g else g.iloc[:0]
+        status.append([{"process": int(p), "attempt": int(a), "status": "ok", "exit_code": 0,  # ok is exit 0
+                        "stderr_tail": "(status row recorded on resume: a stop cut it off after "
+                        "the process's rows were written)",
+                        "wall_s": float(wall.iloc[0]) if len(wall) else 0.0,
+                        "hostname": str(host.iloc[0]) if len(host) else "",
+                        "n_rows": len(g), "executor": "recovered",
+                        "requested_processes": processes}])
 
 
 def _after_stop(stop: StopRequest, summary: dict[str, Any], on_stop: str) -> dict[str, Any]:

@@ -86,7 +86,8 @@ def check_timing_attempts(out_dir, timing, status, processes: int | None = None)
     the attempt right after its recorded ones, of a process below the largest ``--processes``
     asked for (``processes``: the launch resuming now). Anything else (a process outside the
     cohort, an attempt after an ok one) would be counted as a process of this run. With no status
-    rows at all nothing is judged here (that table is reported on its own).
+    rows at all (its table emptied or deleted, sidecar and all) only the first attempt of one
+    process is the run's: a stop between the run's very first two appends leaves just that.
 
     Args:
         out_dir: the run folder; ``timing``, ``status``: its two tables' rows (DataFrames).
@@ -97,11 +98,18 @@ def check_timing_attempts(out_dir, timing, status, processes: int | None = None)
     """
     from pathlib import Path
 
-    import pyarrow.parquet as pq
-
-    from ...contract import RecordsError
-
-    if timing.empty or status.empty:
+    if timing.empty:
+        return
+    pairs = timing[["process", "attempt"]].drop_duplicates()
+    if status.empty:  # only a stop between the run's very first two appends leaves this
+        seen = [(int(p), int(a)) for p, a in pairs.itertuples(index=False, name=None)]
+        cut = seen[0] if seen[0][1] == 1 and (processes is None or seen[0][0] < processes) else None
+        bad = [pa for pa in seen if pa != cut]
+        if bad:
+            _refuse(out_dir, bad, "which no status row of the run records (its table "
+                    f"{Path(out_dir) / STATUS_TABLE} is empty or missing, as only a stop between "
+                    "the run's first process's rows and its status row leaves it, for that one "
+                    "process)")
         return
     recorded = set(zip(status["process"].astype(int), status["attempt"].astype(int)))
     good = status[status["status"] == "ok"]
@@ -118,11 +126,22 @@ def check_timing_attempts(out_dir, timing, status, processes: int | None = None)
         return ((p, a) not in recorded and p not in ok_process and p < bound
                 and a == int(tries.get(p, 0)) + 1)
 
-    pairs = timing[["process", "attempt"]].drop_duplicates()
     bad = [(int(p), int(a)) for p, a in pairs.itertuples(index=False, name=None)
            if not own(int(p), int(a))]
-    if not bad:
-        return
+    if bad:
+        _refuse(out_dir, bad, f"which {Path(out_dir) / STATUS_TABLE} does not record as a "
+                f"successful attempt of this run (processes 0 to {bound - 1})")
+
+
+def _refuse(out_dir, bad: list[tuple[int, int]], why: str) -> None:
+    """Raise the RecordsError for ``bad`` (process, attempt) pairs, naming the first part
+    holding the first."""
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from ...contract import RecordsError
+
     p, a = bad[0]
     folder = Path(out_dir) / TIMING_TABLE
     part = folder
@@ -134,7 +153,6 @@ def check_timing_attempts(out_dir, timing, status, processes: int | None = None)
     more = f" (and {len(bad) - 1} more such process attempt(s))" if len(bad) > 1 else ""
     raise RecordsError(
         f"stateremat records: {part} holds {TIMING_TABLE!r} rows of process {p}, attempt {a}, "
-        f"which {Path(out_dir) / STATUS_TABLE} does not record as a successful attempt of this "
-        f"run (processes 0 to {bound - 1}){more}: the run did not write them (a part of another "
+        f"{why}{more}: the run did not write them (a part of another "
         "cohort copied in, or edited). Tip: move that part out of the folder (keep it if it "
         "belongs elsewhere), then rerun the run's command with the same --out.")

@@ -790,8 +790,8 @@ class RecordStore:
         for p in sorted(self.dir.glob("part-*.parquet")):
             if keep_last_part and p.name == self._last_part:
                 continue
-            try:
-                tbl = pq.read_table(p)
+            try:  # as read() reads it: a FIFO is refused (never waited on), a non-UTF-8 name read
+                tbl = _read_part(p)
             except Exception as exc:  # unreadable or corrupt part: say which file
                 raise _unreadable(p, exc) from exc
             spec = self.spec or _observed_spec(self.table, tbl, self.key)

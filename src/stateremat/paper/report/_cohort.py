@@ -195,8 +195,11 @@ def report_cohort(out_dir: Path, dest: Path | None = None) -> list[Path]:
 def report_processes(out_dir: Path, dest: Path | None = None) -> list[Path]:
     """Write ``processes.md``: every launch attempt with its status and exit code."""
     st = read_records(out_dir, STATUS_TABLE)
-    rows = [[int(r.process), int(r.attempt), r.status, int(r.exit_code), r.hostname,
-             f"{r.wall_s:.1f}", int(r.n_rows),
+    def count(v):  # exit_code and n_rows may be missing (the schema allows it)
+        return "–" if pd.isna(v) else int(v)
+
+    rows = [[int(r.process), int(r.attempt), r.status, count(r.exit_code), r.hostname,
+             f"{r.wall_s:.1f}", count(r.n_rows),
              (str(r.stderr_tail).strip().splitlines() or [""])[-1][:80] if r.status != "ok"
              else ""] for r in st.sort_values(["process", "attempt"]).itertuples()]
     md = ("# Cohort processes (every launch attempt)\n\n" + markdown_table(
