@@ -241,15 +241,20 @@ def _self_sample(kind):
     elif kind == "dict":
         s = {"input": x}
         s["again"] = s
-    else:
+    elif kind == "deep":
         s = [x]
         for _ in range(5000):
             s = [s]
+    else:  # one list held twice at every level, 60 deep: 2**60 leaves to flatten
+        s = [x]
+        for _ in range(60):
+            s = [s, s]
     return s
 
 
 @pytest.mark.parametrize("kind, words", [("list", "contains itself"), ("dict", "contains itself"),
-                                         ("deep", "nested more than 100 levels deep")])
+                                         ("deep", "nested more than 100 levels deep"),
+                                         ("shared", "holds more than 1,000,000 leaves")])
 @pytest.mark.parametrize("call", ["profile", "auto_checkpoint"])
 def test_self_containing_or_deep_sample_is_refused(call, kind, words):
     """A sample batch that contains itself or nests 5,000 deep: a RecursionError from torch's
@@ -270,6 +275,26 @@ class _Two(nn.Module):
 
     def forward(self, a, b):
         return self.l1(self.l0(a[0] + b[0]))
+
+
+def test_a_shared_sample_is_checked_in_linear_time_and_its_depth_counts_from_every_place():
+    import time
+
+    from stateremat.torch import _step
+
+    x = torch.randn(2, 4)
+    s = [x]
+    for _ in range(19):  # 2**19 leaves with repeats: within the limit, one walk per list
+        s = [s, s]
+    t0 = time.perf_counter()
+    assert _step._check_sample(s, 0, []) == (19 + 1, 2**19)
+    assert time.perf_counter() - t0 < 1.0  # walked with repeats it is 2**20 calls
+    deep = [x]
+    for _ in range(99):  # 100 levels: the limit
+        deep = [deep]
+    _step._check_sample(deep, 0, [])
+    with pytest.raises(ValueError, match="nested more than 100 levels"):  # seen first shallow, then deeper
+        _step._check_sample([deep, [deep]], 0, [])
 
 
 def test_a_sample_holding_one_list_twice_is_not_taken_for_a_cycle():

@@ -74,23 +74,47 @@ def make_step(model: nn.Module, step: Any) -> tuple[Callable[[], Any], list[torc
 MAX_SAMPLE_DEPTH = 100
 
 
-def _check_sample(obj: Any, depth: int, path: list[int]) -> None:
-    """Refuse a sample whose tuples, lists or dicts contain themselves or nest deeper than
-    :data:`MAX_SAMPLE_DEPTH` (``path``: ids of the containers above ``obj``)."""
+#: At most this many leaves (counted with repeats: a list held twice counts twice) in a sample:
+#: torch flattens a sample leaf by leaf, so a few shared lists nested 30 deep would be 2**30.
+MAX_SAMPLE_LEAVES = 1_000_000
+
+
+def _too_deep() -> ValueError:
+    return ValueError(f"{_API}: the sample is nested more than {MAX_SAMPLE_DEPTH} levels deep; expected "
+                      "a tensor, a tuple of positional arguments or a dict of keyword arguments. "
+                      "Tip: pass the batch itself, or a step function step_fn(model).")
+
+
+def _check_sample(obj: Any, depth: int, path: list[int], done: dict[int, tuple[int, int]] | None = None
+                  ) -> tuple[int, int]:
+    """Refuse a sample whose tuples, lists or dicts contain themselves, nest deeper than
+    :data:`MAX_SAMPLE_DEPTH` or hold more than :data:`MAX_SAMPLE_LEAVES` leaves (``path``: ids of
+    the containers above ``obj``; ``done``: ``id -> (height, leaves)`` of containers checked,
+    so a container shared many times is walked once). Returns ``obj``'s (height, leaves)."""
     if not isinstance(obj, (Mapping, tuple, list)):
-        return
+        return 0, 1
+    done = {} if done is None else done
     if id(obj) in path:
         raise ValueError(f"{_API}: the sample contains itself (a {type(obj).__name__} inside itself); "
                          "expected a tensor, a tuple of positional arguments or a dict of keyword "
                          "arguments. Tip: pass the batch itself, or a step function step_fn(model).")
-    if depth > MAX_SAMPLE_DEPTH:
-        raise ValueError(f"{_API}: the sample is nested more than {MAX_SAMPLE_DEPTH} levels deep; expected "
-                         "a tensor, a tuple of positional arguments or a dict of keyword arguments. "
-                         "Tip: pass the batch itself, or a step function step_fn(model).")
-    path.append(id(obj))
-    for x in (obj.values() if isinstance(obj, Mapping) else obj):
-        _check_sample(x, depth + 1, path)
-    path.pop()
+    if id(obj) not in done:
+        if depth > MAX_SAMPLE_DEPTH:
+            raise _too_deep()
+        path.append(id(obj))
+        below = [_check_sample(x, depth + 1, path, done)
+                 for x in (obj.values() if isinstance(obj, Mapping) else obj)]
+        path.pop()
+        done[id(obj)] = (1 + max((h for h, _ in below), default=0), sum(n for _, n in below))
+    height, leaves = done[id(obj)]
+    if depth + height - 1 > MAX_SAMPLE_DEPTH:  # its deepest container, reached from here
+        raise _too_deep()
+    if leaves > MAX_SAMPLE_LEAVES:
+        raise ValueError(f"{_API}: the sample holds more than {MAX_SAMPLE_LEAVES:,} leaves (counting a "
+                         "list or dict once per place it is held); expected a tensor, a tuple of "
+                         "positional arguments or a dict of keyword arguments. Tip: pass the batch "
+                         "itself, or a step function step_fn(model).")
+    return height, leaves
 
 
 def captured_tensors(fn: Any) -> list[torch.Tensor]:
