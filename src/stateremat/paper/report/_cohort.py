@@ -76,7 +76,7 @@ def cohort_summary(out_dir: str | Path, *, n_resamples: int = N_RESAMPLES,
                                   if r["cell"] in budgets else 99, method_rank(r["method"])))
     results = compare(rows, comps, seed=seed, n_resamples=n_resamples)
     status = read_records(out_dir, STATUS_TABLE)
-    check_timing_attempts(out_dir, rows, status)
+    _check_attempts(out_dir, rows, status)
     attempts = ({s: int(n) for s, n in status["status"].value_counts().items()}
                 if not status.empty else {})
     return {
@@ -116,6 +116,15 @@ def _unique(rows: pd.DataFrame, col: str) -> list:
     return sorted(map(str, rows[col].dropna().unique())) if col in rows else []
 
 
+def _check_attempts(out_dir: Path, timing: pd.DataFrame, status: pd.DataFrame) -> None:
+    """:func:`check_timing_attempts` for a report. A status table whose sidecar is there but whose
+    rows are gone (moved away) is reported incomplete by itself ("no rows yet", exit 1), and says
+    nothing about the timing rows: they are not refused as another run's then."""
+    if status.empty and (Path(out_dir) / f"{STATUS_TABLE}.json").is_file():
+        return
+    check_timing_attempts(out_dir, timing, status)
+
+
 def expected_cohort(doc: dict, out_dir: Path) -> Expected:
     """Every (process, cell, method) of processes ``0..N-1``, N the largest launch's
     ``--processes``; a unit is complete with all its measured steps (or an infeasible row) and
@@ -127,7 +136,7 @@ def expected_cohort(doc: dict, out_dir: Path) -> Expected:
     """
     check_frozen_cards(doc["config"], out_dir)
     status = read_records(out_dir, STATUS_TABLE)
-    check_timing_attempts(out_dir, read_records(out_dir, TIMING_TABLE), status)
+    _check_attempts(out_dir, read_records(out_dir, TIMING_TABLE), status)
     n = int(status["requested_processes"].max()) if "requested_processes" in status else 0
     cells = doc["config"]["cells"]
     finished = {c["cell"]: steps_done(int(c["steps"])) for c in cells}
