@@ -441,7 +441,7 @@ EXPECTED_ALL = {
     "stateremat.paper.records": ["PART_KEY", "RUN_ID", "RecordStore", "Rule", "new_run_id", "TEMP_DIR", "all_of",
                                  "constant", "implies", "marker_alone", "step_index",
                                  "below_config", "config_device", "config_entry",
-                                 "foreign_units_message", "refuse_units_outside", "units_outside",
+                                 "first_part_holding", "foreign_units_message", "refuse_units_outside", "units_outside",
                                  "check_not_writing", "check_resumable", "claim_folder",
                                  "config_value", "declare_table", "in_config", "int_list",
                                  "integer", "lock_run", "number", "one_of", "part_identity",

@@ -1,13 +1,16 @@
 """Row schemas of a process cohort's two tables: per-step timing rows and per-process status."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pyarrow as pa
 
+from ...contract import RecordsError
 from ..._shared.checks import MAX_SEED
 from ..limits import MAX_PROCESSES, MAX_STEPS, MAX_THREADS, MAX_WARMUPS
 from ..measured import (CELL_CONSTANT, MEASURED_VALUES, METHOD_CONSTANT, ROW_RULES, RUN_CONSTANT,
                         step_rule)
-from ..records import declare_table
+from ..records import declare_table, first_part_holding
 from ..records import (all_of, config_device, config_entry, config_value, in_config, integer, number,
                        one_of, text, text_list)
 
@@ -76,7 +79,6 @@ declare_table(STATUS_TABLE, STATUS_COLUMNS, STATUS_KEY, required=("status",),
               optional=("requested_processes",), values=STATUS_VALUES, config=CONFIG)
 
 
-
 def check_timing_attempts(out_dir, timing, status, processes: int | None = None) -> None:
     """Refuse ``cohort_timing`` rows of a process attempt the run did not write.
 
@@ -96,8 +98,6 @@ def check_timing_attempts(out_dir, timing, status, processes: int | None = None)
     Raises:
         RecordsError: naming the first part holding such rows, the process and the attempt.
     """
-    from pathlib import Path
-
     if timing.empty:
         return
     pairs = timing[["process", "attempt"]].drop_duplicates()
@@ -136,20 +136,8 @@ def check_timing_attempts(out_dir, timing, status, processes: int | None = None)
 def _refuse(out_dir, bad: list[tuple[int, int]], why: str) -> None:
     """Raise the RecordsError for ``bad`` (process, attempt) pairs, naming the first part
     holding the first."""
-    from pathlib import Path
-
-    import pyarrow.parquet as pq
-
-    from ...contract import RecordsError
-
     p, a = bad[0]
-    folder = Path(out_dir) / TIMING_TABLE
-    part = folder
-    for f in sorted(folder.glob("part-*.parquet")):
-        t = pq.read_table(f, columns=["process", "attempt"]).to_pydict()
-        if (p, a) in zip(t["process"], t["attempt"]):
-            part = f
-            break
+    part = first_part_holding(out_dir, TIMING_TABLE, ("process", "attempt"), (p, a))
     more = f" (and {len(bad) - 1} more such process attempt(s))" if len(bad) > 1 else ""
     raise RecordsError(
         f"stateremat records: {part} holds {TIMING_TABLE!r} rows of process {p}, attempt {a}, "

@@ -11,7 +11,7 @@ from ._store import (TEMP_DIR as TEMP_DIR, RecordStore as RecordStore,
                      read_sidecar as read_sidecar, table_spec as table_spec,
                      PART_KEY as PART_KEY, RUN_ID as RUN_ID, new_run_id as new_run_id,
                      part_identity as part_identity)
-from ._units import (foreign_units_message as foreign_units_message,
+from ._units import (first_part_holding as first_part_holding, foreign_units_message as foreign_units_message,
                      refuse_units_outside as refuse_units_outside, units_outside as units_outside)
 from ._values import (Rule as Rule, all_of as all_of, constant as constant,
                       implies as implies, marker_alone as marker_alone, step_index as step_index,
@@ -23,7 +23,7 @@ from ._values import (Rule as Rule, all_of as all_of, constant as constant,
                       text_list as text_list)
 
 __all__ = ["PART_KEY", "RUN_ID", "RecordStore", "Rule", "new_run_id", "TEMP_DIR", "all_of",
-           "constant", "implies", "marker_alone", "step_index", "below_config", "config_device", "foreign_units_message",
+           "constant", "implies", "marker_alone", "step_index", "below_config", "config_device", "first_part_holding", "foreign_units_message",
            "refuse_units_outside", "units_outside",
            "config_entry",
            "config_value", "in_config", "int_list", "integer", "number", "one_of",

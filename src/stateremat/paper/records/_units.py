@@ -14,7 +14,7 @@ import pandas as pd
 
 from ...contract import RecordsError
 
-__all__ = ["units_outside", "foreign_units_message", "refuse_units_outside"]
+__all__ = ["units_outside", "first_part_holding", "foreign_units_message", "refuse_units_outside"]
 
 
 def units_outside(rows: pd.DataFrame, columns: Sequence[str], units: Collection[tuple]) -> list[tuple]:
@@ -27,18 +27,24 @@ def units_outside(rows: pd.DataFrame, columns: Sequence[str], units: Collection[
     return sorted((u for u in got if u not in want), key=repr)
 
 
+def first_part_holding(out_dir: str | Path, table: str, columns: Sequence[str], unit: tuple) -> Path:
+    """The first part of ``table`` (in write order) with a row of ``unit`` (a tuple over
+    ``columns``); the table's folder when no part has one."""
+    import pyarrow.parquet as pq
+
+    folder = Path(out_dir) / table
+    for f in sorted(folder.glob("part-*.parquet")):
+        cols = pq.read_table(f, columns=list(columns)).to_pydict()
+        if unit in set(zip(*(cols[c] for c in columns))):
+            return f
+    return folder
+
+
 def foreign_units_message(out_dir: str | Path, table: str, columns: Sequence[str], n_units: int,
                           noun: str, extra: list[tuple]) -> str:
     """The message for rows of units outside the run's config, naming the first part holding one."""
-    import pyarrow.parquet as pq
-
     out_dir = Path(out_dir)
-    first, part = extra[0], out_dir / table
-    for f in sorted((out_dir / table).glob("part-*.parquet")):
-        cols = pq.read_table(f, columns=list(columns)).to_pydict()
-        if first in set(zip(*(cols[c] for c in columns))):
-            part = f
-            break
+    first, part = extra[0], first_part_holding(out_dir, table, columns, extra[0])
     more = f" (and {len(extra) - 1:,} more such unit(s))" if len(extra) > 1 else ""
     unit = ", ".join(map(str, first))
     return (f"stateremat records: {part} holds rows of {noun} unit {unit}, which no launch "
