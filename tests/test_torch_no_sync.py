@@ -97,16 +97,16 @@ def slow_device(device_path, monkeypatch):
     """As on an accelerator that has not yet run the watch's device-side checks when the forward
     ends: a read of their verdicts from the forward's end is a wait for the stream, counted as
     ``"wait at forward end"``; a read just before the replay is not (the forward ran long before)."""
-    from stateremat.torch import _verdicts
-    monkeypatch.setattr(_verdicts.Deferred, "ready", lambda self: False)
+    from stateremat.torch import _watch
+    monkeypatch.setattr(_watch.Deferred, "ready", lambda self: False)
     waits = collections.Counter()
-    orig = _verdicts.Deferred.names
+    orig = _watch.Deferred.names
 
     def counted(self, found):
         if sys._getframe(1).f_code.co_name != "versions":  # (Watch.versions: just before the replay)
             waits["wait at forward end"] += 1
         return orig(self, found)
-    monkeypatch.setattr(_verdicts.Deferred, "names", counted)
+    monkeypatch.setattr(_watch.Deferred, "names", counted)
     return waits
 
 
@@ -191,8 +191,8 @@ def test_a_write_the_device_checks_see_is_refused_before_the_replay(device_path)
 def test_a_verdict_still_on_the_device_after_the_forward_is_read_before_the_replay(device_path, monkeypatch):
     """On an accelerator the forward's byte checks may not be done when it ends: then they are read
     just before the replay, and the write they saw is refused there, before anything is restored."""
-    from stateremat.torch import UndeclaredStateError, _verdicts
-    monkeypatch.setattr(_verdicts.Deferred, "ready", lambda self: False)
+    from stateremat.torch import UndeclaredStateError, _watch
+    monkeypatch.setattr(_watch.Deferred, "ready", lambda self: False)
     m = nn.Linear(4, 4)
     m.register_buffer("hidden", torch.zeros(4))
 
@@ -214,8 +214,8 @@ def test_one_report_names_the_host_and_the_device_findings_together(device_path,
     """A forward whose write the host sees (a version counter) and another only a device verdict
     sees (through ``.data``): the one report at the forward's end names both, not the host's alone
     now and the device's later (the wait happens only on this error path)."""
-    from stateremat.torch import UndeclaredStateError, _verdicts
-    monkeypatch.setattr(_verdicts.Deferred, "ready", lambda self: False)
+    from stateremat.torch import UndeclaredStateError, _watch
+    monkeypatch.setattr(_watch.Deferred, "ready", lambda self: False)
     m = nn.Linear(4, 4)
     m.register_buffer("seen", torch.zeros(4))
     m.register_buffer("hidden", torch.zeros(4))

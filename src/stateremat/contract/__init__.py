@@ -3,7 +3,9 @@
 This layer imports only the standard library, numpy and the private standard-library helpers
 of ``stateremat._shared.io`` (atomic writes and hashes, for the card) (DESIGN.md, "Two wings").
 The I/O, signal and provenance helpers the CLI and the paper wing use are not part of the
-contract: they live in ``stateremat._shared`` (``io``, ``signals``).
+contract: they live in ``stateremat._shared`` (``io``, ``signals``). :func:`internal_assert` is
+here because every layer raises it, the NumPy-only reference and the planner included, and the
+contract is the one package they all may import.
 """
 from ._errors import (
     ProfileCardError as ProfileCardError,

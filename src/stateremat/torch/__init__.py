@@ -5,7 +5,7 @@ the bytes of the original forward and reinstate the visible state afterwards (pa
 One segment is three rooms, wired by ``_checkpoint.run_segment`` in the order data flows
 (forward → pack → backward → restore → recompute → reinstate): the transaction (``_txn``, with
 ``_bindings``, ``_plain`` and the ``_preserve`` engines: everything a replay puts back), the
-frame (``_frame``: torch's checkpoint frame) and the watch (``_watch``, ``_verdicts``: R7).
+frame (``_frame``: torch's checkpoint frame) and the watch (``_watch``: R7).
 """
 from . import _compat  # noqa: F401  (fails here, with the torch versions needed, on an unsupported torch)
 # The contract's errors, each also a torch.utils.checkpoint.CheckpointError (what is raised here).

@@ -12,7 +12,7 @@ Rules 1–6; :class:`Frame` plays the role of torch's ``_CheckpointFrame``). In 
   (which restores and afterwards reinstates its state) under the recomputation hook, which
   fills the holders and stops early once all are filled (unless early stop is off); then the
   number, metadata (and with ``verify`` the bytes) of the recomputed saved tensors are
-  compared with the forward's.
+  compared with the forward's (:class:`SavedChecks`, which the pack hook fills).
 
 A checkpoint met *during* a replay runs eagerly (its saved tensors are kept): the enclosing
 transaction already restores and reinstates its state.
@@ -94,6 +94,100 @@ class _OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+class SavedChecks:
+    """What a recomputation is checked against (torch's ``_CheckpointFrame`` metadata checks): the
+    shape, dtype and device of each tensor the forward saved, with ``verify`` a copy of it (R4),
+    with ``debug`` the operators of the forward and of the last recomputation (for messages).
+
+    Args:
+        name: segment name for messages.
+        verify: keep a copy of each saved tensor and compare the recomputed ones bit for bit.
+        debug: record the operators (``_OpLog``).
+        check_metadata: compare the recomputed saved tensors' metadata with the forward's.
+    """
+
+    def __init__(self, name: str, verify: bool, debug: bool, check_metadata: bool) -> None:
+        self.name = name
+        self.verify = verify
+        self.check_metadata = check_metadata
+        self.debug_ops: tuple[list[str], list[str]] | None = ([], []) if debug else None
+        self.metas: list[tuple] = []
+        self.originals: list[torch.Tensor] = []
+        self.mismatch: dict[Any, list[str]] = defaultdict(list)
+
+    def saved(self, x: torch.Tensor) -> None:
+        """The forward saved ``x`` (the pack hook)."""
+        self.metas.append((tuple(x.shape), x.dtype, x.device))
+        if self.verify:
+            with library_ops():
+                self.originals.append(x.detach().clone())
+
+    def oplog(self, recomputation: bool) -> Any:
+        """Context recording the forward's (or, cleared first, the recomputation's) operators when ``debug``."""
+        if self.debug_ops is None:
+            return contextlib.nullcontext()
+        ops = self.debug_ops[1 if recomputation else 0]
+        ops.clear()
+        return _OpLog(ops)
+
+    def compare(self, gid: Any, idx: int, x: torch.Tensor) -> None:
+        """``verify``: note a recomputed saved tensor that differs from the forward's bit for bit (R4)."""
+        if not self.verify:
+            return
+        ref = self.originals[idx]
+        if ref.shape != x.shape or ref.dtype != x.dtype:
+            return  # reported by the metadata check
+        with library_ops():
+            a, b = ref.reshape(-1), x.detach().reshape(-1)
+            same = torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)) \
+                if a.dtype != torch.bool else torch.equal(a, b)
+            if not same:
+                diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+                self.mismatch[gid].append(f"saved tensor #{idx} shape {tuple(x.shape)} {x.dtype}: "
+                                          f"max |difference| {diff:.6g}")
+
+    def debug_text(self, msg: str) -> str:
+        """``msg`` with the operators of the forward and the recomputation (``debug=True``)."""
+        if self.debug_ops is None:
+            return msg + " (set debug=True for the operators of the forward and the recomputation)"
+        fwd, rec = self.debug_ops
+        return (f"{msg}\nOperators of the original forward ({len(fwd)}):\n  " + "\n  ".join(fwd)
+                + f"\nOperators of the recomputation ({len(rec)}):\n  " + "\n  ".join(rec))
+
+    def check(self, gid: Any, holders: list[weakref.ref], got: int, recomputed: Any, count: bool = True) -> None:
+        """After recomputation ``gid`` saved ``got`` tensors (``recomputed``: handle -> tensor): their
+        number (unless not ``count``), metadata and (``verify``) bytes against the forward's.
+
+        Raises:
+            ReplayError: another number of saved tensors, or other metadata (torch's phrases kept).
+            ReplayDivergenceError: ``verify`` found different bytes (R4).
+        """
+        n = len(holders)
+        if got != n and count:
+            raise ReplayError(self.debug_text(
+                f"stateremat.torch.checkpoint: segment {self.name!r}: A different number of tensors was saved "
+                f"during the original forward and recomputation (expected {n}, got {got}). Tip: make the segment's "
+                "control flow depend only on its inputs and declared state."))
+        for idx, ref in enumerate(holders if self.check_metadata else ()):
+            holder = ref()
+            if holder is None or holder.handles.get(gid) is None:
+                continue
+            x = recomputed[holder.handles[gid]]
+            meta = (tuple(x.shape), x.dtype, x.device)
+            if meta != self.metas[idx]:
+                raise ReplayError(self.debug_text(
+                    f"stateremat.torch.checkpoint: segment {self.name!r}: Recomputed values for the following tensors "
+                    f"have different metadata than during the forward pass: saved tensor #{idx} has different metadata at recomputation (expected {self.metas[idx]}, got {meta}). "
+                    "Tip: declare the state the segment reads and mutates (state=...)."))
+        if self.mismatch.get(gid):
+            raise ReplayDivergenceError(
+                f"stateremat.torch.checkpoint(verify=True): segment {self.name!r} recomputed saved "
+                f"tensors that differ from the forward's bit for bit ({rule('R4')}): "
+                + "; ".join(self.mismatch[gid])
+                + ". Tip: declare the state the segment mutates and keep preserve_rng_state=True."
+            )
+
+
 def _release(txn: Transaction, rt: Runtime) -> None:
     txn.release()
     rt.counters.live_segments -= 1
@@ -131,7 +225,6 @@ class Frame:
         self.txn = txn
         rt.counters.live_segments += 1
         weakref.finalize(self, _release, txn, rt)
-        self.verify = verify
         self.sink = sink
         #: state="auto" (``keep``) replays run on, watched, past torch's early-stop point once a
         #: watched forward wrote state no scan reaches (``Runtime.unreached_writes``): such a
@@ -140,17 +233,13 @@ class Frame:
         self.run_on = keep and early_stop and rt.unreached_writes and \
             (recompute_context is None or type(recompute_context) is contextlib.nullcontext)
         self.early_stop = early_stop and not self.run_on
-        self.debug_ops: tuple[list[str], list[str]] | None = ([], []) if debug else None
-        self.check_metadata = check_metadata
+        self.checks = SavedChecks(name, verify, debug, check_metadata)
         self.recompute_context: Any = recompute_context if recompute_context is not None else contextlib.nullcontext()
         self.watch: Watch | None = None  # set by run()
         self.weak_holders: list[weakref.ref] = []
-        self.metas: list[tuple] = []
-        self.originals: list[torch.Tensor] = []
         self.recomputed: defaultdict = defaultdict(weakref.WeakKeyDictionary)
         self.recomp_counter: defaultdict = defaultdict(int)
         self.is_recomputed: defaultdict = defaultdict(bool)
-        self.mismatch: dict[Any, list[str]] = defaultdict(list)
         self.forward_completed = False  # backward inside the forward (torch's Rule 6) recomputes early
         self.ignore_saved_mismatch = False
         self.save_inputs(args, kwargs)
@@ -190,7 +279,7 @@ class Frame:
     def run(self, watch: Watch, args: tuple, kwargs: dict) -> Any:
         """Run the forward under the pack hook (and ``watch``'s mode); the output."""
         self.watch = watch
-        with watch.forward_mode(), self.forward_hooks(), self.oplog():
+        with watch.forward_mode(), self.forward_hooks(), self.checks.oplog(recomputation=False):
             out = self.fn(*args, **kwargs)
         self.forward_completed = True
         return out
@@ -220,12 +309,9 @@ class Frame:
         def pack(x: torch.Tensor) -> _Holder:
             holder = _Holder()
             seg.weak_holders.append(weakref.ref(holder))
-            seg.metas.append((tuple(x.shape), x.dtype, x.device))
+            seg.checks.saved(x)
             if seg.keep:
                 holder.kept = (x, x._version)
-            if seg.verify:
-                with library_ops():
-                    seg.originals.append(x.detach().clone())
             return holder
 
         def unpack(holder: _Holder) -> torch.Tensor:
@@ -270,14 +356,13 @@ class Frame:
                 seg.ignore_saved_mismatch = True
                 return x
             if idx >= len(seg.weak_holders):
-                raise ReplayError(_debug_text(seg, 
+                raise ReplayError(seg.checks.debug_text(
                     f"stateremat.torch.checkpoint: segment {seg.name!r}: trying to save more tensors during "
                     f"recomputation than during the original forward pass (expected {len(seg.weak_holders)}). Tip: "
                     "make the segment's control flow depend only on its inputs and declared state."))
             holder = seg.weak_holders[idx]()
             if holder is not None:
-                if seg.verify:
-                    _compare(seg, gid, idx, x)
+                seg.checks.compare(gid, idx, x)
                 handle = holder.handles[gid] = _Handle()
                 seg.recomputed[gid][handle] = keep(x, seg.recomputed[gid], handle)
             if seg.early_stop and seg.recomp_counter[gid] == len(seg.weak_holders):
@@ -291,9 +376,7 @@ class Frame:
         """Re-run the segment once for backward ``gid`` inside the replay transaction."""
         replay = self.txn.replay(self)  # refuses first: changed reads (R2, auto), parameters (R8)
         args, kwargs = self.inputs()
-        oplog = _OpLog(self.debug_ops[1]) if self.debug_ops is not None else contextlib.nullcontext()
-        if self.debug_ops is not None:
-            self.debug_ops[1].clear()
+        oplog = self.checks.oplog(recomputation=True)
         versions = self.watch.versions()
         with replay as log:  # end bindings; flags, views, start and Python bindings; B0, R0, autocast (_txn)
             with self._recompute_hooks(gid, log), torch.autograd.enable_grad(), \
@@ -307,59 +390,5 @@ class Frame:
         if self.sink is not None:
             self.sink.recompute_count += 1
         self.watch.report_replay_writes(versions)
-        _check(self, gid)
-
-    def oplog(self) -> Any:
-        """Context recording the forward's operators when ``debug=True``."""
-        return _OpLog(self.debug_ops[0]) if self.debug_ops is not None else contextlib.nullcontext()
-
-
-# -- the recomputation's checks (functions of the frame) ------------------------------------
-def _compare(self: "Frame", gid: Any, idx: int, x: torch.Tensor) -> None:
-    """``verify``: note a recomputed saved tensor that differs from the forward's bit for bit (R4)."""
-    ref = self.originals[idx]
-    if ref.shape != x.shape or ref.dtype != x.dtype:
-        return  # reported by the metadata check
-    with library_ops():
-        a, b = ref.reshape(-1), x.detach().reshape(-1)
-        same = torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)) \
-            if a.dtype != torch.bool else torch.equal(a, b)
-        if not same:
-            diff = (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
-            self.mismatch[gid].append(f"saved tensor #{idx} shape {tuple(x.shape)} {x.dtype}: "
-                                      f"max |difference| {diff:.6g}")
-
-def _debug_text(self: "Frame", msg: str) -> str:
-    """``msg`` with the operators of the forward and the recomputation (``debug=True``)."""
-    if self.debug_ops is None:
-        return msg + " (set debug=True for the operators of the forward and the recomputation)"
-    fwd, rec = self.debug_ops
-    return (f"{msg}\nOperators of the original forward ({len(fwd)}):\n  " + "\n  ".join(fwd)
-            + f"\nOperators of the recomputation ({len(rec)}):\n  " + "\n  ".join(rec))
-
-def _check(self: "Frame", gid: Any) -> None:
-    """After a recomputation: the number, metadata and (``verify``) bytes of its saved tensors."""
-    n, got = len(self.weak_holders), self.recomp_counter[gid]
-    if got != n and not self.ignore_saved_mismatch:
-        raise ReplayError(_debug_text(self, 
-            f"stateremat.torch.checkpoint: segment {self.name!r}: A different number of tensors was saved "
-            f"during the original forward and recomputation (expected {n}, got {got}). Tip: make the segment's "
-            "control flow depend only on its inputs and declared state."))
-    for idx, ref in enumerate(self.weak_holders if self.check_metadata else ()):
-        holder = ref()
-        if holder is None or holder.handles.get(gid) is None:
-            continue
-        x = self.recomputed[gid][holder.handles[gid]]
-        meta = (tuple(x.shape), x.dtype, x.device)
-        if meta != self.metas[idx]:
-            raise ReplayError(_debug_text(self, 
-                f"stateremat.torch.checkpoint: segment {self.name!r}: Recomputed values for the following tensors "
-                f"have different metadata than during the forward pass: saved tensor #{idx} has different metadata at recomputation (expected {self.metas[idx]}, got {meta}). "
-                "Tip: declare the state the segment reads and mutates (state=...)."))
-    if self.mismatch.get(gid):
-        raise ReplayDivergenceError(
-            f"stateremat.torch.checkpoint(verify=True): segment {self.name!r} recomputed saved "
-            f"tensors that differ from the forward's bit for bit ({rule('R4')}): "
-            + "; ".join(self.mismatch[gid])
-            + ". Tip: declare the state the segment mutates and keep preserve_rng_state=True."
-        )
+        self.checks.check(gid, self.weak_holders, self.recomp_counter[gid], self.recomputed[gid],
+                          count=not self.ignore_saved_mismatch)

@@ -6,8 +6,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from stateremat.contract import OPTIONS
 
+from ._preserve import PRESERVERS
 from ._wrap import SEGMENT_OPTIONS, segment_call
 
 
@@ -60,9 +60,9 @@ def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentra
     if unknown:
         raise TypeError(f"stateremat.torch.checkpoint_sequential: unexpected keyword(s) {unknown}; expected "
                         f"preserve or {list(SEGMENT_OPTIONS)}. Tip: check the spelling.")
-    if preserve not in OPTIONS or not OPTIONS.replays(preserve):
+    if preserve not in PRESERVERS:  # (the engines of the options that replay, as checkpoint checks)
         raise ValueError(f"stateremat.torch.checkpoint_sequential: preserve must name an option that replays "
-                         f"({[o.name for o in OPTIONS if o.replays]}), got {preserve!r}. "
+                         f"({list(PRESERVERS)}), got {preserve!r}. "
                          "Tip: 'region' journals only the bytes written.")
     state = kwargs.pop("state", "auto")
     if isinstance(functions, nn.Sequential):

@@ -43,8 +43,7 @@ from ._compat import DisableTorchFunctionSubclass, autocast_kwargs, has_storage,
     reset_versions
 from ._errors import ReplayError, UnsupportedError
 from stateremat.contract import rule
-from ._preserve import PRESERVERS, Preserver, WholePreserver
-from ._preserve.whole import begin_all, reinstate_all, restore_all
+from ._preserve import KEPT_WHOLE, PRESERVERS, Preserver, begin_all, reinstate_all, restore_all
 from ._runtime import DeclaredStorage, Runtime, runtime
 from ._scan import Declared, Reach, describe, input_tensors, is_input_name
 from ._storage import StorageKey, gather, runs_within, scatter, storage_key, write_runs
@@ -286,8 +285,8 @@ class Transaction:
                 for name, t in members:  # every declared tensor on the storage watches its version (R8)
                     _witness(st, t, name)
                 whole = key in self.whole_keys or st.nbytes <= SMALL_STORAGE_BYTES
-                self._add(key, st, [n for n, _ in members], WholePreserver if whole else cls, begin=False)
-            begin_all(list(self.items.values()))  # small whole snapshots in one copy (whole.py)
+                self._add(key, st, [n for n, _ in members], KEPT_WHOLE if whole else cls, begin=False)
+            begin_all(list(self.items.values()))  # small whole snapshots in one copy
 
     def _add(self, key: StorageKey, st: DeclaredStorage, names: list[str], cls: type[Preserver],
              begin: bool = True) -> Preserver:
@@ -306,7 +305,7 @@ class Transaction:
         st = self.runtime.acquire(key, t)
         _witness(st, t, name)
         whole = not self.auto or key in self.whole_keys or st.nbytes <= SMALL_STORAGE_BYTES
-        self._add(key, st, [name], WholePreserver if whole else PRESERVERS[self.preserve])
+        self._add(key, st, [name], KEPT_WHOLE if whole else PRESERVERS[self.preserve])
         self.modules.declare(t)
 
     def credit(self, option: str, n: int) -> None:
@@ -479,7 +478,7 @@ def _bytes_as_of_forward(items: dict[StorageKey, Preserver], segment: Any, c: An
     _refuse_moved(items, segment.name)
     for p in items.values():  # an unseen change before this replay is a gap for other
         p.storage.observe(journaled=False)  # consumers; the replay's own writes are synced after
-    restored = restore_all(items.values(), segment.name)  # small whole ones batched (whole.py)
+    restored = restore_all(items.values(), segment.name)  # small whole ones batched
     for p, r in restored:
         log.covered[p.storage.key] = r.runs
     versions = [(w, w._version) for w in witnesses.values()]

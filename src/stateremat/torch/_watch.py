@@ -10,7 +10,11 @@ In data-flow order:
   sees each write to a reached storage at dispatch (raise, or promote it on
   ``on_undeclared="declare"``); at the forward's end :meth:`Watch.end_forward` compares versions,
   bytes, pointers and bindings and reports every undeclared write in one message
-  (:meth:`Watch.report_undeclared`, :func:`undeclared_message`);
+  (:meth:`Watch.report_undeclared`, :func:`undeclared_message`). The byte checks
+  (:class:`ByteChecks`: running statistics a kernel writes without a version bump, storage
+  pointers, fingerprints) are read at once on the host; on a device their verdicts are computed
+  there and read when ready (:class:`Deferred`, at the latest just before the replay), so a
+  forward never waits for its stream (issue 26);
 - recompute: a write the replay makes to undeclared state is refused before it happens
   (:meth:`Watch.undeclared_at_replay`), or seen afterwards by the version counters
   (:meth:`Watch.report_replay_writes`).
@@ -22,6 +26,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Iterator
 
+import numpy as np
 import torch
 
 from stateremat.contract import rule
@@ -35,9 +40,8 @@ from ._plain import slot_id
 from ._pystate import cache_fingerprint, cache_message, python_state_arguments
 from ._runtime import Runtime
 from ._scan import Declared, Reach, describe, is_input_name, is_list_entry, reachable, rebound, tensor_slots
-from ._storage import fingerprint, storage_key
+from ._storage import fingerprint, fingerprint_changed, host_readable, storage_key
 from ._txn import Transaction
-from ._verdicts import Deferred, byte_checks, read_or_defer
 
 _NULL = contextlib.nullcontext  # the frame's recompute context when no context_fn was given
 
@@ -90,6 +94,135 @@ def undeclared_message(seg: Any, names: str, when: str, reachable: bool = True, 
     )
 
 
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool | torch.Tensor:
+    """Bitwise equality (NaN == NaN, -0.0 != 0.0); on the device path (``a`` not
+    :func:`host_readable`) a 0-dim bool tensor on the device, to be read later."""
+    if a.shape != b.shape or a.device != b.device:
+        return False
+    a, b = a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)
+    return torch.equal(a, b) if host_readable(a) else (a == b).all()
+
+
+class Deferred:
+    """Device-side verdicts of the watch's byte checks, read on the host once they are computed.
+
+    The verdicts (one 0-dim bool tensor per name: "this tensor's bytes changed") are stacked and
+    copied to pinned host memory without waiting (an event marks the copy's end); :meth:`names`
+    reads them, waiting for that event only if the device has not reached it yet. The watch reads
+    them after the forward when they are ready, else just before the replay (before anything is
+    restored), so a forward never waits for its stream (issue 26).
+    """
+
+    def __init__(self, items: list[tuple[str, str, torch.Tensor]]) -> None:
+        by_device: dict[torch.device, list] = {}
+        for item in items:
+            by_device.setdefault(item[2].device, []).append(item)
+        self.groups = [self._send(group) for group in by_device.values()]  # (items, array, host, event)
+
+    @staticmethod
+    def _send(items: list) -> tuple:
+        with torch.no_grad(), DisableTorchFunctionSubclass():
+            v = torch.stack([f.reshape(()).to(torch.bool) for _, _, f in items])
+            event = None
+            if v.device.type == "cuda":
+                with torch.cuda.device(v.device):
+                    host = torch.empty(v.shape, dtype=torch.bool, pin_memory=True)
+                    array = host.numpy()  # (a view of pinned host memory: no device read)
+                    host.copy_(v, non_blocking=True)
+                    event = torch.cuda.Event()
+                    event.record()
+            else:
+                array = np.zeros(v.shape, dtype=bool)
+                host = torch.from_numpy(array)
+                host.copy_(v)  # (no stream to wait for)
+        return [(n, why) for n, why, _ in items], array, host, event
+
+    def ready(self) -> bool:
+        return all(event is None or event.query() for _, _, _, event in self.groups)
+
+    def names(self, found: dict[str, str]) -> list[str]:
+        """Add the changed ones to ``found`` (name -> why; the first reason kept); return ``found``'s names."""
+        for items, array, _, event in self.groups:
+            if event is not None:
+                event.synchronize()
+            for (n, why), changed in zip(items, array.tolist()):
+                if changed:
+                    found.setdefault(n, why)
+        return list(found)
+
+
+class ByteChecks:
+    """The watch's checks of writes no version counter of a reached tensor sees (R7): bytes of
+    running statistics a kernel writes without a version bump (``probes``: id -> (name, tensor),
+    compared with a copy), storage pointers (``.data = ...``, ``set_``) and fingerprints (writes
+    through ``.data`` or another alias), taken when the forward begins (``scan``: the watch's
+    ``(name, tensor, version)`` records)."""
+
+    def __init__(self, scan: list, probes: dict) -> None:
+        self.ptrs = [(n, t, t.data_ptr()) for n, t, _ in scan]
+        self.fingerprints = [(n, t, fingerprint(t)) for n, t, _ in scan  # (not a list's log entries)
+                             if not t.requires_grad and id(t) not in probes and t.numel() and not is_list_entry(n)]
+        self.norm_probes: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
+        if probes:
+            with library_ops():
+                self.norm_probes = [(n, t, t.clone()) for n, t in probes.values()]
+
+    def drop(self, t: torch.Tensor) -> None:
+        """``t`` is declared now (promoted): its bytes and rebinding are the transaction's."""
+        self.ptrs = [s for s in self.ptrs if s[1] is not t]
+        self.fingerprints = [s for s in self.fingerprints if s[1] is not t]
+        self.norm_probes = [s for s in self.norm_probes if s[1] is not t]
+
+    def rebase(self, keys: set) -> None:
+        """Tensors on storages ``keys`` (an inner segment's, adopted) are compared from now on."""
+        with library_ops():
+            self.norm_probes = [(n, t, t.clone() if storage_key(t) in keys else before)
+                                for n, t, before in self.norm_probes]
+        self.fingerprints = [(n, t, fingerprint(t) if storage_key(t) in keys else fp)
+                             for n, t, fp in self.fingerprints]
+        self.ptrs = [(n, t, t.data_ptr() if storage_key(t) in keys else ptr) for n, t, ptr in self.ptrs]
+
+    def changed(self, skip: set[int], own: set, found: dict[str, str], checks: list) -> None:
+        """Changes read on the host go to ``found`` (name -> why); device-side verdicts to ``checks``
+        as ``(name, why, 0-dim bool)``; tensors with ids in ``skip`` or on storages in ``own`` are not checked."""
+        if self.norm_probes:
+            with library_ops():
+                for n, t, before in self.norm_probes:
+                    if id(t) in skip or storage_key(t) in own:
+                        continue
+                    same = _same_bytes(t, before)
+                    if isinstance(same, torch.Tensor):
+                        checks.append((describe(n), "bytes (a kernel that bumps no version)", ~same))
+                    elif not same:
+                        found.setdefault(describe(n), "bytes (a kernel that bumps no version)")
+        for n, t, ptr in self.ptrs:
+            if t.data_ptr() != ptr and id(t) not in skip:
+                found.setdefault(describe(n), "storage rebound (.data = / set_)")
+        for n, t, fp in self.fingerprints:
+            if id(t) in skip or describe(n) in found or storage_key(t) in own:
+                continue
+            changed = fingerprint_changed(t, fp)
+            if isinstance(changed, torch.Tensor):
+                checks.append((describe(n), "bytes (written through .data or another alias)", changed))
+            elif changed:
+                found.setdefault(describe(n), "bytes (written through .data or another alias)")
+
+
+def read_or_defer(names: list[str], deferred: list, wait: bool = False) -> tuple[list[str], Deferred | None]:
+    """After the forward: ``(names, pending)``: ``names`` found on the host plus the device-side
+    verdicts ``deferred`` when they are ready (a CPU's always are), or when ``names`` is not empty
+    (a report is made now and names every tensor, so it waits: only on the error path), or with
+    ``wait`` (``state="auto"`` decides now whether this forward keeps its activations: issue 26,
+    not yet deferred); else the verdicts are returned as ``pending``, read before the replay
+    (:meth:`Watch.versions`)."""
+    if not deferred:
+        return names, None
+    d = Deferred(deferred)
+    if wait or names or d.ready():
+        return d.names(dict.fromkeys(names, "")), None
+    return names, d
+
+
 class Watch:
     """What one segment reaches and whether it wrote or rebound what it did not declare (R7).
 
@@ -137,19 +270,11 @@ class Watch:
             self.expected = {id(t): v for _, t, v in self.scan}  # version each should have now (adoptions move it)
             probes = {i: v for i, v in r.norm_stats.items() if i not in declared_ids}
             probes.update({i: (n, t) for i, (n, t) in r.tensors.items() if i not in declared_ids and _stat_like(t)})
-            # writes no version counter of these tensors sees: through .data (its own counter) or by
-            # rebinding their storage (.data = ..., set_) — fingerprints and data pointers
-            self.ptrs = [(n, t, t.data_ptr()) for n, t, _ in self.scan]
-            self.fingerprints = [(n, t, fingerprint(t)) for n, t, _ in self.scan  # (not a list's log entries)
-                                 if not t.requires_grad and id(t) not in probes and t.numel() and not is_list_entry(n)]
+            self.bytes = ByteChecks(self.scan, probes)
             #: tensor bindings of reached undeclared modules (those the replay binds itself are
             #: asked of the transaction's module state when checked)
             self.slots = [(path, m, tensor_slots(m)) for path, m in r.modules if not mods.declares(m)]
             self.plain_slots = r.slots  # tensors bound outside modules: a rebinding is refused
-            self.norm_probes: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
-            if probes:
-                with library_ops():
-                    self.norm_probes = [(n, t, t.clone()) for n, t in probes.values()]
 
     def _mark_reachable_aliases(self) -> None:
         """Reachable tensors on a declared storage (the base of a declared view) are marked too."""
@@ -219,10 +344,7 @@ class Watch:
             self.candidates.pop(key, None)
             self._promoted_scan += [s for s in self.scan if s[1] is t]  # (a set_ of it is still seen at the end)
             self.scan = [s for s in self.scan if s[1] is not t]
-            # declared now: its rebinding (set_) and bytes are the transaction's, as for a declared tensor
-            self.ptrs = [s for s in self.ptrs if s[1] is not t]
-            self.fingerprints = [s for s in self.fingerprints if s[1] is not t]
-            self.norm_probes = [s for s in self.norm_probes if s[1] is not t]
+            self.bytes.drop(t)  # declared now: its rebinding (set_) and bytes are the transaction's
 
     def unreached_write(self, w: torch.Tensor) -> None:
         """A watched forward writes ``w``, which existed before it but no scan reached (a ``__slots__``
@@ -237,7 +359,7 @@ class Watch:
                              inputs: Callable[[], tuple[tuple, dict]]) -> None:
         """Called before ``func`` writes pre-existing undeclared state during the replay (R7);
         ``inputs``: the frame's saved inputs (the scan names ``w`` from them)."""
-        raw = _raw_name_of(self, w, inputs)
+        raw = self._raw_name_of(w, inputs)
         name = describe(raw) if raw is not None else \
             f"a tensor of shape {tuple(w.shape)} {w.dtype} the scan cannot name"
         written = [(raw, w)] if raw is not None else []
@@ -264,7 +386,7 @@ class Watch:
                     continue
                 if t._version != expected.get(id(t), t._version) and storage_key(t) not in own:
                     found.setdefault(describe(n), "version counter")
-            byte_checks(self, skip, own, found, checks)
+            self.bytes.changed(skip, own, found, checks)
         _rebindings(self.slots, self.plain_slots, self.txn.modules, found)
         if checks and deferred is None:
             return Deferred(checks).names(found)
@@ -294,12 +416,7 @@ class Watch:
             for _, t, _ in self.scan:
                 if storage_key(t) in keys:
                     self.expected[id(t)] = t._version
-            with library_ops():
-                self.norm_probes = [(n, t, t.clone() if storage_key(t) in keys else before)
-                                    for n, t, before in self.norm_probes]
-            self.fingerprints = [(n, t, fingerprint(t) if storage_key(t) in keys else fp)
-                                 for n, t, fp in self.fingerprints]
-            self.ptrs = [(n, t, t.data_ptr() if storage_key(t) in keys else ptr) for n, t, ptr in self.ptrs]
+            self.bytes.rebase(keys)
         inner_ids = inner.txn.witness_ids()
         self.slots = [(path, m, tensor_slots(m) if any(id(v) in inner_ids for v in before.values()) else before)
                       for path, m, before in self.slots]  # bindings the inner segment replays itself
@@ -316,6 +433,17 @@ class Watch:
             raise UndeclaredStateError(undeclared_message(
                 self, ", ".join(hit), f"before the inner segment {inner.name!r} declared it (an inner "
                 "declaration covers writes from its own start only)"))
+
+    def _raw_name_of(self, w: torch.Tensor, inputs: Callable[[], tuple[tuple, dict]]) -> Any:
+        """The scan's name of the reachable tensor sharing ``w``'s storage, or ``None``."""
+        try:
+            args, kwargs = inputs()
+        except RuntimeError:  # an input changed since the forward: name from fn alone
+            args, kwargs = (), {}
+        with DisableTorchFunctionSubclass():
+            key = storage_key(w)
+            names = [n for n, t in reachable(self.fn, args, kwargs) if storage_key(t) == key]
+        return names[0] if names else None
 
     # -- recompute -----------------------------------------------------------------------
     def versions(self) -> list[tuple[Any, torch.Tensor, int]]:
@@ -360,15 +488,3 @@ def _split_gaps(names: list[str], written: list) -> tuple[list[torch.Tensor], li
     tensors = {describe(n): t for n, t in written if describe(n) not in inputs}
     rest = [n for n in names if n not in tensors]
     return list(tensors.values()), rest, [(n, t) for n, t in written if describe(n) in set(rest)]
-
-
-def _raw_name_of(self: "Watch", w: torch.Tensor, inputs: Callable[[], tuple[tuple, dict]]) -> Any:
-    """The scan's name of the reachable tensor sharing ``w``'s storage, or ``None``."""
-    try:
-        args, kwargs = inputs()
-    except RuntimeError:  # an input changed since the forward: name from fn alone
-        args, kwargs = (), {}
-    with DisableTorchFunctionSubclass():
-        key = storage_key(w)
-        names = [n for n, t in reachable(self.fn, args, kwargs) if storage_key(t) == key]
-    return names[0] if names else None
