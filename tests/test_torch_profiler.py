@@ -269,6 +269,31 @@ def test_profile_step_argument_errors():
         profile(model, SEGMENTS, _batch(), repeats=0)
 
 
+@pytest.mark.parametrize("device, error, phrase", [
+    ("tpu", ValueError, "is not a device this torch can use"),
+    ("cuda:x", ValueError, "is not a device this torch can use"),
+    ("meta", ValueError, "is not supported \\(expected cpu or cuda"),
+    (True, TypeError, "device must be a torch.device"),
+    (3.5, TypeError, "device must be a torch.device"),
+    pytest.param("cuda", ValueError, "sees no CUDA device",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is present")),
+])
+def test_profile_and_auto_checkpoint_refuse_a_bad_device_before_any_work(device, error, phrase):
+    """A device that torch cannot parse, or one memory is not measured on, is refused with the
+    API's name and a tip (before: torch's raw RuntimeError/TypeError), and the model is untouched."""
+    from stateremat.torch import auto_checkpoint
+
+    model = _resnet()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(error, match=phrase) as e:
+        profile(model, SEGMENTS, _batch(), device=device)
+    assert str(e.value).startswith("stateremat.torch.profile: ") and "Tip:" in str(e.value)
+    with pytest.raises(error, match=phrase):
+        auto_checkpoint(model, budget=0.9, sample=_batch(), segments=SEGMENTS, device=device)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert "forward" not in vars(model.layer1[0])  # nothing was wrapped
+
+
 class _Writer(nn.Module):
     """Reads the shared buffer, then writes rows of it in place (a MoCo-style queue shared by blocks)."""
 

@@ -228,8 +228,9 @@ def profile(model: nn.Module, segments: Any, step: Any = None, *, options: Itera
             segments that run in another order in another step, or a framework's own
             checkpointing switched on (transformers' ``activation_checkpointing_enable()`` /
             ``gradient_checkpointing_enable()``, timm's
-            ``set_grad_checkpointing()``: turn it off first).
-        TypeError: ``step`` is neither a function nor a batch.
+            ``set_grad_checkpointing()``: turn it off first), a ``device`` that names no device,
+            one other than CPU or CUDA, or CUDA where there is none.
+        TypeError: ``step`` is neither a function nor a batch; ``device`` of another type.
         ReplayError: from the checkpoint while a segment runs under a replaying option; this and
             any other error the step raises (``UndeclaredStateError``, ``UnsupportedError`` for a
             KV cache, the step's own) propagate as raised, the model restored.

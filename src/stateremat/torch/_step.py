@@ -138,10 +138,30 @@ def captured_tensors(fn: Any) -> list[torch.Tensor]:
     return out
 
 
-def model_device(model: nn.Module, device: Any = None) -> torch.device:
-    """``device`` if given, else the device of the model's first parameter or buffer (CPU if none)."""
+def model_device(model: nn.Module, device: Any = None, api: str = "stateremat.torch.profile") -> torch.device:
+    """``device`` if given, else the device of the model's first parameter or buffer (CPU if none).
+
+    Raises:
+        TypeError: ``device`` is neither a ``torch.device``, a string nor an int.
+        ValueError: ``device`` names no device, one that is neither CPU nor CUDA (memory is
+            measured only there), or CUDA on a machine without it.
+    """
     if device is not None:
-        return torch.device(device)
+        if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
+            raise TypeError(f"{api}: device must be a torch.device, a name such as 'cpu' or 'cuda:0', or a CUDA "
+                            f"index, got {type(device).__name__}. Tip: leave device=None to use the model's.")
+        try:
+            d = torch.device(device)
+        except RuntimeError as e:
+            raise ValueError(f"{api}: device {device!r} is not a device this torch can use ({e}). Tip: 'cpu', "
+                             "'cuda' or 'cuda:0', or leave device=None to use the model's.") from None
+        if d.type not in ("cpu", "cuda"):
+            raise ValueError(f"{api}: device {str(d)!r} is not supported (expected cpu or cuda: memory is measured "
+                             "there). Tip: move the model to cpu or cuda and leave device=None.")
+        if d.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"{api}: device {str(d)!r} asked for, but this torch sees no CUDA device. Tip: "
+                             "device='cpu', or leave device=None to use the model's.")
+        return d
     for t in list(model.parameters()) + list(model.buffers()):
         return t.device
     return torch.device("cpu")
