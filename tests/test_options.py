@@ -158,8 +158,8 @@ def test_no_module_outside_the_registry_tests_an_option_by_name_or_replays_flag(
 def test_wrap_or_not_is_decided_in_one_place_of_the_torch_core():
     """Whether a segment is wrapped (its option replays) is asked once in the torch core, by
     ``_wrap.segment_call``; ``apply_plan``, ``SegmentForward`` and ``checkpoint_sequential``
-    take its answer (issue 23, item 4). (``checkpoint_sequential`` asks only to refuse a
-    ``preserve`` that does not replay.)"""
+    take its answer (issue 23, item 4); ``checkpoint_sequential`` refuses a ``preserve`` that
+    does not replay by the engines' registry, as ``checkpoint`` does."""
     import pathlib
     import re
 
@@ -167,7 +167,7 @@ def test_wrap_or_not_is_decided_in_one_place_of_the_torch_core():
     pattern = re.compile(r"OPTIONS\.replays\(|\.replays\(\)")
     hits = sorted(str(p.relative_to(root)) for p in root.rglob("*.py")
                   for line in p.read_text().splitlines() if pattern.search(line) and not line.lstrip().startswith("#"))
-    assert hits == ["_sequential.py", "_wrap.py"]
+    assert hits == ["_wrap.py"]
 
 
 def test_per_segment_counters_are_keyed_by_option():

@@ -4,6 +4,8 @@ write), ``verify``/``debug`` that are not bools (were taken by truth value), and
 ``StatefulCheckpoint(function, state="buffers")`` (blamed ``state=``, not the block)."""
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch import nn
@@ -36,13 +38,24 @@ def test_the_largest_granularity_still_runs():
     assert torch.equal(q, torch.ones_like(q))
 
 
-@pytest.mark.parametrize("value", ["yes", 2, 0, None, 1.0])
-@pytest.mark.parametrize("option", ["verify", "debug"])
+@pytest.mark.parametrize("value", ["yes", "no", 2, 0, None, 1.0])
+@pytest.mark.parametrize("option", ["verify", "debug", "early_stop", "preserve_rng_state"])
 def test_switches_must_be_bools(option, value):
+    """A switch given by another type is refused (``early_stop="no"`` was taken as True) before
+    the segment runs, wherever the switch can be given."""
     x = torch.randn(4, requires_grad=True)
+    runs = []
     with pytest.raises(TypeError, match=rf"checkpoint: {option} must be True or False"):
-        checkpoint(lambda t: (t * 2).sum(), x, **{option: value})
-    if option == "verify":
+        checkpoint(lambda t: runs.append(1) or (t * 2).sum(), x, **{option: value})
+    assert not runs
+    if option == "preserve_rng_state":
+        with pytest.raises(TypeError, match=r"StatefulCheckpoint: preserve_rng_state must be True or False"):
+            StatefulCheckpoint(nn.Linear(4, 4), preserve_rng_state=value)
+        with pytest.raises(TypeError, match=r"apply_plan: preserve_rng_state must be True or False"):
+            from stateremat.torch import apply_plan
+            apply_plan(nn.Sequential(nn.Linear(4, 4)), {"segment_names": ["0"], "options": ["whole"]},
+                       preserve_rng_state=value)
+    elif option == "verify":
         with pytest.raises(TypeError, match=r"Checkpointer: verify must be True or False"):
             Checkpointer(verify=value)
         with pytest.raises(TypeError, match=r"StatefulCheckpoint: verify must be True or False"):
@@ -54,8 +67,26 @@ def test_switches_must_be_bools(option, value):
 
 def test_bool_switches_still_work():
     x = torch.randn(4, requires_grad=True)
-    checkpoint(lambda t: (t * 2).sum(), x, verify=True, debug=False).backward()
+    checkpoint(lambda t: (t * 2).sum(), x, verify=True, debug=False, early_stop=False,
+               preserve_rng_state=True).backward()
     assert torch.equal(x.grad, torch.full_like(x, 2.0))
+
+
+@pytest.mark.parametrize("context_fn, phrase", [
+    (3, "context_fn must be a function returning two context managers"),
+    (lambda: 3, "context_fn must return two context managers"),
+    (lambda: (contextlib.nullcontext(),), "context_fn must return two context managers"),
+    (lambda: (contextlib.nullcontext(), 5), "context_fn must return two context managers"),
+])
+def test_a_bad_context_fn_is_refused_with_a_tip_that_works(context_fn, phrase):
+    """Before: torch's bare "'int' object is not callable" / "cannot unpack". The tip's pair of
+    contexts then runs and gives eager's gradient."""
+    x = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(TypeError, match=phrase + ".*Tip:"):
+        checkpoint(lambda t: (t.sin() * 2).sum(), x, context_fn=context_fn)
+    checkpoint(lambda t: (t.sin() * 2).sum(), x,
+               context_fn=lambda: (contextlib.nullcontext(), contextlib.nullcontext())).backward()
+    assert torch.equal(x.grad, 2 * x.detach().cos())
 
 
 def test_buffers_of_a_block_that_is_not_a_module():

@@ -107,6 +107,35 @@ def test_checkpoint_sequential_matches_eager_where_torch_does_not(preserve):
     assert int(theirs[1][1].num_batches_tracked) == 4 and int(ours[1][1].num_batches_tracked) == 2
 
 
+def _tied(seed=0):
+    """A Sequential that applies the same blocks at several positions (weight tying: a shared
+    block run twice, a BatchNorm'd block three times)."""
+    torch.manual_seed(seed)
+    shared = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Tanh())
+    lin = nn.Linear(8, 8)
+    return nn.Sequential(nn.Linear(6, 8), shared, lin, shared, nn.Dropout(0.2), lin, shared, nn.Linear(8, 2)).double()
+
+
+@pytest.mark.parametrize("segments", [1, 2, 3, 8])
+@pytest.mark.parametrize("preserve", ["whole", "region"])
+@pytest.mark.parametrize("container", ["sequential", "list", "modulelist"])
+def test_checkpoint_sequential_runs_a_repeated_module_at_every_position(preserve, segments, container):
+    """A module at several positions of the Sequential runs at each (before, it ran once: its
+    children() list it once, as torch's checkpoint_sequential does): outputs, gradients, BatchNorm
+    statistics and RNG bit for bit with eager over 3 steps."""
+    x = torch.randn(5, 6, dtype=torch.float64)
+    ref, ours = _tied(), _tied()
+    fns = {"sequential": ours, "list": list(ours), "modulelist": nn.ModuleList(list(ours))}[container]
+    for step in range(3):
+        want = _step(ref, x, step)
+        torch.manual_seed(step)
+        got = checkpoint_sequential(fns, segments, x, preserve=preserve).pow(2).mean()
+        got.backward()
+        assert torch.equal(got.detach(), want)
+        _assert_bitwise(_snapshot(ours), _snapshot(ref))
+    assert int(ours[1][1].num_batches_tracked) == 9  # 3 positions x 3 steps, as eager
+
+
 def test_checkpoint_sequential_argument_errors():
     x = torch.randn(2, 6, dtype=torch.float64)
     with pytest.raises(ValueError, match="segments must be a positive int"):

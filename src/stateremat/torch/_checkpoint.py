@@ -11,6 +11,7 @@ runs eagerly (:func:`_run_eagerly`).
 from __future__ import annotations
 
 import contextlib
+import reprlib
 import functools
 import inspect
 from typing import Any, Callable
@@ -276,8 +277,14 @@ def _run(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, 
          context_fn: Any, determinism_check: str, debug: bool, early_stop: bool,
          name: str | None = None) -> Any:
     _validate(fn, preserve, granularity_bytes, on_undeclared)
-    check_flag("stateremat.torch.checkpoint", "verify", verify)
-    check_flag("stateremat.torch.checkpoint", "debug", debug)
+    for flag, value in (("verify", verify), ("debug", debug), ("early_stop", early_stop),
+                        ("preserve_rng_state", preserve_rng_state)):
+        check_flag("stateremat.torch.checkpoint", flag, value)
+    if context_fn is not None and not callable(context_fn):
+        raise TypeError(f"stateremat.torch.checkpoint: context_fn must be a function returning two context "
+                        f"managers (forward, recomputation), got {type(context_fn).__name__}. Tip: e.g. "
+                        "context_fn=functools.partial(torch.utils.checkpoint.create_selective_checkpoint_contexts, "
+                        "policy), or leave it out.")
     if use_reentrant:
         raise ValueError("stateremat.torch.checkpoint: use_reentrant must be False or None: a state transaction "
                          "is only supported when use_reentrant=False (expected the non-reentrant saved-tensor-hooks "
@@ -303,12 +310,27 @@ def _run(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve: str, 
     if not torch.is_grad_enabled():
         return fn(*args, **kwargs)  # no graph, nothing will be replayed
     forward_ctx, recompute_ctx = (contextlib.nullcontext(), contextlib.nullcontext()) \
-        if context_fn is None else context_fn()
+        if context_fn is None else _contexts(context_fn)
     with entered_hiding(forward_ctx):
         return run_segment(fn, args, kwargs, state=state, preserve=preserve, granularity_bytes=granularity_bytes,
                            on_undeclared=on_undeclared, verify=verify, preserve_rng_state=preserve_rng_state,
                            recompute_context=recompute_ctx, check_metadata=determinism_check == "default",
                            early_stop=early_stop, debug=debug, name=name, module_prefix=name or "")
+
+
+def _contexts(context_fn: Callable[[], Any]) -> tuple[Any, Any]:
+    """``context_fn()``: the forward's and the recomputation's context managers.
+
+    Raises:
+        TypeError: it returned anything but two context managers.
+    """
+    pair = context_fn()
+    if not (isinstance(pair, (tuple, list)) and len(pair) == 2
+            and all(hasattr(c, "__enter__") and hasattr(c, "__exit__") for c in pair)):
+        raise TypeError(f"stateremat.torch.checkpoint: context_fn must return two context managers (the forward's "
+                        f"and the recomputation's), got {reprlib.repr(pair)}. Tip: return e.g. "
+                        "(contextlib.nullcontext(), contextlib.nullcontext()).")
+    return pair[0], pair[1]
 
 
 def _segment_name(fn: Any) -> str:

@@ -71,6 +71,7 @@ class StatefulCheckpoint(nn.Module):
         super().__init__()
         _validate(block, preserve, granularity_bytes, on_undeclared)
         check_flag("stateremat.torch.StatefulCheckpoint", "verify", verify)
+        check_flag("stateremat.torch.StatefulCheckpoint", "preserve_rng_state", preserve_rng_state)
         if isinstance(state, str) and state == "buffers" and not isinstance(block, nn.Module):
             raise TypeError("stateremat.torch.StatefulCheckpoint: state='buffers' declares every buffer of "
                             f"block, so block must be an nn.Module, got {type(block).__name__}. Tip: wrap the "

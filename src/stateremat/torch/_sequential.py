@@ -65,8 +65,8 @@ def checkpoint_sequential(functions: Any, segments: int, input: Any, use_reentra
                          f"({list(PRESERVERS)}), got {preserve!r}. "
                          "Tip: 'region' journals only the bytes written.")
     state = kwargs.pop("state", "auto")
-    if isinstance(functions, nn.Sequential):
-        functions = list(functions.children())
+    # (iterating an nn.Sequential gives every position, a module repeated in it included; its
+    # children() lists such a module once, which would run it once: torch's own function does so)
     functions = list(functions)
     if segments > len(functions):
         raise ValueError(f"stateremat.torch.checkpoint_sequential: segments={segments} exceeds the number of "

@@ -27,9 +27,11 @@ def check_segment_options(state: Any, opts: dict[str, Any], api: str = "staterem
     forward: unknown keywords (``TypeError``), a bad ``state`` (:func:`check_state`: an unknown string
     such as ``"everything"`` is a ``ValueError``, a bad entry a ``TypeError``) and bad values of
     ``granularity_bytes``/``on_undeclared`` (``ValueError``)."""
-    from ._checkpoint import Checkpointer
+    from ._checkpoint import Checkpointer, check_flag
     from ._scan import check_state
 
+    if "preserve_rng_state" in opts:
+        check_flag(api, "preserve_rng_state", opts["preserve_rng_state"])
     unknown = sorted(set(opts) - set(SEGMENT_OPTIONS))
     if unknown:
         raise TypeError(f"{api}: unknown segment option(s) {unknown}; expected a subset "
