@@ -267,9 +267,9 @@ def test_threads_of_rows_without_them_come_from_the_cards_and_a_damaged_card_is_
                                                                                       tmp_path):
     """A bench folder of an older run (its rows lack ``torch_threads``): the summary reads the
     threads from the run's profile cards, each validated; a damaged card is named, not skipped."""
-    from stateremat.contract import RecordsError, save_card
+    from stateremat.contract import save_card
     from stateremat.paper.bench import cell_card
-    from stateremat.paper.records import RecordStore
+    from stateremat.paper.records import RecordStore, RecordsError
 
     assert not any("torch_threads" in r for r in rows)
     RecordStore(tmp_path, "bench", key=["cell", "method", "step"],

@@ -12,7 +12,7 @@
 import pandas as pd
 import pytest
 
-from stateremat.contract import RecordsError
+from stateremat.paper.records import RecordsError
 from stateremat.paper.cohort._tables import STATUS_TABLE, check_timing_attempts
 from stateremat.paper.records import RecordStore, read_records
 

@@ -1,15 +1,16 @@
 import json
+import signal
 
 import pandas as pd
 import pytest
 
 import stateremat
 from stateremat.contract import (
-    RULES, Outcome, RecordsError, ReplayError, ProfileCardError, UndeclaredStateError,
+    RULES, Outcome, ReplayError, ProfileCardError, UndeclaredStateError,
     ReplayDivergenceError, UnsupportedError, internal_assert, parse_size,
 )
 from stateremat._shared.io import atomic_write_json, source_hash
-from stateremat.paper.records import RecordStore, read_records
+from stateremat.paper.records import RecordsError, RecordStore, read_records
 
 
 def test_rules_are_numbered_and_cited():
@@ -23,6 +24,29 @@ def test_error_hierarchy():
     assert issubclass(ProfileCardError, ValueError)
     with pytest.raises(AssertionError, match="this is a bug|This is a bug"):
         internal_assert(False, "x")
+
+
+def test_records_error_is_the_paper_wings_value_error(monkeypatch, capsys):
+    import stateremat.cli
+    import stateremat.contract
+
+    assert "RecordsError" not in stateremat.contract.__all__ and not hasattr(stateremat.contract, "RecordsError")
+    assert RecordsError.__module__ == "stateremat.paper.records._errors"
+    assert issubclass(RecordsError, ValueError) and not issubclass(RecordsError, ReplayError)
+
+    def refuse(**_):
+        raise RecordsError("stateremat records: x. Tip: y.")
+
+    monkeypatch.setattr(stateremat.cli, "app", refuse)  # bad input: one error line, exit 2
+    stops = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            stateremat.cli.main()
+    finally:  # main installs the command's stop handlers
+        for s, h in stops.items():
+            signal.signal(s, h)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == "error: RecordsError: stateremat records: x. Tip: y.\n"
 
 
 def test_outcome_values():
@@ -94,7 +118,7 @@ def test_record_store_refuses_a_second_writer_process(tmp_path):
     import sys
 
     RecordStore(tmp_path, "t", key=["k"], meta={})
-    code = ("import sys; from stateremat.contract import RecordsError; from stateremat.paper.records import RecordStore\n"
+    code = ("import sys; from stateremat.paper.records import RecordsError, RecordStore\n"
             "try:\n RecordStore(sys.argv[1], 't', key=['k'], meta={})\n"
             "except RecordsError as e:\n print('refused:', e); sys.exit(3)\n")
     res = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True)

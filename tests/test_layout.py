@@ -7,6 +7,7 @@ import ast
 import importlib
 import inspect
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -44,9 +45,39 @@ def _private(module: str) -> bool:
     return any(p.startswith("_") and not p.startswith("__") for p in module.split(".")[1:])
 
 
+#: A module name a dynamic import may spell (``importlib.import_module("stateremat.x")``).
+_MODULE_NAME = re.compile(r"stateremat(\.\w+)*")
+
+
+def _dynamic_import(call: ast.Call) -> bool:
+    """Whether ``call`` imports by name: ``importlib.import_module(...)`` (however importlib or the
+    function is bound) or ``__import__(...)``."""
+    f = call.func
+    return ((isinstance(f, ast.Name) and f.id in ("import_module", "__import__"))
+            or (isinstance(f, ast.Attribute) and f.attr == "import_module"))
+
+
+def _dynamic_targets(name: str, tree: ast.Module, call: ast.Call, is_package: bool) -> list[str]:
+    """The modules a dynamic import may load: its literal name (a relative one, as
+    ``import_module(".x", __package__)`` resolves it), else (a name computed at run time, e.g.
+    looked up in a table) every stateremat module name the file spells out."""
+    arg = call.args[0] if call.args else None
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        lit = arg.value
+        if not lit.startswith("."):
+            return [lit] if _MODULE_NAME.fullmatch(lit) else []
+        level = len(lit) - len(lit.lstrip("."))
+        base = name.split(".")[: len(name.split(".")) - level + is_package]
+        return [".".join(base + ([lit.lstrip(".")] if lit.lstrip(".") else []))]
+    return sorted({c.value for c in ast.walk(tree) if isinstance(c, ast.Constant)
+                   and isinstance(c.value, str) and _MODULE_NAME.fullmatch(c.value)})
+
+
 def _imports(name: str, source: str, is_package: bool, known: set[str]):
-    """``(target module, inside a function, line)`` for every import of one module."""
+    """``(target module, inside a function, line)`` for every import of one module: import
+    statements and dynamic imports (:func:`_dynamic_import`), those inside functions included."""
     out = []
+    tree = ast.parse(source)
 
     def visit(node, in_func: bool) -> None:
         for child in ast.iter_child_nodes(node):
@@ -66,9 +97,12 @@ def _imports(name: str, source: str, is_package: bool, known: set[str]):
                 # `from package import _module` imports that module (its package is imported, but
                 # reaching its __init__ needs no name of it)
                 out.extend((s, in_func, child.lineno) for s in subs)
+            elif isinstance(child, ast.Call) and _dynamic_import(child):
+                out.extend((t, in_func, child.lineno)
+                           for t in _dynamic_targets(name, tree, child, is_package))
             visit(child, in_func or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
 
-    visit(ast.parse(source), False)
+    visit(tree, False)
     return out
 
 
@@ -272,6 +306,38 @@ def test_the_cycle_checker_catches_planted_cycles():
     assert ["stateremat.cli", "stateremat.paper.cli"] in import_cycles(fake, _package)
 
 
+def test_the_checkers_follow_dynamic_imports():
+    # records' table_spec before issue 23: a declaring module's name looked up in a table and
+    # imported on first use; the import statements alone showed no records <-> verify cycle
+    old = {
+        "stateremat.paper.records": ("from ._store import table_spec\n", True),
+        "stateremat.paper.records._store": (
+            "import importlib\n_DECLARED_IN = {'finite': 'stateremat.paper.verify._summary'}\n"
+            "def table_spec(t):\n    importlib.import_module(_DECLARED_IN[t])\n", False),
+        "stateremat.paper.verify._summary": ("from ..records import declare_table\n", False),
+    }
+    assert import_cycles(old, _package) == [["stateremat.paper.records", "stateremat.paper.verify"]]
+    assert violations(old) == ["stateremat.paper.records._store:4 imports "
+                               "stateremat.paper.verify._summary: a private module of another package"]
+    # literal names: import_module however bound, __import__, a relative name
+    lit = {
+        "stateremat.paper.bench._a": ("from importlib import import_module\ndef f():\n"
+                                      "    import_module('stateremat.paper.report')\n", False),
+        "stateremat.paper.report._b": ("x = __import__('stateremat.paper.bench')\n", False),
+        "stateremat.torch._c": ("import importlib as il\nil.import_module('stateremat.paper.bench')\n"
+                                "def g():\n    from . import _d\n", False),
+        "stateremat.torch._d": ("import importlib\nimportlib.import_module('._c', __package__)\n", False),
+        # a user's module, named at run time: nothing of stateremat is spelled, no edge
+        "stateremat.cli._t": ("import importlib\n_API = 'stateremat profile'\n"
+                              "def load(m):\n    return importlib.import_module(m)\n", False),
+    }
+    assert import_cycles(lit, _package) == [["stateremat.paper.bench", "stateremat.paper.report"]]
+    assert import_cycles(lit, _core_file) == [["stateremat.torch._c", "stateremat.torch._d"]]
+    got = violations(lit)
+    assert len(got) == 1 and got[0].startswith(
+        "stateremat.torch._c:2 imports stateremat.paper.bench: only the paper wing"), got
+
+
 # --------------------------------------------------------------------------- sizes
 MAX_FUNCTION_LINES = 100
 MAX_CORE_CLASS_LINES = 250
@@ -319,6 +385,54 @@ def test_import_stateremat_torch_loads_no_paper_extras():
                "print(sorted(m for m in %r if m in sys.modules))" % (PAPER_EXTRAS,))
     assert res.returncode == 0, res.stderr
     assert res.stdout.strip() == "[]"
+
+
+#: Every table the paper's commands write (verify's three, bench, moco, the semantics cohort's
+#: two, a process cohort's two).
+WRITTEN_TABLES = ("finite", "engines", "alias", "bench", "moco", "semantics",
+                  "semantics_stateremat_jax", "cohort_timing", "cohort_processes")
+WINGS = ("stateremat.paper.verify", "stateremat.paper.bench", "stateremat.paper.moco",
+         "stateremat.paper.semantics", "stateremat.paper.cohort")
+SPEC_SUMMARY = textwrap.dedent('''
+    import json, sys
+    from stateremat.paper.records import table_spec
+
+    def summary(s):
+        return None if s is None else {
+            "schema": [[f.name, str(f.type), f.nullable] for f in s.schema], "key": list(s.key),
+            "optional": sorted(s.optional), "unique": s.unique, "distinct_by": list(s.distinct_by),
+            "values": {c: r.what for c, r in s.values.items()},
+            "config": {c: f.what for c, f in s.config.items()}}
+
+    specs = {n: summary(table_spec(n)) for n in json.loads(sys.argv[1])}
+    print(json.dumps({"specs": specs, "wings": sorted(m for m in sys.modules
+                                                      if m.startswith(tuple(json.loads(sys.argv[2]))))}))
+''')
+
+
+def test_records_alone_knows_every_written_tables_spec():
+    """A process that imported only ``stateremat.paper.records`` knows the spec of every table
+    the wings write, without importing a wing (no spec depends on import order), and it is the
+    spec a process that imported every wing sees."""
+    pytest.importorskip("torch")  # the bench and moco wings import it
+    res = _run(SPEC_SUMMARY, json.dumps(WRITTEN_TABLES), json.dumps(WINGS))
+    assert res.returncode == 0, res.stderr
+    alone = json.loads(res.stdout)
+    assert alone["wings"] == []
+    assert [n for n, s in alone["specs"].items() if s is None] == []
+    wings = [importlib.import_module(w) for w in WINGS]
+    verify, bench, moco, semantics, cohort = wings
+    from stateremat.paper.records import tables
+
+    assert tables.TABLES == WRITTEN_TABLES
+    assert {bench.TABLE, moco.TABLE, semantics.SEMANTICS_TABLE, semantics.EXTENSION_TABLE,
+            cohort.TIMING_TABLE, cohort.STATUS_TABLE} <= set(WRITTEN_TABLES)
+    every = _run(SPEC_SUMMARY.replace("import json, sys\n", "import json, sys\n" + "".join(
+        f"import {w}\n" for w in WINGS)), json.dumps(WRITTEN_TABLES), json.dumps([]))
+    assert every.returncode == 0, every.stderr
+    assert json.loads(every.stdout)["specs"] == alone["specs"]
+    assert alone["specs"]["moco"]["key"] == list(moco.KEY) == ["seed", "method"]
+    assert alone["specs"]["semantics"]["key"] == list(semantics.KEY)
 
 
 # --------------------------------------------------------------------------- `pip install .[torch]`
@@ -409,7 +523,7 @@ EXPECTED_ALL = {
                    "UnsupportedError", "__version__", "load_card", "plan", "save_card"],
     "stateremat.contract": [
         "OPTIONS", "Option", "OptionCost", "OptionRegistry", "Outcome", "ProfileCard",
-        "ProfileCardError", "RECOMPUTE_ONLY", "RULES", "RecordsError", "ReplayDivergenceError",
+        "ProfileCardError", "RECOMPUTE_ONLY", "RULES", "ReplayDivergenceError",
         "ReplayError", "SegmentCard", "UndeclaredStateError", "UnsupportedError", "card_options",
         "format_bytes", "internal_assert", "load_card", "parse_size", "rule",
         "save_card"],
@@ -438,7 +552,7 @@ EXPECTED_ALL = {
     "stateremat.cli": ["app", "main"],
     "stateremat.paper": ["METHOD_OPTION", "NO_PROGRESS", "Progress", "Task", "as_progress",
                          "method_label"],
-    "stateremat.paper.records": ["PART_KEY", "RUN_ID", "RecordStore", "Rule", "new_run_id", "TEMP_DIR", "all_of",
+    "stateremat.paper.records": ["PART_KEY", "RUN_ID", "RecordStore", "RecordsError", "Rule", "new_run_id", "TEMP_DIR", "all_of",
                                  "constant", "implies", "marker_alone", "step_index",
                                  "below_config", "config_device", "config_entry",
                                  "first_part_holding", "foreign_units_message", "refuse_units_outside", "units_outside",
@@ -447,6 +561,11 @@ EXPECTED_ALL = {
                                  "integer", "lock_run", "number", "one_of", "part_identity",
                                  "read_records", "read_sidecar", "set_text", "table_spec",
                                  "text", "text_list"],
+    "stateremat.paper.records.tables": [
+        "BENCH_METHODS", "BENCH_TABLE", "EXTENSION_TABLE", "JAX_METHODS", "MOCO_METHODS",
+        "MOCO_TABLE", "SEMANTICS_DTYPES", "SEMANTICS_FAMILIES", "SEMANTICS_TABLE", "SEMANTIC_RTOL",
+        "STATEREMAT_JAX_METHOD", "STATUS_TABLE", "TABLES", "TIMING_TABLE", "TORCH_METHOD_NAMES",
+        "VERIFY_FAMILIES"],
     "stateremat.paper.verify": [
         "ALIAS_DIMS", "ALIAS_PATTERNS", "ENGINE_NAMES", "FAMILIES", "SUITE_CODES",
         "alias_failures", "alias_rows", "byte_program", "byte_segment", "check_recovery",

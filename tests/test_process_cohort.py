@@ -19,8 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from stateremat.cli import app
-from stateremat.contract import ProfileCard, RecordsError
-from stateremat.paper.records import read_records
+from stateremat.contract import ProfileCard
+from stateremat.paper.records import RecordsError, read_records
 from stateremat.paper.cohort._process_cohort import method_order, run_process_cohort
 
 FAKE_WORKER = textwrap.dedent('''

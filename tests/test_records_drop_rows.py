@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stateremat.contract import RecordsError
-from stateremat.paper.records import RecordStore, read_records
+from stateremat.paper.records import RecordStore, RecordsError, read_records
 
 TABLE = "scratch_drop"
 
@@ -36,8 +35,7 @@ def test_drop_rows_refuses_a_named_pipe_at_once(tmp_path):
     fifo = tmp_path / TABLE / "part-00000000T000000-1-000000.parquet"
     code = textwrap.dedent(f"""
         import os
-        from stateremat.contract import RecordsError
-        from stateremat.paper.records import RecordStore
+        from stateremat.paper.records import RecordsError, RecordStore
         s = RecordStore({str(tmp_path)!r}, {TABLE!r}, key=["k"])
         s.append([{{"k": 1, "v": "a"}}, {{"k": 2, "v": "b"}}])
         os.mkfifo({str(fifo)!r})

@@ -20,8 +20,7 @@ import pytest
 
 from _cli import run_cli
 from _runs import copy_run
-from stateremat.contract import RecordsError
-from stateremat.paper.records import PART_KEY, RecordStore, read_records, table_spec
+from stateremat.paper.records import PART_KEY, RecordStore, RecordsError, read_records, table_spec
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = ROOT / "results" / "cpu"

@@ -19,8 +19,7 @@ import pytest
 
 from _cli import run_cli
 from _runs import copy_run
-from stateremat.contract import RecordsError
-from stateremat.paper.records import PART_KEY, read_records
+from stateremat.paper.records import PART_KEY, RecordsError, read_records
 
 _copy = copy_run
 

@@ -15,7 +15,7 @@ import pytest
 
 from _cli import run_cli
 from stateremat._shared.io import atomic_write_bytes
-from stateremat.contract import RecordsError
+from stateremat.paper.records import RecordsError
 from stateremat.paper.records import RecordStore, check_resumable, read_records, table_spec
 from stateremat.paper.records import PART_KEY
 

@@ -14,8 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from stateremat.cli import app
-from stateremat.contract import RecordsError
-from stateremat.paper.records import read_records
+from stateremat.paper.records import RecordsError, read_records
 
 from test_process_cohort import _run, fake  # noqa: F401  (fake is a fixture)
 

@@ -76,7 +76,7 @@ def test_rows_of_a_unit_no_launch_asked_for_are_refused(tmp_path, allow):
 
     from _cli import run_cli
     from _runs import CPU, copy_run
-    from stateremat.contract import RecordsError
+    from stateremat.paper.records import RecordsError
     from stateremat.paper.moco import refuse_foreign_rows
 
     out = copy_run(tmp_path, "app-moco", "moco")

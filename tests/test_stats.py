@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stateremat.contract import RecordsError
+from stateremat.paper.records import RecordsError
 from stateremat.paper.stats import (
     Comparison, bonferroni_level, bootstrap_ratio, compare, family_size, geometric_mean,
     method_table, paired_ratios, process_means,

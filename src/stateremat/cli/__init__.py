@@ -15,9 +15,9 @@ __all__ = ["app", "main"]
 def main() -> None:
     """Entry point of the ``stateremat`` console script.
 
-    Bad input (a :class:`~stateremat.contract.ReplayError` such as ``ProfileCardError`` or
-    ``RecordsError``, a ``ValueError`` or an ``OSError`` on a path) prints one ``error:`` line
-    and exits 2 instead of a traceback; set ``STATEREMAT_TRACEBACK=1`` to see the traceback.
+    Bad input (a :class:`~stateremat.contract.ReplayError` such as ``ProfileCardError``, a
+    ``ValueError`` such as the paper wing's ``RecordsError``, or an ``OSError`` on a path) prints
+    one ``error:`` line and exits 2 instead of a traceback; set ``STATEREMAT_TRACEBACK=1`` to see the traceback.
     SIGINT, SIGTERM or SIGHUP before a command installs its own stop handling (while the paper
     wing and its libraries are imported, say) prints one ``error: ... stopped by SIG...`` line
     and exits ``128 + signal``; one landing after the exit handlers (while the interpreter

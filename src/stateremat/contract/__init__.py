@@ -3,13 +3,14 @@
 This layer imports only the standard library, numpy and the private standard-library helpers
 of ``stateremat._shared.io`` (atomic writes and hashes, for the card) (DESIGN.md, "Two wings").
 The I/O, signal and provenance helpers the CLI and the paper wing use are not part of the
-contract: they live in ``stateremat._shared`` (``io``, ``signals``). :func:`internal_assert` is
+contract: they live in ``stateremat._shared`` (``io``, ``signals``). Its errors are the
+replay contract's (``ReplayError`` and its kinds, ``ProfileCardError``); the paper wing's
+``RecordsError`` is the paper's own (``stateremat.paper.records``). :func:`internal_assert` is
 here because every layer raises it, the NumPy-only reference and the planner included, and the
 contract is the one package they all may import.
 """
 from ._errors import (
     ProfileCardError as ProfileCardError,
-    RecordsError as RecordsError,
     ReplayDivergenceError as ReplayDivergenceError,
     ReplayError as ReplayError,
     UndeclaredStateError as UndeclaredStateError,
@@ -32,7 +33,7 @@ from ._card import (
 
 __all__ = [
     "OPTIONS", "Option", "OptionCost", "OptionRegistry", "Outcome", "ProfileCard",
-    "ProfileCardError", "RECOMPUTE_ONLY", "RULES", "RecordsError", "ReplayDivergenceError",
+    "ProfileCardError", "RECOMPUTE_ONLY", "RULES", "ReplayDivergenceError",
     "ReplayError", "SegmentCard", "UndeclaredStateError", "UnsupportedError", "card_options",
     "format_bytes", "internal_assert", "load_card", "parse_size", "rule",
     "save_card",

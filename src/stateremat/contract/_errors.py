@@ -25,10 +25,6 @@ class ProfileCardError(ReplayError, ValueError):
     """A profile card is malformed: missing option, negative size, NaN time, unknown schema."""
 
 
-class RecordsError(ReplayError, ValueError):
-    """A records directory or file is unusable (wrong schema, mixed experiments, corrupt part)."""
-
-
 def internal_assert(cond: bool, what: str) -> None:
     """Raise ``AssertionError`` saying this is a stateremat bug when ``cond`` is false."""
     if not cond:

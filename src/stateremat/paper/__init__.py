@@ -4,7 +4,8 @@ Subpackages: ``workloads`` and ``profile`` (built-in stateful chains, MoCo, and 
 profiler), ``bench`` (experiment specs, methods, the one runner, summaries), ``cohort``
 (independent-process cohorts), ``semantics`` (Torch/JAX replay-semantics cohort), ``moco``
 (dense-queue application), ``verify`` (finite suites, engine and alias studies), ``records``
-(raw rows), ``stats``, ``report`` (tables and figures) and ``cli`` (the paper commands).
+(raw rows, and every table's declaration, below the wings that write them), ``stats``,
+``report`` (tables and figures) and ``cli`` (the paper commands).
 Needs the ``[paper]`` extra (pandas, pyarrow, matplotlib, dask). The library never imports it.
 """
 from ._methods import METHOD_OPTION as METHOD_OPTION, method_label as method_label

@@ -87,7 +87,8 @@ def _card_threads(cards: Path) -> list[int]:
     Raises:
         RecordsError: a card cannot be read or is not a profile card (naming the file).
     """
-    from ...contract import ProfileCardError, RecordsError, load_card
+    from ...contract import ProfileCardError, load_card
+    from ..records import RecordsError
 
     found = set()
     for p in sorted(cards.glob("*.json")) if cards.is_dir() else []:
@@ -111,7 +112,7 @@ def bench_summary(out: str | Path) -> dict:
     Raises:
         RecordsError: no rows, or an unreadable sidecar.
     """
-    from ...contract import RecordsError
+    from ..records import RecordsError
     from ..records import read_sidecar
 
     rows = read_records(out, TABLE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ..measured import SEMANTIC_RTOL
+from ..records.tables import SEMANTIC_RTOL
 from ..workloads import StatefulChain, WorkloadConfig, loss_fn, make_batch
 from ._methods import build_method
 

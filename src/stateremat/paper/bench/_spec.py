@@ -12,10 +12,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+# METHODS: the seven, in the paper's table order (Table 6); named with the bench table's rules
+from ..records.tables import BENCH_METHODS as METHODS
 from ..workloads import WORKLOADS, WorkloadConfig, preset_budget, preset_config
 
-#: The seven methods, in the paper's table order (Table 6).
-METHODS = ("eager", "whole", "regions", "functional", "state_agnostic", "eager_whole", "joint")
 #: The six methods of the calibration grid and Table 4 (no eager_whole, §8, §9).
 SIX_METHODS = ("eager", "whole", "regions", "functional", "state_agnostic", "joint")
 EXPERIMENTS = ("calibrate", "pressure", "fair", "fair44", "pressure32", "workloads3")

@@ -75,7 +75,8 @@ def guarded(api: str, out: Optional[Path] = None) -> Iterator[None]:
     Raises:
         typer.Exit: code 2 on a ``RecordsError``/``ProfileCardError``; ``128 + signal`` on a stop.
     """
-    from ...contract import ProfileCardError, RecordsError
+    from ...contract import ProfileCardError
+    from ..records import RecordsError
 
     def stop(signum, frame):
         STOPS.append(signum)

@@ -48,13 +48,12 @@ from ..._shared.io import loads_json, source_hash
 from .. import Progress, as_progress
 from ..records import RecordStore
 from ..records import TEMP_DIR, check_resumable, lock_run
+from ..records.tables import STATUS_TABLE, TIMING_TABLE
 from ._launch import CohortStopped, StopRequest, check_dask_address, dask_results, local_results
 from ._tables import check_timing_attempts
 from ._process_worker import EXPERIMENTS, method_order as method_order, worker_main as worker_main
 
-TIMING_TABLE = "cohort_timing"
 _API = "stateremat cohort processes"
-STATUS_TABLE = "cohort_processes"
 
 #: Prespecified comparisons (paper §11, Table 8): (numerator, denominator, primary metrics).
 #: Each metric listed counts once in the cohort's Bonferroni family.

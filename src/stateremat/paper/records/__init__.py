@@ -1,8 +1,14 @@
 """Raw execution records of the paper's runs: Parquet parts + JSON sidecar, atomic, resumable.
 
 Every row is kept (matches, rejections, divergences); summaries are recomputed from the rows
-by separate code (DESIGN.md, "Records and artifacts").
+by separate code (DESIGN.md, "Records and artifacts"). Every table the paper's commands write
+is declared here, in :mod:`.tables` (row schema, key, value rules, sidecar config fields), which
+this package imports: whatever a process imported, a reader or writer of a table checks its
+rows against its spec (:func:`table_spec`). The wings that write the tables import their names
+and specs from here, never the reverse. An unusable folder, sidecar or part raises
+:class:`RecordsError` (a ``ValueError``).
 """
+from ._errors import RecordsError as RecordsError
 from ._store import (TEMP_DIR as TEMP_DIR, RecordStore as RecordStore,
                      check_not_writing as check_not_writing, check_resumable as check_resumable,
                      claim_folder as claim_folder,
@@ -21,8 +27,9 @@ from ._values import (Rule as Rule, all_of as all_of, constant as constant,
                       in_config as in_config, int_list as int_list, integer as integer,
                       number as number, one_of as one_of, set_text as set_text, text as text,
                       text_list as text_list)
+from . import tables as tables  # noqa: E402  (declares every table; after declare_table)
 
-__all__ = ["PART_KEY", "RUN_ID", "RecordStore", "Rule", "new_run_id", "TEMP_DIR", "all_of",
+__all__ = ["PART_KEY", "RUN_ID", "RecordStore", "RecordsError", "Rule", "new_run_id", "TEMP_DIR", "all_of",
            "constant", "implies", "marker_alone", "step_index", "below_config", "config_device", "first_part_holding", "foreign_units_message",
            "refuse_units_outside", "units_outside",
            "config_entry",

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import importlib
 import io
 import json
 import itertools
@@ -30,7 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ...contract import RecordsError
+from ._errors import RecordsError
 from ..._shared.io import (
     DuplicateKeyError, atomic_write_bytes, atomic_write_json, json_default, loads_json, provenance,
     not_a_regular_file, read_regular_bytes,
@@ -374,20 +373,10 @@ class TableSpec:
     config: Mapping[str, ConfigField] = field(default_factory=dict)
 
 
-#: table -> its declared spec (filled by :func:`declare_table` where each table's rows are
-#: defined; :data:`_DECLARED_IN` names those modules, imported when the table is first used).
+#: table -> its declared spec, filled by :func:`declare_table`: every table the paper's commands
+#: write is declared in :mod:`.tables`, which this package imports (so no spec depends on what
+#: else a process imported).
 _SPECS: dict[str, TableSpec] = {}
-_DECLARED_IN = {
-    "finite": "stateremat.paper.verify._summary",
-    "engines": "stateremat.paper.verify._summary",
-    "alias": "stateremat.paper.verify._summary",
-    "bench": "stateremat.paper.bench._summary",
-    "moco": "stateremat.paper.moco._summary",
-    "semantics": "stateremat.paper.semantics._tables",
-    "semantics_stateremat_jax": "stateremat.paper.semantics._tables",
-    "cohort_timing": "stateremat.paper.cohort._tables",
-    "cohort_processes": "stateremat.paper.cohort._tables",
-}
 
 
 def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Sequence[str], *,
@@ -402,7 +391,8 @@ def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Se
     fields' kinds and ranges (checked before any reader uses them). ``constant_in`` maps a
     prefix of ``key`` (``()``: the whole run) to the columns that keep one value in all rows
     sharing it (a method's policy and feasibility in every step's row), added to their rules.
-    Returns the spec (also registered)."""
+    Returns the spec (also registered). The paper's tables are declared in :mod:`.tables`, which
+    this package imports, so a spec never depends on what else a process imported."""
     key = tuple(key)
     strict = set(key) | set(required)
     names = [c for c, _ in columns]
@@ -422,9 +412,8 @@ def declare_table(name: str, columns: Sequence[tuple[str, pa.DataType]], key: Se
 
 
 def table_spec(table: str) -> TableSpec | None:
-    """The declared spec of ``table``; None for a table nobody declared (e.g. a test's)."""
-    if table not in _SPECS and table in _DECLARED_IN:
-        importlib.import_module(_DECLARED_IN[table])
+    """The declared spec of ``table`` (every table :mod:`.tables` declares is known once this
+    package is imported); None for a table nobody declared (e.g. a test's)."""
     return _SPECS.get(table)
 
 

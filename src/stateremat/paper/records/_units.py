@@ -12,7 +12,7 @@ from typing import Collection, Sequence
 
 import pandas as pd
 
-from ...contract import RecordsError
+from ._errors import RecordsError
 
 __all__ = ["units_outside", "first_part_holding", "foreign_units_message", "refuse_units_outside"]
 

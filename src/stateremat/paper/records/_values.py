@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from ...contract import RecordsError
+from ._errors import RecordsError
 
 __all__ = ["Rule", "ConfigField", "set_text", "one_of", "number", "config_value", "in_config",
            "below_config", "config_device",

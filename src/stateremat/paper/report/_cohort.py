@@ -11,7 +11,7 @@ from typing import Any
 
 import pandas as pd
 
-from ...contract import RecordsError
+from ..records import RecordsError
 from ..._shared.io import atomic_write_bytes, atomic_write_json
 from ..cohort import check_timing_attempts
 from ..records import read_records, read_sidecar

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...contract import RecordsError
+from ..records import RecordsError
 from ..records import foreign_units_message, read_records, read_sidecar
 from ._registry import (EXPECTED, OUTPUTS, REPORTERS, extra_units, missing_units, orphan_tables,
                         tables_in)

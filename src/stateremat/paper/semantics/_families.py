@@ -3,7 +3,8 @@
 Every family is one small program that draws randomness (a dropout mask) inside the segment
 and writes in place. The parameters and input data of a program depend only on the seed key
 and the family (never on the backend or dtype), so the Torch and JAX programs and both
-precisions stay paired within a seed (paper §5).
+precisions stay paired within a seed (paper §5). The families' names, with the cohort's methods
+and dtypes, are named with the tables whose rules check them (``records.tables``).
 """
 from __future__ import annotations
 
@@ -12,34 +13,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-#: Family names, in table order (paper §5).
-FAMILIES: tuple[str, ...] = (
-    "local_strided",
-    "local_overlap",
-    "hidden_strided",
-    "hidden_overlap",
-    "raw_overlap_copy",
+from ..records.tables import (  # the tables' rules name them too
+    SEMANTICS_DTYPES as DTYPES,
+    SEMANTICS_FAMILIES as FAMILIES,
+    JAX_METHODS as JAX_METHODS,
+    STATEREMAT_JAX_METHOD as STATEREMAT_JAX_METHOD,
+    TORCH_METHOD_NAMES as TORCH_METHOD_NAMES,
 )
+
 #: Families whose segment writes a hidden buffer (state that is not a segment input).
 HIDDEN_FAMILIES: tuple[str, ...] = ("hidden_strided", "hidden_overlap")
-#: Torch execution methods, in table order (paper Table 2).
-TORCH_METHOD_NAMES: tuple[str, ...] = (
-    "functional_reference", "native_eager", "reentrant", "nonreentrant",
-    "reentrant_rng_unpreserved", "nonreentrant_rng_unpreserved", "stateremat_transactional",
-)
-#: JAX execution methods of the paper's rows -> the families they run on (None: all).
-JAX_METHODS: dict[str, tuple[str, ...] | None] = {
-    "functional_reference": None,
-    "functional_checkpoint": None,
-    "native_inplace_eager": None,
-    "native_inplace_checkpoint": None,
-    "impure_holder_eager": ("hidden_strided", "hidden_overlap"),
-    "impure_holder_checkpoint": ("hidden_strided", "hidden_overlap"),
-}
-#: The stateremat.jax.checkpoint method (extension table, not part of the paper's 5,900).
-STATEREMAT_JAX_METHOD = "stateremat_jax_checkpoint"
-#: Precisions every program runs in.
-DTYPES: tuple[str, ...] = ("float32", "float64")
 
 # Shapes are fixed so that JAX's per-primitive compile cache is reused across seeds; only
 # values, strides, offsets and overlap shifts vary with the seed.

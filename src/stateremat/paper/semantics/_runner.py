@@ -18,11 +18,14 @@ from typing import Iterable, Iterator, Sequence
 from ...contract import Outcome
 from ..._shared.io import source_hash, utc_now
 from .. import Progress, as_progress
-from ..records import RecordStore
+from ..records import RecordStore, table_spec
+from ..records.tables import EXTENSION_TABLE, SEMANTICS_TABLE
 from ._compare import StageError, compare
 from ._families import (DTYPES, FAMILIES, JAX_METHODS, STATEREMAT_JAX_METHOD, TORCH_METHOD_NAMES,
                         program_data, program_params)
-from ._tables import EXTENSION_TABLE, KEY, SEMANTICS_TABLE
+
+#: The key of both tables (their rows are declared in ``records.tables``, below this wing).
+KEY = table_spec(SEMANTICS_TABLE).key
 
 _FLUSH_EVERY = 100  # rows, or
 _FLUSH_S = 2.0  # seconds: a kill -9 loses at most this much finished work

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ...contract import RecordsError
+from ..records import RecordsError
 from ..records import read_records
 
 #: Row order and labels of the paper's Table 2 (backend, method) -> label.

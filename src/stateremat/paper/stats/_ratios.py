@@ -12,7 +12,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
-from ...contract import RecordsError
+from ..records import RecordsError
 
 #: Columns :func:`process_means` needs in the raw rows.
 REQUIRED_COLUMNS = ("process", "cell", "method", "step", "step_time_s", "peak_bytes",

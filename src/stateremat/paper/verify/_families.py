@@ -24,8 +24,7 @@ import numpy as np
 
 from ._gen import coefficients
 from ...reference import Op, Program, Region, View
-
-FAMILIES = ("queue", "prototype", "recurrence")
+from ..records.tables import VERIFY_FAMILIES as FAMILIES  # the tables' rules name them too
 
 
 class _Layout:

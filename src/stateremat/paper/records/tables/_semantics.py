@@ -1,13 +1,44 @@
-"""Row schemas of the semantics cohort's two tables (declared here so readers need no JAX)."""
+"""The semantics cohort's two tables (``semantics``, ``semantics_stateremat_jax``): schema, rules.
+
+Written by ``stateremat cohort semantics`` (``paper.semantics``); declared here so every reader
+checks them, whatever it imported (and readers need no torch or JAX). The cohort's families,
+methods and dtypes are named here too: the tables' rules check them.
+"""
 from __future__ import annotations
 
 import pyarrow as pa
 
-from ..._shared.checks import MAX_SEED
-from ..limits import MAX_STUDY_SEEDS
-from ..records import declare_table
-from ..records import in_config, int_list, number, one_of, text_list
-from ._families import DTYPES, FAMILIES, JAX_METHODS, STATEREMAT_JAX_METHOD, TORCH_METHOD_NAMES
+from ...._shared.checks import MAX_SEED
+from ...limits import MAX_STUDY_SEEDS
+from .._store import declare_table
+from .._values import in_config, int_list, number, one_of, text_list
+
+#: Family names, in table order (paper §5).
+FAMILIES: tuple[str, ...] = (
+    "local_strided",
+    "local_overlap",
+    "hidden_strided",
+    "hidden_overlap",
+    "raw_overlap_copy",
+)
+#: Torch execution methods, in table order (paper Table 2).
+TORCH_METHOD_NAMES: tuple[str, ...] = (
+    "functional_reference", "native_eager", "reentrant", "nonreentrant",
+    "reentrant_rng_unpreserved", "nonreentrant_rng_unpreserved", "stateremat_transactional",
+)
+#: JAX execution methods of the paper's rows -> the families they run on (None: all).
+JAX_METHODS: dict[str, tuple[str, ...] | None] = {
+    "functional_reference": None,
+    "functional_checkpoint": None,
+    "native_inplace_eager": None,
+    "native_inplace_checkpoint": None,
+    "impure_holder_eager": ("hidden_strided", "hidden_overlap"),
+    "impure_holder_checkpoint": ("hidden_strided", "hidden_overlap"),
+}
+#: The stateremat.jax.checkpoint method (extension table, not part of the paper's 5,900).
+STATEREMAT_JAX_METHOD = "stateremat_jax_checkpoint"
+#: Precisions every program runs in.
+DTYPES: tuple[str, ...] = ("float32", "float64")
 
 SEMANTICS_TABLE = "semantics"
 EXTENSION_TABLE = "semantics_stateremat_jax"

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from .records import Rule, all_of, implies, marker_alone, number, one_of, set_text, step_index
+from .._values import Rule, all_of, implies, marker_alone, number, one_of, set_text, step_index
 
 _UNMEASURED = {"step": (-1,), "error": set_text}
 
@@ -53,7 +53,7 @@ def _text(df: pd.DataFrame, c: str) -> pd.Series:
     return df[c].fillna("").astype(str) if c in df.columns else pd.Series([""] * len(df))
 
 
-#: The semantic checks' tolerance per dtype (max relative error; ``bench._semantic`` uses it):
+#: The semantic checks' tolerance per dtype (max relative error; the bench's checks use it):
 #: a method whose checks pass has no larger error in any dtype.
 SEMANTIC_RTOL = {"float32": 1e-5, "float64": 1e-12}
 _LOADAVG = r"\d+\.\d+ \d+\.\d+ \d+\.\d+ \d+/\d+ \d+|unavailable"
