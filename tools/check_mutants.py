@@ -28,7 +28,7 @@ MUTANTS: dict[str, tuple[str, str, str]] = {
                            '        """Drop entries no consumer can need (older than ``oldest``, all when None)."""\n',
                            '        """Drop entries no consumer can need (older than ``oldest``, all when None)."""\n'
                            "        return\n"),
-    "saved_count_unchecked": (f"{TORCH}/_frame.py", "if got != n and not self.ignore_saved_mismatch:", "if False:"),
+    "saved_count_unchecked": (f"{TORCH}/_frame.py", "if got != n and count:", "if False:"),
     "saved_metadata_unchecked": (f"{TORCH}/_frame.py", "if meta != self.metas[idx]:", "if False:"),
     "holder_unpacked_twice": (f"{TORCH}/_frame.py", "            holder.handles[gid] = None\n", ""),
     "journal_gap_ignored": (f"{TORCH}/_preserve/region.py", "if st.gap_seq >= self.start_seq:", "if False:"),
