@@ -21,9 +21,12 @@ see). An update after the value's last use needs no guard.
 
 A slot is ``(holder, key)``: the holder is a dict (a container, a module's ``__dict__`` or
 ``_buffers``, an object's ``vars()``, module globals), a list (a tensor entry by index), a class
-or a ``weakref`` mapping (a tensor entry of a ``WeakValueDictionary`` / ``WeakKeyDictionary``).
-A list's Python scalars are not state here: ``counter = [0]; counter[0] += 1`` is how code
-counts calls, replays included (torch's own tests do), as a list's appends are.
+or a ``weakref`` mapping (an entry of a ``WeakValueDictionary`` / ``WeakKeyDictionary``, as a
+dict's: a key the forward adds is absent during the replay). A set's membership (a ``set``'s, a
+``WeakSet``'s: ``seen.add(self)``) replays as of the forward too: what the forward added is
+absent during the replay, what it removed is back. A list's Python scalars are not state here:
+``counter = [0]; counter[0] += 1`` is how code counts calls, replays included (torch's own tests
+do), as a list's appends are.
 """
 from __future__ import annotations
 
@@ -34,7 +37,7 @@ from typing import Any, Iterator
 import torch
 
 from ._errors import ReplayError
-from ._scan import WEAK_MAPPINGS, Reach
+from ._scan import Reach, weak_kind
 
 _ABSENT = object()  # a slot that is not bound at all
 
@@ -44,9 +47,25 @@ SCALARS = (bool, int, float, complex, str, bytes, type(None))
 
 def _table(holder: Any) -> Any:
     """The dict (or a class's mapping) a slot of ``holder`` lives in."""
-    if isinstance(holder, (dict, type, list, types.CellType)) or type(holder) in WEAK_MAPPINGS:
+    if isinstance(holder, (dict, type, list, types.CellType)) or weak_kind(holder) == "mapping":
         return holder
-    return vars(holder)
+    return vars(holder)  # (a plain object's, or a weakref.proxy's referent's)
+
+
+def _keys(table: Any) -> Any:
+    """A table's keys as a set (a dict's view; a weak mapping's live keys, held until the forward's end)."""
+    return table.keys() if isinstance(table, dict) else set(table.keys())
+
+
+def _members(s: Any) -> set:
+    """A set's or ``WeakSet``'s members, as a new set."""
+    return set(s)
+
+
+def _refill(s: Any, members: set) -> None:
+    """Make ``s`` (a set or ``WeakSet``) hold exactly ``members``."""
+    s.clear()
+    s.update(members)
 
 
 def slot_id(holder: Any, key: Any) -> tuple[int, Any]:
@@ -99,12 +118,14 @@ def _replayable(v: Any) -> bool:
     return v is _ABSENT or isinstance(v, (torch.Tensor, *SCALARS))
 
 
-def plain_starts(r: Reach, module_tensors: bool = False) -> list[tuple[Any, Any, Any]]:
-    """``(holder, key, value)`` of every slot the segment reaches that holds a tensor or a Python
-    scalar as the forward begins: tensors bound in lists, dicts, plain objects, classes and module
-    globals (:attr:`Reach.slots`), and the scalars of reached dicts, plain objects and module
-    attributes; with ``module_tensors`` (``state="auto"``) also the reached modules' buffers and
-    tensor attributes (parameters are the framework's: FSDP swaps them)."""
+def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, list]:
+    """As the forward begins: ``(holder, key, value)`` of every slot the segment reaches that holds
+    a tensor or a Python scalar — tensors bound in lists, dicts, weak mappings, plain objects,
+    classes and module globals (:attr:`Reach.slots`), the scalars of reached dicts, weak mappings,
+    plain objects and module attributes; with ``module_tensors`` (``state="auto"``) also the reached
+    modules' buffers and tensor attributes (parameters are the framework's: FSDP swaps them) —;
+    ``(table, its keys)`` of those tables (a key the forward adds is absent during the replay); and
+    ``(set, its members)`` of every reached set and ``WeakSet``."""
     out: dict[tuple[int, Any], tuple[Any, Any, Any]] = {}
     for _, holder, key, t in r.slots:
         table = _table(holder)
@@ -115,9 +136,16 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> list[tuple[Any, Any,
                 for k, v in table.items():
                     if isinstance(v, torch.Tensor):
                         out[(id(table), k)] = (table, k, v)
-    tables = [m.__dict__ for _, m in r.modules]
-    tables += [c if isinstance(c, dict) else vars(c) for c in r.mutables
-               if not isinstance(c, (list, set)) and type(c) not in WEAK_MAPPINGS]  # (their tensor entries: slots)
+    tables: list[Any] = [m.__dict__ for _, m in r.modules]
+    sets = []
+    for c in r.mutables:
+        if isinstance(c, dict):
+            tables.append(c)
+        elif isinstance(c, set):
+            sets.append(c)
+        elif not isinstance(c, list):  # (a list's tensor entries: slots)
+            kind = weak_kind(c)  # (a weakref.proxy's attributes: its referent's vars())
+            (sets if kind == "set" else tables).append(c if kind in ("set", "mapping") else vars(c))
     for table in tables:
         for k, v in table.items():
             if isinstance(v, SCALARS) and k != "training":  # modules' flags: ModuleState's
@@ -126,7 +154,7 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> list[tuple[Any, Any,
         v = glb.get(name, _ABSENT)
         if v is _ABSENT or isinstance(v, SCALARS):
             out.setdefault((id(glb), name), (glb, name, v))
-    return list(out.values()), [(t, set(t)) for t in tables]
+    return list(out.values()), [(t, set(t)) for t in tables], [(c, _members(c)) for c in sets]
 
 
 class PlainBindings:
@@ -135,21 +163,26 @@ class PlainBindings:
     Every recorded slot is bound for the replay to the value the forward read (its start value),
     so a value rebound between the forward and the backward (a counter the head advances,
     ``Dropout.p`` changed between micro-batches) does not reach the replay either; a key the
-    forward added (``self.calls = getattr(self, "calls", 0) + 1``) is absent during the replay.
+    forward added (``self.calls = getattr(self, "calls", 0) + 1``) is absent during the replay, and
+    a set the forward changed (``seen.add(self)``) holds its start members during the replay.
 
     Args:
-        starts: ``(slots, tables)`` from :func:`plain_starts`, taken as the forward began.
+        starts: ``(slots, tables, sets)`` from :func:`plain_starts`, taken as the forward began.
 
     Attributes:
         bound: ``(holder, key, value the replay reads)`` of each recorded slot.
         changed: those the forward itself rebound (or added).
         keys: :func:`slot_id` of the changed slots (the watch does not refuse them).
+        sets: ``(set, members the replay reads, members at the forward's end)`` of the sets the
+            forward changed.
         guarded: the forward called ``is_replaying()`` (its changed slots replay as of its end;
             a replay rebinding one is refused).
     """
 
-    def __init__(self, starts: tuple[list[tuple[Any, Any, Any]], list[tuple[dict, set]]]) -> None:
-        self.starts, self.tables = starts
+    def __init__(self, starts: tuple[list[tuple[Any, Any, Any]], list[tuple[Any, set]], list[tuple[Any, set]]]
+                 ) -> None:
+        self.starts, self.tables, self.set_starts = starts
+        self.sets: list[tuple[Any, set, set]] = []
         self.bound: list[tuple[Any, Any, Any]] = []
         self.changed: list[tuple[Any, Any, Any]] = []
         self.keys: set[tuple[int, Any]] = set()
@@ -158,8 +191,9 @@ class PlainBindings:
     def settle(self, guarded: bool) -> None:
         """After the forward: note what it rebound (``guarded``: it called ``is_replaying()``)."""
         entries = [(h, k, v, _get(h, k)) for h, k, v in self.starts]
-        entries += [(t, k, _ABSENT, t[k]) for t, keys in self.tables if len(t) != len(keys) or t.keys() != keys
-                    for k in t.keys() - keys]
+        for t, keys in self.tables:
+            if len(t) != len(keys) or _keys(t) != keys:
+                entries += [(t, k, _ABSENT, _get(t, k)) for k in _keys(t) - keys]
         self.bound, self.changed = [], []
         for h, k, v, e in entries:
             if not _replayable(e):
@@ -170,8 +204,13 @@ class PlainBindings:
                 self.bound.append((h, k, e if guarded else v))
                 self.changed.append(self.bound[-1])
         self.keys = {(id(h), k) for h, k, _ in self.changed}
+        self.sets = []
+        for c, start in self.set_starts:  # (a set compares without a copy; a WeakSet's members are copied)
+            if len(c) != len(start) or (c != start if isinstance(c, set) else _members(c) != start):
+                end = _members(c)
+                self.sets.append((c, end if guarded else start, end))
         self.guarded = guarded
-        self.starts, self.tables = [], []
+        self.starts, self.tables, self.set_starts = [], [], []
 
     @contextlib.contextmanager
     def as_of_forward(self) -> Iterator[None]:
@@ -180,22 +219,30 @@ class PlainBindings:
         Raises:
             ReplayError: a guarded forward's replay rebound a slot the forward had rebound too.
         """
-        if not self.bound:
+        if not (self.bound or self.sets):
             yield
             return
         before = [(h, k, _get(h, k)) for h, k, _ in self.bound]
         for (h, k, v), (_, _, now) in zip(self.bound, before):
             if not _same(now, v):
                 _put(h, k, v)
+        members = [(c, _members(c)) for c, _, _ in self.sets]
+        for (c, want, _), (_, now) in zip(self.sets, members):
+            if now != want:
+                _refill(c, want)
         again: list[tuple[Any, Any, Any]] = []
         try:
             yield
             if self.guarded:
                 again = [(h, k, v) for h, k, v in self.changed if not _same(_get(h, k), v)]
+                again += [(c, "the members of a set", c) for c, _, end in self.sets if _members(c) != end]
         finally:
             for h, k, v in before:
                 if not _same(_get(h, k), v):
                     _put(h, k, v)
+            for c, was in members:
+                if _members(c) != was:
+                    _refill(c, was)
         if again:
             _, k, v = again[0]
             raise ReplayError(

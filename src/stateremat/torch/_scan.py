@@ -6,8 +6,9 @@ modules included) of the modules it runs (``fn`` itself, a bound method's ``self
 captured in its closure, named as globals or passed as arguments), their classes' attributes,
 the globals their methods (``forward`` and its helpers) and ``fn`` load, tensors in its
 arguments and closure, and — up to :data:`MAX_DEPTH` levels — tensors inside captured lists,
-tuples, dicts, plain objects' attributes (``self.memory.bank``), the live referents of weak
-references and values of ``WeakValueDictionary`` / ``WeakKeyDictionary``, and what user
+tuples, dicts, sets, plain objects' attributes (``self.memory.bank``), the live referents of
+weak references (``ref``, ``WeakMethod``, ``proxy``), the live values of ``WeakValueDictionary`` /
+``WeakKeyDictionary`` and members of ``WeakSet`` (subclasses of each included), and what user
 functions, bound methods, callable objects and module hooks capture, hold or load as globals (a
 helper closing over a BatchNorm, a pre-hook drawing from its own generator). Version counters of
 reachable tensors are read before and after the forward (and around the replay): a change on
@@ -24,8 +25,8 @@ parameters (FSDP2's sharded ones, tensor parallelism's) are left to their framew
 
 Danger:
     Tensors reachable only through deeper object graphs (or past :data:`MAX_OBJECTS` objects),
-    or through objects and functions of the standard library (other than ``SimpleNamespace``,
-    ``weakref.ref`` and the ``weakref`` mappings),
+    or through objects and functions of the standard library (other than ``SimpleNamespace``
+    and the ``weakref`` module's references, proxies, mappings and ``WeakSet``),
     torch, numpy or jax are not checked: an undeclared write to one repeats at replay.
 """
 from __future__ import annotations
@@ -492,16 +493,12 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
         return
     if isinstance(v, _ATOMS) or id(v) in r.seen or not r.budget_left():
         return
-    if type(v) is weakref.ref:  # a weak reference the segment may call: its live referent
+    kind = _WEAK_KINDS.get(type(v), _UNSEEN)  # (one lookup: most values are no weakref object)
+    if kind is _UNSEEN:
+        kind = _weak_kind(type(v))
+    if kind:
         r.seen.add(id(v))
-        target = v()
-        if target is not None:
-            _add_value(r, target, f"{what}()", depth + 1, prefix)
-        return
-    if type(v) in WEAK_MAPPINGS:  # weakref's containers: their live entries, each a binding slot
-        r.seen.add(id(v))
-        r.mutables.append(v)
-        _add_weak_mapping(r, v, what, depth, prefix)
+        _add_weak(r, v, kind, what, depth, prefix)
         return
     if isinstance(v, (types.FunctionType, types.MethodType, functools.partial)):
         # a helper, bound method or hook the segment calls: what it captures runs again at replay
@@ -530,27 +527,81 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
             _add_value(r, x, f"{what}[{k!r}]", depth + 1, prefix)
     elif (isinstance(getattr(v, "__dict__", None), dict) and _may_hold_state(v)
           and (not callable(v) or _user_code(v))):
+        _add_object(r, v, type(v), what, depth, prefix)
+
+
+def _add_object(r: Reach, v: Any, cls: type, what: str, depth: int, prefix: str) -> None:
+    """The attributes of a plain (or callable) object ``v`` of class ``cls`` (or of a
+    ``weakref.proxy``'s referent, read and rebound through the proxy), each bound to a tensor a slot."""
+    r.mutables.append(v)
+    if id(cls) not in r.seen and _user_class(cls):  # ``type(self).acc = ...``
+        r.seen.add(id(cls))
+        _add_class(r, cls, depth + 1, methods=False)
+    for k, x in vars(v).items():
+        if type(x) in _PLAIN_VALUES:
+            continue
+        if isinstance(x, torch.Tensor):
+            r.slots.append((f"{what}.{k}", v, k, x))
+        _add_value(r, x, f"{what}.{k}", depth + 1, prefix)
+    if callable(v):  # a callable object's __call__ and helpers may load globals
+        for name, glb in _class_globals(cls):
+            g = glb.get(name)
+            if _state_global(g) and not isinstance(g, types.FunctionType):
+                _add_value(r, g, f"global {name!r}", depth + 1, name)
+
+
+#: The ``weakref`` module's mappings and set, subclasses included (standard library objects, so
+#: not followed as plain objects): a segment may keep state in one (``table[self] = table[self] *
+#: 0.5 + y``, ``seen.add(self)``).
+WEAK_MAPPINGS = (weakref.WeakValueDictionary, weakref.WeakKeyDictionary)
+WEAK_SETS = (weakref.WeakSet,)
+_UNSEEN = object()
+_PROXY_TYPES = frozenset(weakref.ProxyTypes)
+#: type -> ``"ref"`` (``weakref.ref`` and its subclasses: ``WeakMethod``), ``"proxy"``, ``"mapping"``,
+#: ``"set"`` or ``""`` (no weakref object; the common answer, cached per type).
+_WEAK_KINDS: dict[type, str] = {}
+
+
+def _weak_kind(t: type) -> str:
+    kind = ("ref" if issubclass(t, weakref.ref) else "proxy" if t in _PROXY_TYPES
+            else "mapping" if issubclass(t, WEAK_MAPPINGS) else "set" if issubclass(t, WEAK_SETS) else "")
+    _WEAK_KINDS[t] = kind
+    return kind
+
+
+def weak_kind(v: Any) -> str:
+    """What weakref object ``v`` is: ``"ref"``, ``"proxy"``, ``"mapping"`` (a ``WeakValueDictionary``
+    / ``WeakKeyDictionary``), ``"set"`` (a ``WeakSet``), subclasses included; ``""``: none."""
+    kind = _WEAK_KINDS.get(type(v), _UNSEEN)
+    return _weak_kind(type(v)) if kind is _UNSEEN else kind
+
+
+def _add_weak(r: Reach, v: Any, kind: str, what: str, depth: int, prefix: str) -> None:
+    """A weakref object: a reference's live referent (``v()``; a ``WeakMethod``'s bound method), a
+    proxy's referent's attributes (slots through the proxy), a weak mapping's live entries (each a
+    binding slot) or a ``WeakSet``'s live members (its membership replays as of the forward, ``_plain``)."""
+    if kind == "ref":  # (no level of its own, as a proxy's: a ``WeakMethod``'s method then its ``self``)
+        target = v()
+        if target is not None:
+            _add_value(r, target, f"{what}()", depth, prefix)
+    elif kind == "proxy":
+        try:
+            cls = v.__class__  # (the referent's)
+        except ReferenceError:  # dead
+            return
+        if isinstance(getattr(v, "__dict__", None), dict) and not issubclass(cls, torch.Tensor):
+            _add_object(r, v, cls, what, depth, prefix)
+    elif kind == "mapping":
         r.mutables.append(v)
-        cls = type(v)
-        if id(cls) not in r.seen and _user_class(cls):  # ``type(self).acc = ...``
-            r.seen.add(id(cls))
-            _add_class(r, cls, depth + 1, methods=False)
-        for k, x in vars(v).items():  # attributes of a plain (or callable) object
-            if type(x) in _PLAIN_VALUES:
-                continue
-            if isinstance(x, torch.Tensor):
-                r.slots.append((f"{what}.{k}", v, k, x))
-            _add_value(r, x, f"{what}.{k}", depth + 1, prefix)
-        if callable(v):  # a callable object's __call__ and helpers may load globals
-            for name, glb in _class_globals(type(v)):
-                g = glb.get(name)
-                if _state_global(g) and not isinstance(g, types.FunctionType):
-                    _add_value(r, g, f"global {name!r}", depth + 1, name)
-
-
-#: The ``weakref`` module's mappings (standard library objects, so not followed as plain objects):
-#: a segment may keep state in one (``table[self] = table[self] * 0.5 + y``).
-WEAK_MAPPINGS = frozenset({weakref.WeakValueDictionary, weakref.WeakKeyDictionary})
+        _add_weak_mapping(r, v, what, depth, prefix)
+    else:
+        r.mutables.append(v)
+        try:
+            members = list(v)  # (live members only)
+        except RuntimeError:  # changed size while iterated (a referent collected meanwhile)
+            return
+        for i, x in enumerate(members):
+            _add_value(r, x, f"{what} (member {i})", depth + 1, prefix)
 
 
 def _add_weak_mapping(r: Reach, v: Any, what: str, depth: int, prefix: str) -> None:
@@ -561,10 +612,11 @@ def _add_weak_mapping(r: Reach, v: Any, what: str, depth: int, prefix: str) -> N
         items = list(v.items())  # (live entries only: a dead referent's entry is skipped)
     except RuntimeError:  # changed size while iterated (a referent collected meanwhile)
         return
+    by_value = isinstance(v, weakref.WeakValueDictionary)
     for k, x in items:
         if type(x) in _PLAIN_VALUES:
             continue
-        name = f"{what}[{k!r}]" if type(v) is weakref.WeakValueDictionary else f"{what}[<{type(k).__name__}>]"
+        name = f"{what}[{k!r}]" if by_value else f"{what}[<{type(k).__name__}>]"
         if isinstance(x, torch.Tensor):
             r.slots.append((name, v, k, x))
         _add_value(r, x, name, depth + 1, prefix)
@@ -628,7 +680,7 @@ def rebound(slots: list[tuple[str, Any, Any, torch.Tensor]]) -> list[str]:
     for name, holder, key, t in slots:
         if isinstance(holder, list):
             now = holder[key] if key < len(holder) else _MISSING
-        elif isinstance(holder, dict) or type(holder) in WEAK_MAPPINGS:
+        elif isinstance(holder, dict) or weak_kind(holder) == "mapping":
             now = holder.get(key, _MISSING)
         else:
             try:

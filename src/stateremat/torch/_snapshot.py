@@ -17,6 +17,15 @@ def _clone(v: Any) -> Any:
     return v.detach().clone() if isinstance(v, torch.Tensor) else v
 
 
+def _contents(c: Any) -> Any:
+    """What a container holds, to put back with ``clear`` and ``update``/``extend``: a plain list,
+    dict or set (of a subclass's too: its own ``copy`` may need arguments), a weakref container's copy."""
+    for base in (list, dict, set):
+        if isinstance(c, base):
+            return base(c)
+    return copy.copy(c)
+
+
 class ModelSnapshot:
     """Every module's attributes (parameters, buffers, plain attributes, tensor contents and which
     object each name is bound to), the contents of the lists, dicts and sets and the attributes
@@ -30,7 +39,7 @@ class ModelSnapshot:
 
     def __init__(self, model: nn.Module, optimizers: tuple = ()) -> None:
         from ._framework import framework_objects, fsdp_unsharded_grads, reshard_units
-        from ._scan import WEAK_MAPPINGS, reach
+        from ._scan import reach, weak_kind
 
         # FSDP2 units bound unsharded (the root after a no_grad forward): resharded, so that what is
         # saved is the sharded parameters (FSDP frees the unsharded storage), and unsharded again
@@ -57,10 +66,10 @@ class ModelSnapshot:
         # (not the parallelism framework's own bookkeeping, FSDP2's state: see _framework)
         theirs = framework_objects(self.modules)
         ours = [v for v in found.mutables if id(v) not in theirs]
-        containers = (list, dict, set, *WEAK_MAPPINGS)  # (a weak mapping's copy holds its referents weakly too)
-        self.containers = [(v, copy.copy(v)) for v in ours if type(v) in containers]
-        self.objects = [(v, dict(vars(v))) for v in ours if not isinstance(v, (list, dict, set))
-                        and type(v) not in WEAK_MAPPINGS]
+        # (subclasses too; a weak mapping's or WeakSet's copy holds its referents weakly, as it does)
+        kept = [(v, isinstance(v, (list, dict, set)) or weak_kind(v) in ("mapping", "set")) for v in ours]
+        self.containers = [(v, _contents(v)) for v, container in kept if container]
+        self.objects = [(v, dict(vars(v))) for v, container in kept if not container]  # (a weakref.proxy's referent's)
         self.generators = [(g, g.get_state()) for _, g in found.generators.values()]
         self.cpu_rng = torch.get_rng_state()
         self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None

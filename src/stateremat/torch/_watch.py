@@ -39,7 +39,7 @@ from ._mode import StrictMode, strict_forward, warn_undeclared
 from ._plain import slot_id
 from ._pystate import cache_fingerprint, cache_message, python_state_arguments
 from ._runtime import Runtime
-from ._scan import Declared, Reach, describe, is_input_name, is_list_entry, reachable, rebound, tensor_slots
+from ._scan import Declared, Reach, describe, is_input_name, is_list_entry, reachable, rebound, tensor_slots, weak_kind
 from ._storage import fingerprint, fingerprint_changed, host_readable, storage_key
 from ._txn import Transaction
 
@@ -60,6 +60,17 @@ def _written_inputs(written: Any) -> list[str]:
     at the forward, and autograd refuses a saved input written in place ('modified by an inplace
     operation'), so declaring them with on_undeclared='declare' cannot help."""
     return [describe(n) for n, _ in written if isinstance(n, str) and is_input_name(n)]
+
+
+def proxy_message(seg: Any, name: str, func: Any) -> str:
+    """The ``UndeclaredStateError`` text for a write through a ``weakref.proxy`` of a tensor, which
+    ``state="auto"`` cannot preserve (the proxy is no tensor, and its referent cannot be had from it)."""
+    return (f"stateremat.torch.checkpoint: segment {seg.name!r} wrote in place to {name} by {func} (not "
+            "applied), which existed before the segment and is reached only through a weakref.proxy: the "
+            "default preserves the tensors a segment writes, and a proxy is no tensor it can preserve "
+            "(expected a tensor, got a weakref.ProxyType); replay would repeat this write "
+            f"({rule('R7')}). Tip: hold the tensor itself or a weakref.ref to it (ref() is the tensor), or "
+            "declare the tensor, e.g. checkpoint(fn, ..., state=[tensor]).")
 
 
 def undeclared_message(seg: Any, names: str, when: str, reachable: bool = True, written: Any = ()) -> str:
@@ -338,6 +349,8 @@ class Watch:
         if self.on_undeclared == "raise" or (self.txn.auto and _written_inputs([(entry[0], t)])):
             raise UndeclaredStateError(undeclared_message(self, name, f"by {func} (not applied)",
                                                           written=[(entry[0], t)]))
+        if self.on_undeclared == "declare" and weak_kind(t) == "proxy":
+            raise UndeclaredStateError(proxy_message(self, name, func))
         if self.on_undeclared == "declare":
             self.txn.promote(name, t)
             self.promoted.append(t)
