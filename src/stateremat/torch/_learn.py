@@ -132,7 +132,7 @@ def end(rt: Any, r_tensors: dict, mode: str, watch: Any, frame: Any) -> None:
         lr.see(r_tensors, rt.touched or set())
         if not rt.forward[:-1]:  # the outermost watched forward ends: stop noting
             rt.touched = None
-    frame.settle(eager=bool(watch.gaps))
+    frame.settle(eager=bool(watch.gaps or watch.iters.advanced))  # (an iterator it advanced: _iterators)
 
 
 def refuse_changed_reads(rt: Any, watch: Any, name: str) -> None:

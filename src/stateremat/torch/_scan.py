@@ -14,8 +14,9 @@ helper closing over a BatchNorm, a pre-hook drawing from its own generator). Ver
 reachable tensors are read before and after the forward (and around the replay): a change on
 one that is not declared is an undeclared in-place write; a list, dict, weak mapping, object,
 class or module global that holds another tensor after the forward was *rebound* (refused the
-same way). Reachable ``torch.Generator`` objects are captured and replayed like the default
-generators (R3). Running statistics of reachable normalization layers in training are compared
+same way). Iterators and generators it reaches (:attr:`Reach.iterators`) are watched for an
+advance (``_iterators``). Reachable ``torch.Generator`` objects are captured and replayed like
+the default generators (R3). Running statistics of reachable normalization layers in training are compared
 byte for byte, because ``native_batch_norm`` updates them without bumping a version.
 
 A ``DTensor`` buffer or state tensor (tensor parallelism's replicated or sharded state) has no
@@ -44,6 +45,7 @@ import torch
 from torch import nn
 
 from ._compat import dtensor_local, has_storage, tree_flatten
+from ._iterators import is_watched_iterator
 from ._validate import check_nesting, check_state_tensor
 
 #: Levels of plain containers / objects followed from a captured value or module attribute.
@@ -317,6 +319,8 @@ class Reach:
     #: ``(name, holder, key, tensor)``: a tensor bound in a list, dict, plain object, class or
     #: module globals (see :func:`rebound`)
     slots: list[tuple[str, Any, Any, torch.Tensor]] = field(default_factory=list)
+    #: id -> ``(name, iterator)``: iterators and generators a forward may advance (``_iterators``)
+    iterators: dict[int, tuple[str, Any]] = field(default_factory=dict)
     #: ``(globals dict, name)`` of plain-value globals the segment's code loads (``global STEP``)
     scalar_globals: list[tuple[dict, str]] = field(default_factory=list)
     #: ids of tensors reached only through module hooks: a hook may guard its write with
@@ -528,6 +532,8 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
     elif (isinstance(getattr(v, "__dict__", None), dict) and _may_hold_state(v)
           and (not callable(v) or _user_code(v))):
         _add_object(r, v, type(v), what, depth, prefix)
+    elif is_watched_iterator(v):  # a generator or iterator: a replay would advance it again
+        r.iterators.setdefault(id(v), (what, v))
 
 
 def _add_object(r: Reach, v: Any, cls: type, what: str, depth: int, prefix: str) -> None:

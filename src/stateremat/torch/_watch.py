@@ -15,9 +15,13 @@ In data-flow order:
   pointers, fingerprints) are read at once on the host; on a device their verdicts are computed
   there and read when ready (:class:`Deferred`, at the latest just before the replay), so a
   forward never waits for its stream (issue 26);
+  the iterators and generators it reaches are watched around the forward's function
+  (:class:`~._iterators.IteratorWatch`): strict mode refuses a forward that advanced one, and
+  ``state="auto"`` makes that forward keep its activations (``_learn.end``);
 - recompute: a write the replay makes to undeclared state is refused before it happens
   (:meth:`Watch.undeclared_at_replay`), or seen afterwards by the version counters
-  (:meth:`Watch.report_replay_writes`).
+  (:meth:`Watch.report_replay_writes`), which also refuses a replay that advanced a reached
+  iterator its forward did not.
 
 The watch keeps no state it would put back: that is the transaction's (``_txn``).
 """
@@ -34,6 +38,7 @@ from stateremat.contract import rule
 from ._bindings import ModuleState
 from ._compat import DisableTorchFunctionSubclass, library_ops
 from ._framework import framework_swap
+from ._iterators import IteratorWatch, advanced_message
 from ._errors import UndeclaredStateError, UnsupportedError
 from ._mode import StrictMode, strict_forward, warn_undeclared
 from ._plain import slot_id
@@ -266,6 +271,7 @@ class Watch:
         self._hook_only = r.hook_only  # a hook's own tensors: refused only if the replay writes them again
         self._pending: Deferred | None = None  # device-side byte checks of the forward, read before the replay
         self._scan_reached(r, txn.declared, txn.modules)
+        self.iters = IteratorWatch(r.iterators)  # iterators and generators a run may advance
         self._mark_reachable_aliases()
         for enclosing in rt.forward:
             enclosing.check_inner_declaration(self)
@@ -303,18 +309,20 @@ class Watch:
 
     @contextlib.contextmanager
     def forward_mode(self) -> Iterator[None]:
-        """Around the forward's function: every op watched when :attr:`strict` (once per thread)."""
+        """Around the forward's function: every op watched when :attr:`strict` (once per thread), and
+        the iterators it reaches."""
         if not self.strict or self.rt.strict_depth:
-            yield
+            with self.iters.forward():
+                yield
             return
-        with strict_forward(self.rt):
+        with strict_forward(self.rt), self.iters.forward():
             yield
 
     def replay_mode(self, segment: Any) -> contextlib.AbstractContextManager:
         """Around the replay (``segment``: the frame): every op watched when the forward's were, and under
         ``state="auto"`` unless a ``context_fn``'s modes (selective checkpointing's cache) must be innermost."""
         strict = self.strict or (self.on_undeclared == "learn" and type(segment.recompute_context) is _NULL)
-        return StrictMode(self.rt, "replay", segment) if strict else contextlib.nullcontext()
+        return self.iters.replay(StrictMode(self.rt, "replay", segment) if strict else contextlib.nullcontext())
 
     def end_forward(self) -> None:
         """After the forward (the transaction's end noted): refuse an updated Python-state cache,
@@ -323,6 +331,7 @@ class Watch:
         for where, cache, before in caches:
             if cache_fingerprint(cache) != before:
                 raise UnsupportedError(cache_message("stateremat.torch.checkpoint", self.name, where, cache, "updated"))
+        _refuse_advanced(self)
         deferred: list = []
         names = self.undeclared_writes(skip=self._hook_only, deferred=deferred)
         names, self._pending = read_or_defer(names, deferred, wait=self.txn.auto)
@@ -469,11 +478,26 @@ class Watch:
             return [(n, t, t._version) for n, t, _ in self.scan]
 
     def report_replay_writes(self, versions: list[tuple[Any, torch.Tensor, int]]) -> None:
-        """After a replay: refuse (or warn about) the scan's tensors it wrote, by their versions."""
+        """After a replay: refuse (or warn about) the scan's tensors it wrote, by their versions, and
+        an iterator it advanced (``ReplayError``)."""
+        self.iters.refuse_replay(self.name, warn_undeclared if self.on_undeclared == "warn" else None)
         with DisableTorchFunctionSubclass():
             again = [describe(n) for n, t, v in versions if t._version != v]
         self.report_undeclared(again, "at recomputation by its version counter (the forward already wrote it "
                                       "once; the replay wrote it again)")
+
+
+def _refuse_advanced(watch: Watch) -> None:
+    """After the forward: strict mode refuses a forward that advanced a reached iterator or generator
+    (``UnsupportedError``; ``on_undeclared="warn"`` warns, the replay advances it again); under
+    ``state="auto"`` that forward keeps its activations instead (``_learn.end``)."""
+    advanced = watch.iters.advanced
+    if not advanced or watch.txn.auto:
+        return
+    if watch.on_undeclared == "warn":
+        warn_undeclared(advanced_message(watch.name, advanced))
+        return
+    raise UnsupportedError(advanced_message(watch.name, advanced))
 
 
 def _rebindings(slots: list, plain_slots: list, mods: ModuleState, found: dict[str, str]) -> None:
