@@ -197,7 +197,7 @@ def _nothing_fits(card: ProfileCard, res: Any, peak: str) -> ValueError:
 
     eager_opts = [OPTIONS.baseline] * len(card.segments)
     eager_chain = chain_peak_bytes(card, eager_opts)
-    eager_bound = _p(card, 2**53, "eager").predicted_peak_bytes
+    eager_bound = _p(card, 2**53, OPTIONS.baseline).predicted_peak_bytes
     err = ValueError(f"{_API}: no checkpoint plan fits the budget {format_bytes(budget_bytes)} "
                      f"({budget_bytes} B, {peak} peak); the least feasible peak is "
                      f"{format_bytes(res.min_feasible_peak_bytes)} ({res.min_feasible_peak_bytes} B) with "

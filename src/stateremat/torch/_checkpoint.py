@@ -377,7 +377,7 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
     try:
         with watch.observing():
             out = frame.run(watch, args, kwargs)
-            txn.end_forward(r.modules, watch.scan)
+            txn.end_forward(r.modules)
             watch.end_forward()
             if auto:
                 _learn.end(rt, r.tensors, on_undeclared, watch, frame)

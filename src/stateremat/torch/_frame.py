@@ -378,7 +378,7 @@ class Frame:
         args, kwargs = self.inputs()
         oplog = self.checks.oplog(recomputation=True)
         versions = self.watch.versions()
-        with replay as log:  # end bindings; flags, views, start and Python bindings; B0, R0, autocast (_txn)
+        with replay as log:  # everything put back, in the order _txn's docstring numbers
             with self._recompute_hooks(gid, log), torch.autograd.enable_grad(), \
                     entered_hiding(self.recompute_context), self.watch.replay_mode(self), oplog:
                 try:

@@ -8,8 +8,9 @@ autocast; :meth:`Transaction.end_forward` notes the bindings and parameter
 versions at the forward's end. At recomputation :meth:`Transaction.replay` is the one room the
 frame re-runs the segment in. It refuses, then puts back, in this order:
 
-1. parameter versions: a parameter written in place since the forward is refused (R8), before
-   anything is put back;
+1. refusals, before anything is put back: under ``state="auto"`` a tensor the forward read and
+   code first seen writing it wrote since (R2, ``_learn``); parameter versions: a parameter
+   written in place since the forward (R8);
 2. module bindings as of the forward's end: every reached module's parameters,
    buffers, tensor attributes and submodules (a rebinding between forward and backward must not
    change what the replay reads);
@@ -19,7 +20,8 @@ frame re-runs the segment in. It refuses, then puts back, in this order:
    each segment nested in this one and then of this one (entered last, the earliest start wins); before the bytes,
    since a declared tensor the forward rebound to another storage must be back on its
    forward-start storage when its bytes are restored;
-4. declared bytes ``B0`` through the preservers (R2), with the replay's own writes journaled;
+4. declared bytes ``B0`` through the preservers (R2), with the replay's own writes journaled (a
+   declared tensor now on another storage, or a journal gap, refused first: R8);
 5. RNG ``R0`` (R3) and autocast as of the forward.
 
 Nested adoption (:meth:`Transaction.adopt`, when a segment nested in this one ends) feeds both
@@ -247,6 +249,9 @@ class Transaction:
         self.modules: ModuleState | None = None
         self.autocast: tuple = ()
         self.param_versions: list[tuple[Any, torch.Tensor, int]] = []
+        #: ``(name, tensor)`` reached, undeclared as the forward begins (parameters among them: R8)
+        self._reached: list[tuple[Any, torch.Tensor]] = []
+        self._promoted: set[int] = set()
         self.auto = auto  # state="auto": reached modules' tensor rebindings are replayed, not refused
 
     # -- forward -------------------------------------------------------------------------
@@ -264,6 +269,8 @@ class Transaction:
         with DisableTorchFunctionSubclass():
             norm_buffers = [t for _, t in r.norm_stats.values()] + r.norm_counters
             self.whole_keys = {storage_key(t) for t in norm_buffers if has_storage(t)}
+        declared_ids = {id(t) for _, t, _ in self.declared.tensors}
+        self._reached = [(n, t) for n, t in r.tensors.values() if id(t) not in declared_ids]
         try:
             self._preserve_bytes()
             self.modules = ModuleState(self.declared, r, self.runtime.replay_queries, self.auto)
@@ -307,17 +314,18 @@ class Transaction:
         whole = not self.auto or key in self.whole_keys or st.nbytes <= SMALL_STORAGE_BYTES
         self._add(key, st, [name], KEPT_WHOLE if whole else PRESERVERS[self.preserve])
         self.modules.declare(t)
+        self._promoted.add(id(t))
 
     def credit(self, option: str, n: int) -> None:
         """``option``'s preserver kept ``n`` bytes for a write this segment's forward made."""
         self.written[option] = self.written.get(option, 0) + n
 
-    def end_forward(self, modules: list[tuple[str, Any]], scan: list[tuple[Any, torch.Tensor, int]]) -> None:
-        """After the forward: note the reached ``modules``' bindings and the versions of the
-        reachable parameters among ``scan`` (checked at replay)."""
+    def end_forward(self, modules: list[tuple[str, Any]]) -> None:
+        """After the forward: note the reached ``modules``' bindings and the reached, undeclared parameters' versions (R8)."""
         self.modules.end_forward(modules, self.runtime.replay_queries)
         with DisableTorchFunctionSubclass():
-            self.param_versions = [(n, t, t._version) for n, t, _ in scan if t.requires_grad and t.is_leaf]
+            self.param_versions = [(n, t, t._version) for n, t in self._reached
+                                   if id(t) not in self._promoted and t.requires_grad and t.is_leaf]
 
     def refuse_cuda_started(self, name: str) -> None:
         """After the forward: refuse (releasing) if CUDA was first initialized inside it, so the
@@ -435,19 +443,16 @@ class Transaction:
                 f"{rule('R8')}). Tip: run backward before the optimizer step, or declare them as state.")
 
     def replay(self, segment: Any) -> contextlib.AbstractContextManager[ReplayLog]:
-        """The room a replay runs in: refuse now a ``state="auto"`` forward's read of a tensor written
-        since by code first seen writing it (R2) and changed parameters (R8), then (entered) put back, in the
-        module docstring's order: end bindings, then flags, views, start bindings and Python
-        bindings, then ``B0`` (moved storages and journal gaps refused first, R8), ``R0``, autocast; reinstate
-        on exit (R2, R3, R5).
+        """The room a replay runs in: refuse now (step 1 of the module docstring's order), then,
+        entered, put back steps 2–5 in that order; reinstate on exit (R2, R3, R5).
 
         Args:
             segment: the replaying segment's frame (``name``, ``watch``; ``undeclared_at_replay``).
 
         Raises:
             ReplayError: a read tensor written since by code first seen writing it (R2, auto), a
-                parameter changed in place since the forward, or a region journal has a gap since the
-                segment's forward (R8).
+                parameter changed in place since the forward, a declared tensor on another storage
+                or a region journal with a gap since the segment's forward (R8).
         """
         if self.auto:  # state the forward read that code first seen writing it wrote since (R2)
             _learn.refuse_changed_reads(self.runtime, segment.watch, segment.name)
