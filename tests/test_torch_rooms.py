@@ -103,3 +103,19 @@ def test_only_the_transaction_reads_what_a_replay_puts_back():
                "    p.storage.add_witness(x, 'n')\n    st.unmarkable = True\n")
     assert sorted(_reads_outside_the_transaction(planted)) == sorted(
         ["txn.items", "txn.modules.end_bindings", "mods.held_keys", "add_witness", "unmarkable"])
+
+
+def test_run_segment_hands_the_transaction_nothing_of_the_watch():
+    """The transaction keeps what a replay puts back from its own records (issue 23, "Done when":
+    changing what a replay puts back touches the transaction's module only): no call of a
+    ``txn`` method in ``run_segment`` passes the watch or anything read from it."""
+    tree = ast.parse((TORCH / "_checkpoint.py").read_text())
+    fn = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "run_segment")
+    leaks = []
+    for call in (n for n in ast.walk(fn) if isinstance(n, ast.Call)):
+        f = call.func
+        if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name) and f.value.id == "txn":
+            for arg in [*call.args, *(k.value for k in call.keywords)]:
+                if any(isinstance(x, ast.Name) and x.id == "watch" for x in ast.walk(arg)):
+                    leaks.append(f"txn.{f.attr}({ast.unparse(arg)})")
+    assert leaks == []
