@@ -20,11 +20,11 @@ frame re-runs the segment in. It refuses, then puts back, in this order:
    since a declared tensor the forward rebound to another storage must be back on its
    forward-start storage when its bytes are restored;
 4. declared bytes ``B0`` through the preservers (R2), with the replay's own writes journaled;
-5. RNG ``R0`` (R3) and autocast as of the forward.
+5. RNG ``R0`` (R3), autocast and ``parametrize.cached()`` (its depth and entries) as of the forward.
 
 Nested adoption (:meth:`Transaction.adopt`, when a segment nested in this one ends) feeds both
 halves: the inner segment's declared storages join step 4, its flags, views and bindings step 3.
-On exit everything is reinstated in reverse: autocast and RNG; the replay's writes undone and
+On exit everything is reinstated in reverse: the parametrization cache, autocast and RNG; the replay's writes undone and
 the visible bytes and version counters put back exactly (R5); bindings, views and flags as they
 were before the replay. The module-side helpers live in ``_bindings``, the Python-binding ones in ``_plain``.
 """
@@ -40,7 +40,7 @@ import torch
 from . import _learn, _mark, _rng
 from ._bindings import ModuleState
 from ._compat import DisableTorchFunctionSubclass, autocast_kwargs, has_storage, infer_device_type, library_ops, \
-    reset_versions
+    parametrize_cache_as_of, parametrize_cache_of, reset_versions
 from ._errors import ReplayError, UnsupportedError
 from stateremat.contract import rule
 from ._preserve import KEPT_WHOLE, PRESERVERS, Preserver, begin_all, reinstate_all, restore_all
@@ -246,6 +246,7 @@ class Transaction:
         self.rng: _rng.RngState | None = None
         self.modules: ModuleState | None = None
         self.autocast: tuple = ()
+        self.param_cache: tuple[int, dict] = (0, {})
         self.param_versions: list[tuple[Any, torch.Tensor, int]] = []
         self.auto = auto  # state="auto": reached modules' tensor rebindings are replayed, not refused
 
@@ -268,6 +269,7 @@ class Transaction:
             self._preserve_bytes()
             self.modules = ModuleState(self.declared, r, self.runtime.replay_queries, self.auto)
             self.autocast = autocast_of(args, kwargs)
+            self.param_cache = parametrize_cache_of()
         except BaseException:
             self.release()  # no frame owns us yet
             raise
@@ -416,6 +418,7 @@ class Transaction:
             p.release()
             p.storage.rt.release(p.storage)
         self.items.clear()
+        self.param_cache = (0, {})  # the cached parametrized tensors: no replay will read them
 
     # -- recomputation -------------------------------------------------------------------
     def check_parameters(self, segment_name: str) -> None:
@@ -457,7 +460,7 @@ class Transaction:
     @contextlib.contextmanager
     def _replay(self, segment: Any) -> Iterator[ReplayLog]:
         with self.modules.as_of_forward(), _bytes_as_of_forward(self.items, segment, self.runtime.counters) as log, \
-                _rng.replayed(self.rng), autocast_as_of(self.autocast):
+                _rng.replayed(self.rng), autocast_as_of(self.autocast), parametrize_cache_as_of(self.param_cache):
             yield log
 
 
