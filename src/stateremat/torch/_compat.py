@@ -52,6 +52,9 @@ try:
     from torch._C import _get_dispatch_stack_at, _len_torch_dispatch_stack
     from torch.utils._pytree import tree_flatten, tree_unflatten
     import torch._C._dynamo.eval_frame as _eval_frame
+    import torch.nn.utils.parametrize as _parametrize
+
+    _parametrize._cache_enabled, _parametrize._cache
 
     _eval_frame._FrameExecStrategy, _eval_frame._FrameAction, _eval_frame.set_code_exec_strategy
 
@@ -63,7 +66,8 @@ except (ImportError, AttributeError) as _exc:  # pragma: no cover - depends on t
 __all__ = [
     "CheckpointError", "DisableTorchFunction", "DisableTorchFunctionSubclass", "GraphExecGroup", "SavedTensor", "TorchDispatchMode",
     "as_eager_class", "torch_function_kind", "autocast_kwargs", "eager_only", "current_graph_id", "early_stop_override", "debug_override", "has_storage",
-    "dtensor_local", "dtensor_of", "in_foreign_recompute", "infer_device_type", "is_dtensor", "library_ops", "make_saved_tensor", "queue_backward_callback", "reset_versions",
+    "dtensor_local", "dtensor_of", "in_foreign_recompute", "infer_device_type", "is_dtensor", "library_ops", "make_saved_tensor", "parametrize_cache_as_of",
+    "parametrize_cache_of", "queue_backward_callback", "reset_versions",
     "tree_flatten", "tree_unflatten", "is_traceable_wrapper_subclass",
 ]
 
@@ -220,6 +224,32 @@ def infer_device_type(*tensors: torch.Tensor) -> str:
 def autocast_kwargs(device_type: str) -> tuple[dict, dict]:
     """The current (device, cpu) autocast settings, to replay under the forward's autocast."""
     return _get_autocast_kwargs(device_type=device_type)
+
+
+def parametrize_cache_of() -> tuple[int, dict]:
+    """``torch.nn.utils.parametrize.cached()`` as of now: its nesting depth and a shallow copy of
+    its cache (``{(id(module), tensor name): tensor}``; empty when caching is off), so a replay
+    reads the parametrized tensors its forward read (a module used in two segments under one
+    ``cached()`` reads, in the second, the tensor the first computed, not a new one)."""
+    depth = _parametrize._cache_enabled
+    return depth, (dict(_parametrize._cache) if depth else {})
+
+
+@contextlib.contextmanager
+def parametrize_cache_as_of(state: tuple[int, dict]) -> Iterator[None]:
+    """Run with ``parametrize.cached()`` as :func:`parametrize_cache_of` recorded it (a copy of the
+    cache: entries the replay adds do not reach the forward's record or the caller's cache), then
+    put back the caller's depth and cache."""
+    depth, cache = state
+    before = (_parametrize._cache_enabled, _parametrize._cache)
+    if not depth and not before[0]:
+        yield  # caching off then and now: nothing to swap
+        return
+    _parametrize._cache_enabled, _parametrize._cache = depth, dict(cache)
+    try:
+        yield
+    finally:
+        _parametrize._cache_enabled, _parametrize._cache = before
 
 
 def current_graph_id() -> Any:

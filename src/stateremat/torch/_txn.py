@@ -22,11 +22,11 @@ frame re-runs the segment in. It refuses, then puts back, in this order:
    forward-start storage when its bytes are restored;
 4. declared bytes ``B0`` through the preservers (R2), with the replay's own writes journaled (a
    declared tensor now on another storage, or a journal gap, refused first: R8);
-5. RNG ``R0`` (R3) and autocast as of the forward.
+5. RNG ``R0`` (R3), autocast and ``parametrize.cached()`` (its depth and entries) as of the forward.
 
 Nested adoption (:meth:`Transaction.adopt`, when a segment nested in this one ends) feeds both
 halves: the inner segment's declared storages join step 4, its flags, views and bindings step 3.
-On exit everything is reinstated in reverse: autocast and RNG; the replay's writes undone and
+On exit everything is reinstated in reverse: the parametrization cache, autocast and RNG; the replay's writes undone and
 the visible bytes and version counters put back exactly (R5); bindings, views and flags as they
 were before the replay. The module-side helpers live in ``_bindings``, the Python-binding ones in ``_plain``.
 """
@@ -42,7 +42,7 @@ import torch
 from . import _learn, _mark, _rng
 from ._bindings import ModuleState
 from ._compat import DisableTorchFunctionSubclass, autocast_kwargs, has_storage, infer_device_type, library_ops, \
-    reset_versions
+    parametrize_cache_as_of, parametrize_cache_of, reset_versions
 from ._errors import ReplayError, UnsupportedError
 from stateremat.contract import rule
 from ._preserve import KEPT_WHOLE, PRESERVERS, Preserver, begin_all, reinstate_all, restore_all
@@ -214,6 +214,24 @@ def _witness(st: DeclaredStorage, t: torch.Tensor, name: str) -> None:
         st.unmarkable = True
 
 
+def refuse_changed_parameters(param_versions: list[tuple[Any, torch.Tensor, int]], segment_name: str) -> None:
+    """Refuse a replay whose parameters (``(name, tensor, version at the forward's end)``) changed
+    in place since the forward (R8).
+
+    Raises:
+        ReplayError: naming them; eager autograd refuses this too ("modified by an inplace
+            operation") when it saved the parameter.
+    """
+    with DisableTorchFunctionSubclass():
+        changed = [describe(n) for n, t, v in param_versions if t._version != v]
+    if changed:
+        raise ReplayError(
+            f"stateremat.torch.checkpoint: cannot replay segment {segment_name!r}: {', '.join(changed)} "
+            "changed in place between its forward and this backward (an optimizer step before "
+            f"backward?), so the replay would differentiate other weights (expected them unchanged; "
+            f"{rule('R8')}). Tip: run backward before the optimizer step, or declare them as state.")
+
+
 class Transaction:
     """Declared state of one segment and everything its replay puts back (the module docstring's order).
 
@@ -248,6 +266,7 @@ class Transaction:
         self.rng: _rng.RngState | None = None
         self.modules: ModuleState | None = None
         self.autocast: tuple = ()
+        self.param_cache: tuple[int, dict] = (0, {})
         self.param_versions: list[tuple[Any, torch.Tensor, int]] = []
         #: ``(name, tensor)`` reached, undeclared as the forward begins (parameters among them: R8)
         self._reached: list[tuple[Any, torch.Tensor]] = []
@@ -275,6 +294,7 @@ class Transaction:
             self._preserve_bytes()
             self.modules = ModuleState(self.declared, r, self.runtime.replay_queries, self.auto)
             self.autocast = autocast_of(args, kwargs)
+            self.param_cache = parametrize_cache_of()
         except BaseException:
             self.release()  # no frame owns us yet
             raise
@@ -424,24 +444,9 @@ class Transaction:
             p.release()
             p.storage.rt.release(p.storage)
         self.items.clear()
+        self.param_cache = (0, {})  # the cached parametrized tensors: no replay will read them
 
     # -- recomputation -------------------------------------------------------------------
-    def check_parameters(self, segment_name: str) -> None:
-        """Refuse a replay whose parameters changed in place since the forward (R8).
-
-        Raises:
-            ReplayError: naming them; eager autograd refuses this too ("modified by an inplace
-                operation") when it saved the parameter.
-        """
-        with DisableTorchFunctionSubclass():
-            changed = [describe(n) for n, t, v in self.param_versions if t._version != v]
-        if changed:
-            raise ReplayError(
-                f"stateremat.torch.checkpoint: cannot replay segment {segment_name!r}: {', '.join(changed)} "
-                "changed in place between its forward and this backward (an optimizer step before "
-                f"backward?), so the replay would differentiate other weights (expected them unchanged; "
-                f"{rule('R8')}). Tip: run backward before the optimizer step, or declare them as state.")
-
     def replay(self, segment: Any) -> contextlib.AbstractContextManager[ReplayLog]:
         """The room a replay runs in: refuse now (step 1 of the module docstring's order), then,
         entered, put back steps 2–5 in that order; reinstate on exit (R2, R3, R5).
@@ -456,13 +461,13 @@ class Transaction:
         """
         if self.auto:  # state the forward read that code first seen writing it wrote since (R2)
             _learn.refuse_changed_reads(self.runtime, segment.watch, segment.name)
-        self.check_parameters(segment.name)
+        refuse_changed_parameters(self.param_versions, segment.name)
         return self._replay(segment)
 
     @contextlib.contextmanager
     def _replay(self, segment: Any) -> Iterator[ReplayLog]:
         with self.modules.as_of_forward(), _bytes_as_of_forward(self.items, segment, self.runtime.counters) as log, \
-                _rng.replayed(self.rng), autocast_as_of(self.autocast):
+                _rng.replayed(self.rng), autocast_as_of(self.autocast), parametrize_cache_as_of(self.param_cache):
             yield log
 
 
