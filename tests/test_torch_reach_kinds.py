@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import types
 import weakref
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -690,3 +691,42 @@ def test_a_guarded_forward_replays_a_set_as_it_left_it(preserve, mode):
     _assert_eager(lambda: _guarded_toggle(True), mode, preserve, "auto")
     with pytest.raises(ReplayError, match="the members of a set"):
         _assert_eager(lambda: _guarded_toggle(False), mode, preserve, "auto")
+
+
+class _Instantiating(OrderedDict):
+    """transformers' ``ClassInstantier`` (``ACT2FN``): ``__getitem__`` makes an instance of the
+    class it holds; reading its entries through it would put instances back."""
+
+    def __getitem__(self, key):
+        return super().__getitem__(key)()
+
+
+class _Ordered(OrderedDict):
+    """An ``OrderedDict`` subclass whose order a profiling run changes."""
+
+
+@pytest.mark.parametrize("kind", ["instantiating", "ordered"])
+def test_a_profiling_snapshot_keeps_a_mapping_subclass_entries_raw(kind):
+    """A snapshot reads and restores a mapping subclass's raw entries with the builtin class's own
+    methods: before, transformers' ``ACT2FN`` (reached through a model's globals) was copied through
+    its instantiating ``__getitem__`` and put back holding module instances, so the next model built
+    in the process failed ("SiLUActivation.forward() missing ... 'input'"); an ``OrderedDict``'s
+    order comes back too."""
+    from stateremat.torch._snapshot import ModelSnapshot
+
+    holder = _Instantiating(act=nn.Tanh) if kind == "instantiating" else _Ordered(a=_z(), b=torch.ones(4, dtype=D))
+
+    def step(block, x):
+        if kind == "ordered":
+            holder.move_to_end("a")
+            holder["c"] = torch.ones(1, dtype=D)
+        return block.lin(x) * (holder["act"](x[:, :4]) if kind == "instantiating" else 1.0)
+    block = _Keyed(nn.Linear(4, 4).to(D), holder, step)
+    before = [(k, id(v)) for k, v in dict.items(holder)]
+    snap = ModelSnapshot(block)
+    block(torch.ones(3, 4, dtype=D))
+    snap.restore()
+    assert [(k, id(v)) for k, v in dict.items(holder)] == before and list(holder) == [k for k, _ in before]
+    assert type(holder) in (_Instantiating, _Ordered)
+    if kind == "instantiating":
+        assert dict.__getitem__(holder, "act") is nn.Tanh and isinstance(holder["act"], nn.Tanh)

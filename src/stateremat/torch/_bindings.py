@@ -7,9 +7,11 @@ t.view(dtype)``) and a module may change its training flag. In data-flow order:
 
 - forward: :class:`ModuleState` records the reached modules' training flags, the declared
   modules' bindings (:class:`Bindings`) and the views of the reached tensors (:func:`view_records`);
-  at the forward's end, every reached module's bindings (:func:`note_end_bindings`);
+  at the forward's end, every reached module's bindings (:func:`note_end_bindings`) and forward
+  hooks, with torch's global ones (:func:`hook_records`);
 - restore (the replay, :meth:`ModuleState.as_of_forward`): the forward's end bindings
-  (:func:`end_bindings_as_of`), then as of its start the flags (:func:`_modes_as_of`), the views
+  (:func:`end_bindings_as_of`) and hooks (:func:`hooks_as_of`), then as of its start the flags
+  (:func:`_modes_as_of`), the views
   (:func:`moved_views`, :func:`views_as_of`) and the declared bindings
   (:meth:`Bindings.as_of_forward_start`), also those of the segments nested in it
   (:meth:`ModuleState.adopt`);
@@ -23,7 +25,8 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from ._compat import DisableTorchFunctionSubclass, has_storage, library_ops
+from ._compat import DisableTorchFunctionSubclass, forward_hook_tables, global_forward_hook_tables, has_storage, \
+    library_ops
 from ._errors import UnsupportedError
 from ._framework import framework_swap
 from ._plain import PlainBindings, plain_starts
@@ -230,6 +233,35 @@ def _modes_as_of(modes: list[tuple[nn.Module, bool]]) -> Iterator[None]:
             m.training = now
 
 
+def hook_records(modules: list[nn.Module]) -> list[tuple[dict, dict | None]]:
+    """As the forward ends: torch's global forward hook tables and those of each reached module,
+    each with a copy of its entries (None: empty). A hook registered around the forward and removed
+    before backward, or one added after it, would change what the replay computes; one the
+    forward registers for good (once, behind a flag) is there for the replay too."""
+    tables = global_forward_hook_tables() + [t for m in modules for t in forward_hook_tables(m)]
+    return [(t, t.copy() if t else None) for t in tables]
+
+
+@contextlib.contextmanager
+def hooks_as_of(records: list[tuple[dict, dict | None]]) -> Iterator[None]:
+    """Run with every recorded hook table holding its recorded entries; afterwards
+    each holds what it held before (hooks the replayed forward itself adds or removes included)."""
+    changed = [(t, was) for t, was in records if (was or {}) != t]
+    if not changed:
+        yield
+        return
+    now = [(t, t.copy()) for t, _ in changed]
+    for t, was in changed:
+        t.clear()
+        t.update(was or {})
+    try:
+        yield
+    finally:
+        for t, entries in now:
+            t.clear()
+            t.update(entries)
+
+
 def note_end_bindings(modules: list[tuple[str, Any]]) -> list[tuple[str, nn.Module, dict, dict]]:
     """After the forward: which tensor each attribute of the reached ``modules`` names and which
     submodule each child name holds (bound again for the replay by :func:`end_bindings_as_of`;
@@ -291,6 +323,7 @@ class ModuleState:
         self.declared_modules = declared_mods
         self.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held, [m for _, m in r.modules])
         self.modes = [(m, m.training) for _, m in r.modules]  # reached modules' flags at the forward's start
+        self.end_hooks: list = []  # their (and the global) forward hooks as the forward ended
         # views of reached undeclared tensors at the forward's start: a view changed later is not
         # what the replay reads
         self.views = view_records(t for i, (_, t) in r.tensors.items() if i not in declared_ids)
@@ -303,6 +336,7 @@ class ModuleState:
         """After the forward: note the reached ``modules``' bindings (once) and what the forward
         rebound; ``replay_queries``: the runtime's ``is_replaying()`` count now."""
         self.end_bindings = note_end_bindings(modules)
+        self.end_hooks = hook_records([m for _, m in modules])
         self._ends = {id(m): slots for _, m, slots, _ in self.end_bindings}
         self.bindings.settle(self._ends)
         self.plain.settle(guarded=replay_queries != self._queries)
@@ -338,12 +372,12 @@ class ModuleState:
 
     @contextlib.contextmanager
     def as_of_forward(self) -> Iterator[None]:
-        """Replay with the forward's end bindings, then, for each segment nested in ours and then
+        """Replay with the forward's end bindings and forward hooks, then, for each segment nested in ours and then
         ours (entered last, the earliest start wins): the training flags, the views of reached
         tensors, the declared modules' start bindings and declared tensors' storages and views, and
         the Python bindings (``_plain``) — the nested ones run again in our replay without
         replaying themselves."""
-        with end_bindings_as_of(self.end_bindings), contextlib.ExitStack() as stack:
+        with end_bindings_as_of(self.end_bindings), hooks_as_of(self.end_hooks), contextlib.ExitStack() as stack:
             for bindings, modes, views, plain in [*self.adopted, (self.bindings, self.modes, self.views, self.plain)]:
                 # entered last, our own (the earliest start) win
                 if modes:

@@ -226,6 +226,27 @@ def autocast_kwargs(device_type: str) -> tuple[dict, dict]:
     return _get_autocast_kwargs(device_type=device_type)
 
 
+#: A module's forward hook tables (``register_forward_pre_hook`` / ``register_forward_hook`` and
+#: their kwargs / always-called side tables: handle id -> hook or flag).
+_MODULE_HOOK_TABLES = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                       "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+def forward_hook_tables(m: torch.nn.Module) -> list[dict]:
+    """``m``'s forward hook tables (the dicts themselves, which ``Module.__call__`` reads)."""
+    d = m.__dict__
+    return [d[n] for n in _MODULE_HOOK_TABLES if n in d]
+
+
+def global_forward_hook_tables() -> list[dict]:
+    """torch's global forward hook tables (``register_module_forward_pre_hook`` / ``_hook``)."""
+    from torch.nn.modules import module as _module
+
+    return [getattr(_module, n) for n in ("_global_forward_pre_hooks", "_global_forward_hooks",
+                                          "_global_forward_hooks_always_called", "_global_forward_hooks_with_kwargs")
+            if hasattr(_module, n)]
+
+
 def parametrize_cache_of() -> tuple[int, dict]:
     """``torch.nn.utils.parametrize.cached()`` as of now: its nesting depth and a shallow copy of
     its cache (``{(id(module), tensor name): tensor}``; empty when caching is off), so a replay

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from collections import OrderedDict
 from typing import Any, Callable, Iterator
 
 import torch
@@ -17,13 +18,42 @@ def _clone(v: Any) -> Any:
     return v.detach().clone() if isinstance(v, torch.Tensor) else v
 
 
-def _contents(c: Any) -> Any:
-    """What a container holds, to put back with ``clear`` and ``update``/``extend``: a plain list,
-    dict or set (of a subclass's too: its own ``copy`` may need arguments), a weakref container's copy."""
-    for base in (list, dict, set):
+def _base(c: Any) -> type | None:
+    """The builtin container class whose own methods read and write ``c``'s entries (a subclass's
+    overrides bypassed: transformers' ``ACT2FN``, an ``OrderedDict`` subclass, makes an instance
+    in ``__getitem__``); None for a weakref container (its own methods are the entries')."""
+    for base in (OrderedDict, dict, list, set):
         if isinstance(c, base):
-            return base(c)
-    return copy.copy(c)
+            return base
+    return None
+
+
+def _contents(c: Any) -> Any:
+    """What a container holds, to put back by :func:`_put_back`: its raw entries (``(key, value)``
+    pairs in order, items, members), or a weakref container's copy."""
+    base = _base(c)
+    if base is None:
+        return copy.copy(c)
+    if base is list or base is set:
+        return base.copy(c)
+    return [(k, dict.__getitem__(c, k)) for k in base.__iter__(c)]
+
+
+def _put_back(c: Any, saved: Any) -> None:
+    """Give container ``c`` the entries :func:`_contents` took, with the builtin class's own methods."""
+    base = _base(c)
+    if base is None:
+        c.clear()
+        c.update(saved)
+        return
+    base.clear(c)
+    if base is list:
+        list.extend(c, saved)
+    elif base is set:
+        set.update(c, saved)
+    else:
+        for k, v in saved:
+            base.__setitem__(c, k, v)
 
 
 class ModelSnapshot:
@@ -139,8 +169,7 @@ class ModelSnapshot:
                 grad.copy_(saved)
             p.grad = grad
         for obj, saved in self.containers:
-            obj.clear()
-            obj.update(saved) if not isinstance(obj, list) else obj.extend(saved)
+            _put_back(obj, saved)
         for obj, saved in self.objects:
             for k in set(vars(obj)) - set(saved):
                 delattr(obj, k)

@@ -12,8 +12,8 @@ frame re-runs the segment in. It refuses, then puts back, in this order:
    code first seen writing it wrote since (R2, ``_learn``); parameter versions: a parameter
    written in place since the forward (R8);
 2. module bindings as of the forward's end: every reached module's parameters,
-   buffers, tensor attributes and submodules (a rebinding between forward and backward must not
-   change what the replay reads);
+   buffers, tensor attributes, submodules and forward hooks, and torch's global forward hooks (a
+   rebinding between forward and backward must not change what the replay reads);
 3. training flags, then the views of reached tensors, then the declared modules' bindings and
    the declared tensors' storages and views, and the Python bindings the forward rebound (scalar
    attributes, entries of dicts and plain objects: ``_plain``), as of the forward's start — of
