@@ -142,13 +142,16 @@ class Bindings:
     """
 
     def __init__(self, modules: list[tuple[str, nn.Module]], tensors: list[torch.Tensor],
-                 slots: list[tuple[nn.Module, str, str, Any]] = (), reached: list[nn.Module] = ()) -> None:
+                 slots: list[tuple[nn.Module, str, str, Any]] = (), reached: list[nn.Module] = (),
+                 start_slots: dict[int, dict] | None = None) -> None:
         self.mods = list({id(m): m for _, mod in modules for m in mod.modules()}.values())
         # declared and reached modules' slots as the forward starts: one holding a non-tensor then
         # (self.v = 0.0) and a tensor after is bound to its start value for the replay (tensor_bound)
         self.starts = [slot_starts(m) for m in {id(m): m for m in [*self.mods, *reached]}.values()]
         self.plain_keys: set[tuple[int, str, str]] = set()
-        self.slots = [(m, d, k, v) for m in self.mods for (d, k), v in tensor_slots(m).items()] + list(slots)
+        known = start_slots or {}  # (tensor_slots of the modules the scan met, as the forward starts)
+        self.slots = [(m, d, k, v) for m in self.mods
+                      for (d, k), v in (known.get(id(m)) or tensor_slots(m)).items()] + list(slots)
         self.data: list[tuple] = []
         self.add_tensors(tensors)
         self.rebound: list[tuple[nn.Module, str, str, Any]] = []
@@ -225,12 +228,14 @@ def _modes_as_of(modes: list[tuple[nn.Module, bool]]) -> Iterator[None]:
     was before (also those the replayed forward itself changes)."""
     before = [(m, m.training) for m, _ in modes]
     for m, was in modes:
-        m.training = was
+        if m.training is not was:  # (Module.__setattr__ is slow: set only what differs)
+            m.training = was
     try:
         yield
     finally:
         for m, now in before:
-            m.training = now
+            if m.training is not now:
+                m.training = now
 
 
 def hook_records(modules: list[nn.Module]) -> list[tuple[dict, dict | None]]:
@@ -281,6 +286,9 @@ def end_bindings_as_of(end_bindings: list[tuple[str, nn.Module, dict, dict]]) ->
     swaps = []
     for _, m, slots, children in end_bindings:
         now = tensor_slots(m)
+        if len(now) == len(slots) and all(now.get(k, _ABSENT) is v for k, v in slots.items()) \
+                and len(children) == len(m._modules) and all(m._modules.get(k, _ABSENT) is c for k, c in children.items()):
+            continue  # (the common case: nothing rebound since the forward)
         for key in set(slots) | set(now):
             if slots.get(key) is not now.get(key) and not framework_swap(key[0], slots.get(key), now.get(key)):
                 table = getattr(m, key[0])  # put back what it holds now, a non-tensor (0.0) too
@@ -288,6 +296,9 @@ def end_bindings_as_of(end_bindings: list[tuple[str, nn.Module, dict, dict]]) ->
         for k in set(children) | set(m._modules):
             if children.get(k) is not m._modules.get(k):
                 swaps.append((m._modules, k, k in children, children.get(k), k in m._modules, m._modules.get(k)))
+    if not swaps:
+        yield
+        return
     for table, k, had, old, _, _ in swaps:
         put_binding(table, k, had, old)
     try:
@@ -317,11 +328,12 @@ class ModuleState:
         declared_ids = {id(t) for _, t, _ in declared.tensors}
         # a declared tensor held by an undeclared module: its slot is replayed as of the forward's start
         held = [(m, d, k, v) for _, m in r.modules if id(m) not in declared_mods
-                for (d, k), v in tensor_slots(m).items() if id(v) in declared_ids]
+                for (d, k), v in r.start_slots[id(m)].items() if id(v) in declared_ids] if declared_ids else []
         #: ``(id(module), table, name)`` of those slots (the watch leaves them to the replay)
         self.held_keys = {(id(m), d, k) for m, d, k, _ in held}
         self.declared_modules = declared_mods
-        self.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held, [m for _, m in r.modules])
+        self.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held, [m for _, m in r.modules],
+                                 r.start_slots)
         self.modes = [(m, m.training) for _, m in r.modules]  # reached modules' flags at the forward's start
         self.end_hooks: list = []  # their (and the global) forward hooks as the forward ended
         # views of reached undeclared tensors at the forward's start: a view changed later is not
@@ -385,8 +397,8 @@ class ModuleState:
                 moved = moved_views(views) if views else None
                 if moved:
                     stack.enter_context(views_as_of(moved))
-                if bindings is not None:
+                if bindings is not None and (bindings.rebound or bindings.swapped or bindings.geometry):
                     stack.enter_context(bindings.as_of_forward_start())
-                if plain is not None:
+                if plain is not None and (plain.bound or plain.sets):
                     stack.enter_context(plain.as_of_forward())
             yield

@@ -130,13 +130,22 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, li
     for _, holder, key, t in r.slots:
         table = _table(holder)
         out[(id(table), key)] = (table, key, t)
-    if module_tensors:
-        for _, m in r.modules:
-            for table in (m._buffers, m.__dict__):
-                for k, v in table.items():
-                    if isinstance(v, torch.Tensor):
-                        out[(id(table), k)] = (table, k, v)
-    tables: list[Any] = [m.__dict__ for _, m in r.modules]
+    tables: list[Any] = []
+    for _, m in r.modules:
+        d = m.__dict__
+        tables.append(d)
+        if module_tensors:
+            b = m._buffers
+            for k, v in b.items():
+                if isinstance(v, torch.Tensor):
+                    out[(id(b), k)] = (b, k, v)
+        for k, v in d.items():  # one pass: its tensors (module_tensors) and its scalars
+            if isinstance(v, torch.Tensor):
+                if module_tensors:
+                    out[(id(d), k)] = (d, k, v)
+            elif isinstance(v, SCALARS) and k != "training":  # modules' flags: ModuleState's
+                out.setdefault((id(d), k), (d, k, v))
+    modules_end = len(tables)
     sets = []
     for c in r.mutables:
         if isinstance(c, dict):
@@ -146,7 +155,7 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, li
         elif not isinstance(c, list):  # (a list's tensor entries: slots)
             kind = weak_kind(c)  # (a weakref.proxy's attributes: its referent's vars())
             (sets if kind == "set" else tables).append(c if kind in ("set", "mapping") else vars(c))
-    for table in tables:
+    for table in tables[modules_end:]:
         for k, v in table.items():
             if isinstance(v, SCALARS) and k != "training":  # modules' flags: ModuleState's
                 out.setdefault((id(table), k), (table, k, v))

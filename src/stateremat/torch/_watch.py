@@ -290,7 +290,7 @@ class Watch:
             self.bytes = ByteChecks(self.scan, probes)
             #: tensor bindings of reached undeclared modules (those the replay binds itself are
             #: asked of the transaction's module state when checked)
-            self.slots = [(path, m, tensor_slots(m)) for path, m in r.modules if not mods.declares(m)]
+            self.slots = [(path, m, r.start_slots[id(m)]) for path, m in r.modules if not mods.declares(m)]
             self.plain_slots = r.slots  # tensors bound outside modules: a rebinding is refused
 
     def _mark_reachable_aliases(self) -> None:
