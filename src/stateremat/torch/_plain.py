@@ -40,6 +40,10 @@ from ._errors import ReplayError
 from ._scan import Reach, weak_kind
 
 _ABSENT = object()  # a slot that is not bound at all
+#: Containers a segment keeps from its forward to its backward are objects the garbage collector's
+#: oldest generation scans (each one kept across a collection is promoted there, and enough of
+#: them trigger a full collection): empty ones are these shared immutable empties (or ``()``).
+EMPTY_SET: frozenset = frozenset()
 
 #: Immutable Python values a slot may hold as state (a step counter, a scale, a flag).
 SCALARS = (bool, int, float, complex, str, bytes, type(None))
@@ -212,14 +216,15 @@ class PlainBindings:
             else:
                 self.bound.append((h, k, e if guarded else v))
                 self.changed.append(self.bound[-1])
-        self.keys = {(id(h), k) for h, k, _ in self.changed}
+        self.keys = frozenset((id(h), k) for h, k, _ in self.changed) or EMPTY_SET  # (kept till backward)
         self.sets = []
         for c, start in self.set_starts:  # (a set compares without a copy; a WeakSet's members are copied)
             if len(c) != len(start) or (c != start if isinstance(c, set) else _members(c) != start):
                 end = _members(c)
                 self.sets.append((c, end if guarded else start, end))
         self.guarded = guarded
-        self.starts, self.tables, self.set_starts = [], [], []
+        self.starts, self.tables, self.set_starts = (), (), ()
+        self.changed, self.sets = self.changed or (), self.sets or ()
 
     @contextlib.contextmanager
     def as_of_forward(self) -> Iterator[None]:
