@@ -29,7 +29,7 @@ from ._compat import DisableTorchFunctionSubclass, forward_hook_tables, global_f
     library_ops
 from ._errors import UnsupportedError
 from ._framework import framework_swap
-from ._plain import PlainBindings, plain_starts
+from ._plain import EMPTY_SET, PlainBindings, plain_starts
 from ._scan import Declared, Reach, tensor_slots
 
 
@@ -142,13 +142,16 @@ class Bindings:
     """
 
     def __init__(self, modules: list[tuple[str, nn.Module]], tensors: list[torch.Tensor],
-                 slots: list[tuple[nn.Module, str, str, Any]] = (), reached: list[nn.Module] = ()) -> None:
+                 slots: list[tuple[nn.Module, str, str, Any]] = (), reached: list[nn.Module] = (),
+                 start_slots: dict[int, dict] | None = None) -> None:
         self.mods = list({id(m): m for _, mod in modules for m in mod.modules()}.values())
         # declared and reached modules' slots as the forward starts: one holding a non-tensor then
         # (self.v = 0.0) and a tensor after is bound to its start value for the replay (tensor_bound)
         self.starts = [slot_starts(m) for m in {id(m): m for m in [*self.mods, *reached]}.values()]
         self.plain_keys: set[tuple[int, str, str]] = set()
-        self.slots = [(m, d, k, v) for m in self.mods for (d, k), v in tensor_slots(m).items()] + list(slots)
+        known = start_slots or {}  # (tensor_slots of the modules the scan met, as the forward starts)
+        self.slots = [(m, d, k, v) for m in self.mods
+                      for (d, k), v in (known.get(id(m)) or tensor_slots(m)).items()] + list(slots)
         self.data: list[tuple] = []
         self.add_tensors(tensors)
         self.rebound: list[tuple[nn.Module, str, str, Any]] = []
@@ -159,8 +162,8 @@ class Bindings:
         """Note where ``tensors`` (declared now: at the forward's start, or promoted before their
         first write) keep their bytes: a later ``set_``/``.data =`` is swapped back for the replay."""
         with DisableTorchFunctionSubclass():
-            self.data += [(t, st, t.storage_offset(), t.size(), t.stride(), t.data_ptr(), st.data_ptr(), t.dtype)
-                          for t in tensors if has_storage(t) for st in (t.untyped_storage(),)]
+            self.data = [*self.data, *((t, st, t.storage_offset(), t.size(), t.stride(), t.data_ptr(), st.data_ptr(), t.dtype)
+                          for t in tensors if has_storage(t) for st in (t.untyped_storage(),))]
 
     def settle(self, now: dict[int, dict] | None = None) -> None:
         """After the forward: note what changed (nothing kept when nothing did).
@@ -200,7 +203,10 @@ class Bindings:
         ids = {id(e[0]) for e in moved}
         self.geometry = [(t, off, size, stride, dtype, sptr) for t, _, off, size, stride, _, sptr, dtype in self.data
                          if id(t) not in ids]
-        self.slots, self.data, self.starts = [], [], []
+        # what lives until backward: shared empties, not one new container each (_EMPTY)
+        self.slots, self.data, self.starts = (), (), ()
+        self.rebound, self.swapped, self.geometry = self.rebound or (), self.swapped or (), self.geometry or ()
+        self.plain_keys = self.plain_keys or EMPTY_SET
 
     @contextlib.contextmanager
     def as_of_forward_start(self) -> Iterator[None]:
@@ -212,7 +218,7 @@ class Bindings:
         for m, d, k, v in self.rebound:
             _slot_set(m, d, k, v)
         try:
-            with views_as_of(self.swapped + regeometried):
+            with views_as_of([*self.swapped, *regeometried]):
                 yield
         finally:
             for m, d, k, v in now_slots:
@@ -225,35 +231,40 @@ def _modes_as_of(modes: list[tuple[nn.Module, bool]]) -> Iterator[None]:
     was before (also those the replayed forward itself changes)."""
     before = [(m, m.training) for m, _ in modes]
     for m, was in modes:
-        m.training = was
+        if m.training is not was:  # (Module.__setattr__ is slow: set only what differs)
+            m.training = was
     try:
         yield
     finally:
         for m, now in before:
-            m.training = now
+            if m.training is not now:
+                m.training = now
 
 
-def hook_records(modules: list[nn.Module]) -> list[tuple[dict, dict | None]]:
+def hook_records(modules: list[nn.Module]) -> tuple[tuple[dict, ...], dict[int, dict]]:
     """As the forward ends: torch's global forward hook tables and those of each reached module,
-    each with a copy of its entries (None: empty). A hook registered around the forward and removed
-    before backward, or one added after it, would change what the replay computes; one the
-    forward registers for good (once, behind a flag) is there for the replay too."""
-    tables = global_forward_hook_tables() + [t for m in modules for t in forward_hook_tables(m)]
-    return [(t, t.copy() if t else None) for t in tables]
+    with a copy of the entries of each that has any (by position; the others were empty). A hook
+    registered around the forward and removed before backward, or one added after it, would change
+    what the replay computes; one the forward registers for good (once, behind a flag) is there
+    for the replay too. (Two objects however many tables: they live until backward, and every
+    object kept across a step is one more the garbage collector's oldest generation scans.)"""
+    tables = (*global_forward_hook_tables(), *(t for m in modules for t in forward_hook_tables(m)))
+    return tables, {i: t.copy() for i, t in enumerate(tables) if t}
 
 
 @contextlib.contextmanager
-def hooks_as_of(records: list[tuple[dict, dict | None]]) -> Iterator[None]:
+def hooks_as_of(records: tuple[tuple[dict, ...], dict[int, dict]]) -> Iterator[None]:
     """Run with every recorded hook table holding its recorded entries; afterwards
     each holds what it held before (hooks the replayed forward itself adds or removes included)."""
-    changed = [(t, was) for t, was in records if (was or {}) != t]
+    tables, copies = records
+    changed = [(t, copies.get(i, {})) for i, t in enumerate(tables) if copies.get(i, {}) != t]
     if not changed:
         yield
         return
     now = [(t, t.copy()) for t, _ in changed]
     for t, was in changed:
         t.clear()
-        t.update(was or {})
+        t.update(was)
     try:
         yield
     finally:
@@ -281,6 +292,9 @@ def end_bindings_as_of(end_bindings: list[tuple[str, nn.Module, dict, dict]]) ->
     swaps = []
     for _, m, slots, children in end_bindings:
         now = tensor_slots(m)
+        if len(now) == len(slots) and all(now.get(k, _ABSENT) is v for k, v in slots.items()) \
+                and len(children) == len(m._modules) and all(m._modules.get(k, _ABSENT) is c for k, c in children.items()):
+            continue  # (the common case: nothing rebound since the forward)
         for key in set(slots) | set(now):
             if slots.get(key) is not now.get(key) and not framework_swap(key[0], slots.get(key), now.get(key)):
                 table = getattr(m, key[0])  # put back what it holds now, a non-tensor (0.0) too
@@ -288,6 +302,9 @@ def end_bindings_as_of(end_bindings: list[tuple[str, nn.Module, dict, dict]]) ->
         for k in set(children) | set(m._modules):
             if children.get(k) is not m._modules.get(k):
                 swaps.append((m._modules, k, k in children, children.get(k), k in m._modules, m._modules.get(k)))
+    if not swaps:
+        yield
+        return
     for table, k, had, old, _, _ in swaps:
         put_binding(table, k, had, old)
     try:
@@ -317,20 +334,21 @@ class ModuleState:
         declared_ids = {id(t) for _, t, _ in declared.tensors}
         # a declared tensor held by an undeclared module: its slot is replayed as of the forward's start
         held = [(m, d, k, v) for _, m in r.modules if id(m) not in declared_mods
-                for (d, k), v in tensor_slots(m).items() if id(v) in declared_ids]
+                for (d, k), v in r.start_slots[id(m)].items() if id(v) in declared_ids] if declared_ids else []
         #: ``(id(module), table, name)`` of those slots (the watch leaves them to the replay)
-        self.held_keys = {(id(m), d, k) for m, d, k, _ in held}
-        self.declared_modules = declared_mods
-        self.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held, [m for _, m in r.modules])
+        self.held_keys = frozenset((id(m), d, k) for m, d, k, _ in held) or EMPTY_SET
+        self.declared_modules = frozenset(declared_mods) or EMPTY_SET
+        self.bindings = Bindings(declared.modules, [t for _, t, _ in declared.tensors], held, [m for _, m in r.modules],
+                                 r.start_slots)
         self.modes = [(m, m.training) for _, m in r.modules]  # reached modules' flags at the forward's start
-        self.end_hooks: list = []  # their (and the global) forward hooks as the forward ended
+        self.end_hooks: tuple = ((), {})  # their (and the global) forward hooks as the forward ended
         # views of reached undeclared tensors at the forward's start: a view changed later is not
         # what the replay reads
         self.views = view_records(t for i, (_, t) in r.tensors.items() if i not in declared_ids)
         self.end_bindings: list = []  # reached modules' bindings after the forward
         self._ends: dict[int, dict] = {}  # the same, by id(module)
         #: (bindings, modes, views, plain bindings) of nested segments
-        self.adopted: list[tuple[Bindings | None, list, list, PlainBindings | None]] = []
+        self.adopted: tuple[tuple[Bindings | None, list, list, PlainBindings | None], ...] = ()
 
     def end_forward(self, modules: list[tuple[str, nn.Module]], replay_queries: int = 0) -> None:
         """After the forward: note the reached ``modules``' bindings (once) and what the forward
@@ -368,7 +386,7 @@ class ModuleState:
 
     def adopt(self, inner: "ModuleState") -> None:
         """A nested segment ended: its start bindings, flags and views are replayed by us too."""
-        self.adopted.append((inner.bindings, inner.modes, inner.views, inner.plain))
+        self.adopted = (*self.adopted, (inner.bindings, inner.modes, inner.views, inner.plain))
 
     @contextlib.contextmanager
     def as_of_forward(self) -> Iterator[None]:
@@ -385,8 +403,8 @@ class ModuleState:
                 moved = moved_views(views) if views else None
                 if moved:
                     stack.enter_context(views_as_of(moved))
-                if bindings is not None:
+                if bindings is not None and (bindings.rebound or bindings.swapped or bindings.geometry):
                     stack.enter_context(bindings.as_of_forward_start())
-                if plain is not None:
+                if plain is not None and (plain.bound or plain.sets):
                     stack.enter_context(plain.as_of_forward())
             yield

@@ -40,6 +40,10 @@ from ._errors import ReplayError
 from ._scan import Reach, weak_kind
 
 _ABSENT = object()  # a slot that is not bound at all
+#: Containers a segment keeps from its forward to its backward are objects the garbage collector's
+#: oldest generation scans (each one kept across a collection is promoted there, and enough of
+#: them trigger a full collection): empty ones are these shared immutable empties (or ``()``).
+EMPTY_SET: frozenset = frozenset()
 
 #: Immutable Python values a slot may hold as state (a step counter, a scale, a flag).
 SCALARS = (bool, int, float, complex, str, bytes, type(None))
@@ -130,13 +134,22 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, li
     for _, holder, key, t in r.slots:
         table = _table(holder)
         out[(id(table), key)] = (table, key, t)
-    if module_tensors:
-        for _, m in r.modules:
-            for table in (m._buffers, m.__dict__):
-                for k, v in table.items():
-                    if isinstance(v, torch.Tensor):
-                        out[(id(table), k)] = (table, k, v)
-    tables: list[Any] = [m.__dict__ for _, m in r.modules]
+    tables: list[Any] = []
+    for _, m in r.modules:
+        d = m.__dict__
+        tables.append(d)
+        if module_tensors:
+            b = m._buffers
+            for k, v in b.items():
+                if isinstance(v, torch.Tensor):
+                    out[(id(b), k)] = (b, k, v)
+        for k, v in d.items():  # one pass: its tensors (module_tensors) and its scalars
+            if isinstance(v, torch.Tensor):
+                if module_tensors:
+                    out[(id(d), k)] = (d, k, v)
+            elif isinstance(v, SCALARS) and k != "training":  # modules' flags: ModuleState's
+                out.setdefault((id(d), k), (d, k, v))
+    modules_end = len(tables)
     sets = []
     for c in r.mutables:
         if isinstance(c, dict):
@@ -146,7 +159,7 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, li
         elif not isinstance(c, list):  # (a list's tensor entries: slots)
             kind = weak_kind(c)  # (a weakref.proxy's attributes: its referent's vars())
             (sets if kind == "set" else tables).append(c if kind in ("set", "mapping") else vars(c))
-    for table in tables:
+    for table in tables[modules_end:]:
         for k, v in table.items():
             if isinstance(v, SCALARS) and k != "training":  # modules' flags: ModuleState's
                 out.setdefault((id(table), k), (table, k, v))
@@ -203,14 +216,15 @@ class PlainBindings:
             else:
                 self.bound.append((h, k, e if guarded else v))
                 self.changed.append(self.bound[-1])
-        self.keys = {(id(h), k) for h, k, _ in self.changed}
+        self.keys = frozenset((id(h), k) for h, k, _ in self.changed) or EMPTY_SET  # (kept till backward)
         self.sets = []
         for c, start in self.set_starts:  # (a set compares without a copy; a WeakSet's members are copied)
             if len(c) != len(start) or (c != start if isinstance(c, set) else _members(c) != start):
                 end = _members(c)
                 self.sets.append((c, end if guarded else start, end))
         self.guarded = guarded
-        self.starts, self.tables, self.set_starts = [], [], []
+        self.starts, self.tables, self.set_starts = (), (), ()
+        self.changed, self.sets = self.changed or (), self.sets or ()
 
     @contextlib.contextmanager
     def as_of_forward(self) -> Iterator[None]:

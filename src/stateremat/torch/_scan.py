@@ -326,6 +326,9 @@ class Reach:
     #: ids of tensors reached only through module hooks: a hook may guard its write with
     #: ``is_replaying()``, so only a write by the replay itself is refused
     hook_only: set[int] = field(default_factory=set)
+    #: id(module) -> :func:`tensor_slots` of each reached module as the scan met it (before the
+    #: forward): the watch and the transaction read these instead of walking the module again
+    start_slots: dict[int, dict] = field(default_factory=dict)
     #: an ``nn.RReLU`` in training is reached: rrelu saves its noise before filling it, so a
     #: replay that stops at its last saved tensor hands backward unfilled memory (torch's
     #: checkpoint too); the replay must run to the end
@@ -343,8 +346,10 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
             continue
         r.seen.add(id(sub))
         r.modules.append((path, sub))
-        for kind, d in (("parameter", sub._parameters), ("buffer", sub._buffers)):
+        slots = r.start_slots[id(sub)] = {}
+        for kind, table, d in (("parameter", "_parameters", sub._parameters), ("buffer", "_buffers", sub._buffers)):
             for k, v in d.items():
+                slots[(table, k)] = v
                 if v is not None and id(v) not in r.tensors:
                     r.tensors[id(v)] = ((kind, path, k), v)
         if isinstance(sub, _NORM_TYPES) and sub.training and sub.track_running_stats:
@@ -355,12 +360,13 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
             v = sub._buffers.get("num_batches_tracked")
             if v is not None:
                 r.norm_counters.append(v)
-        for k, v in module_attrs(sub):
+        for k, v in list(sub.__dict__.items()):
             # Unregistered attributes (s.count = torch.zeros(1), s._gen, s.memory = Memory(), an
             # unregistered module) that replay would otherwise write twice or draw from again.
-            if type(v) in _PLAIN_VALUES:
+            if type(v) in _PLAIN_VALUES or k in _MODULE_INTERNALS:
                 continue
             if isinstance(v, torch.Tensor):
+                slots[("__dict__", k)] = v
                 r.tensors.setdefault(id(v), (("tensor attribute", path, k), v))
             else:
                 where = f"{path}.{k}" if path else k
@@ -658,12 +664,11 @@ def reach(fn: Callable, args: tuple, kwargs: dict, module_prefix: str = "") -> R
 def tensor_slots(m: nn.Module) -> dict[tuple[str, str], Any]:
     """What each tensor-holding attribute of ``m`` names: ``(dict, key) -> tensor`` for its
     parameters, buffers and plain tensor attributes (rebinding one changes this map)."""
-    out: dict[tuple[str, str], Any] = {}
-    for d in ("_parameters", "_buffers"):
-        for k, v in getattr(m, d).items():
-            out[(d, k)] = v
-    for k, v in module_attrs(m):
-        if isinstance(v, torch.Tensor):
+    out: dict[tuple[str, str], Any] = {("_parameters", k): v for k, v in m._parameters.items()}
+    for k, v in m._buffers.items():
+        out[("_buffers", k)] = v
+    for k, v in m.__dict__.items():
+        if isinstance(v, torch.Tensor) and k not in _MODULE_INTERNALS:
             out[("__dict__", k)] = v
     return out
 

@@ -41,7 +41,7 @@ from ._framework import framework_swap
 from ._iterators import IteratorWatch, advanced_message
 from ._errors import UndeclaredStateError, UnsupportedError
 from ._mode import StrictMode, strict_forward, warn_undeclared
-from ._plain import slot_id
+from ._plain import EMPTY_SET, slot_id
 from ._pystate import cache_fingerprint, cache_message, python_state_arguments
 from ._runtime import Runtime
 from ._scan import Declared, Reach, describe, is_input_name, is_list_entry, reachable, rebound, tensor_slots, weak_kind
@@ -290,7 +290,7 @@ class Watch:
             self.bytes = ByteChecks(self.scan, probes)
             #: tensor bindings of reached undeclared modules (those the replay binds itself are
             #: asked of the transaction's module state when checked)
-            self.slots = [(path, m, tensor_slots(m)) for path, m in r.modules if not mods.declares(m)]
+            self.slots = [(path, m, r.start_slots[id(m)]) for path, m in r.modules if not mods.declares(m)]
             self.plain_slots = r.slots  # tensors bound outside modules: a rebinding is refused
 
     def _mark_reachable_aliases(self) -> None:
@@ -336,6 +336,8 @@ class Watch:
         names = self.undeclared_writes(skip=self._hook_only, deferred=deferred)
         names, self._pending = read_or_defer(names, deferred, wait=self.txn.auto)
         self.report_undeclared(names, "after the forward")
+        _shared_empties(self, ("promoted", "_promoted_scan", "gaps", "_hook_only", "plain_slots", "_caches"))
+        _shared_empties(self.bytes, ("fingerprints", "norm_probes"))
 
     @property
     def candidates(self) -> dict:
@@ -498,6 +500,16 @@ def _refuse_advanced(watch: Watch) -> None:
         warn_undeclared(advanced_message(watch.name, advanced))
         return
     raise UnsupportedError(advanced_message(watch.name, advanced))
+
+
+def _shared_empties(obj: Any, names: tuple[str, ...]) -> None:
+    """After the forward: ``obj``'s empty lists and sets among ``names`` become shared immutable
+    empties (what a segment keeps until backward is scanned by the garbage collector's oldest
+    generation: see ``_plain.EMPTY_SET``). Only for attributes nothing appends to later."""
+    for n in names:
+        v = getattr(obj, n)
+        if not v and type(v) in (list, set):
+            setattr(obj, n, () if type(v) is list else EMPTY_SET)
 
 
 def _rebindings(slots: list, plain_slots: list, mods: ModuleState, found: dict[str, str]) -> None:
