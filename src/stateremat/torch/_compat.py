@@ -474,6 +474,11 @@ class _LibraryOps:
                 _push_mode(m)
 
 
+def in_library_ops() -> bool:
+    """True inside :func:`library_ops` on this thread (stateremat's own tensor bookkeeping runs)."""
+    return _HIDDEN.depth > 0
+
+
 def library_ops() -> _LibraryOps:
     """Run stateremat's own tensor bookkeeping outside the user's checkpoint policy and graphs.
 
