@@ -32,7 +32,8 @@ its activations (it runs as eager: no replay), strict mode refuses it, and a rep
 one (a path its forward did not take) raises ``ReplayError``.
 
 Danger:
-    An iterator the scan does not reach (deeper than its depth, inside standard-library objects),
+    An iterator the scan does not reach (deeper than its depth, inside standard-library objects;
+    a user's Python module is followed through the attribute names its code loads),
     one advanced from another thread, and files and sockets (their position is the OS's) are not
     watched.
 """
