@@ -3,13 +3,15 @@
 A forward may rebind what a dict, a plain object, a class, a module's globals or a module
 attribute holds: a Python scalar (``self.t = self.t + 1``, a spiking neuron's step), a tensor in
 a container (``ctx.key = k``, a Megatron-style RNG tracker's ``states[name] =
-torch.get_rng_state()``). Its replay would read the new value and, for an update, make it a
-second time. In data-flow order:
+torch.get_rng_state()``), an object in a dict or a plain object (``box["s"] = State(...)``, a
+cache made lazily). Its replay would read the new value and, for an update, make it a second
+time. In data-flow order:
 
 - forward: :func:`plain_starts` records, as the forward begins, every such slot the segment
-  reaches that holds a tensor or a Python scalar; at the forward's end
-  :meth:`PlainBindings.settle` keeps the slots that were rebound (to a tensor, a scalar or
-  nothing);
+  reaches that holds a tensor or a Python scalar, and the other values of reached dicts and plain
+  objects; at the forward's end :meth:`PlainBindings.settle` keeps the slots that were rebound or
+  added (a module's own attributes and weak mappings' values: only to a tensor, a scalar or
+  nothing — a module's lazily made hook handle replays as its hooks do, as the forward ended);
 - restore: :meth:`PlainBindings.as_of_forward` binds each to its value at the forward's start;
 - reinstate: each gets back the value it held before the replay.
 
@@ -22,7 +24,7 @@ see). An update after the value's last use needs no guard.
 A slot is ``(holder, key)``: the holder is a dict (a container, a module's ``__dict__`` or
 ``_buffers``, an object's ``vars()``, module globals), a list (a tensor entry by index), a class
 or a ``weakref`` mapping (an entry of a ``WeakValueDictionary`` / ``WeakKeyDictionary``, as a
-dict's: a key the forward adds is absent during the replay). A set's membership (a ``set``'s, a
+dict's: a key the forward adds is absent during the replay, whatever it holds). A set's membership (a ``set``'s, a
 ``WeakSet``'s: ``seen.add(self)``) replays as of the forward too: what the forward added is
 absent during the replay, what it removed is back. A list's Python scalars are not state here:
 ``counter = [0]; counter[0] += 1`` is how code counts calls, replays included (torch's own tests
@@ -120,9 +122,10 @@ def _replayable(v: Any) -> bool:
 
 def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, list]:
     """As the forward begins: ``(holder, key, value)`` of every slot the segment reaches that holds
-    a tensor or a Python scalar — tensors bound in lists, dicts, weak mappings, plain objects,
-    classes and module globals (:attr:`Reach.slots`), the scalars of reached dicts, weak mappings,
-    plain objects and module attributes; with ``module_tensors`` (``state="auto"``) also the reached
+    a tensor, a Python scalar or an object — tensors bound in lists, dicts, weak mappings, plain
+    objects, classes and module globals (:attr:`Reach.slots`), the scalars of reached dicts, weak
+    mappings, plain objects and module attributes, the other values of reached dicts, plain objects
+    and modules' own attributes; with ``module_tensors`` (``state="auto"``) also the reached
     modules' buffers and tensor attributes (parameters are the framework's: FSDP swaps them) —;
     ``(table, its keys)`` of those tables (a key the forward adds is absent during the replay); and
     ``(set, its members)`` of every reached set and ``WeakSet``."""
@@ -137,6 +140,7 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, li
                     if isinstance(v, torch.Tensor):
                         out[(id(table), k)] = (table, k, v)
     tables: list[Any] = [m.__dict__ for _, m in r.modules]
+    n_modules = len(tables)
     sets = []
     for c in r.mutables:
         if isinstance(c, dict):
@@ -146,15 +150,25 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, li
         elif not isinstance(c, list):  # (a list's tensor entries: slots)
             kind = weak_kind(c)  # (a weakref.proxy's attributes: its referent's vars())
             (sets if kind == "set" else tables).append(c if kind in ("set", "mapping") else vars(c))
-    for table in tables:
+    for i, table in enumerate(tables):
+        # an object bound in a dict or a plain object (``box["s"] = State(...)``) is a binding too;
+        # not a weak mapping's (held here, its value would outlive its referents) nor a module's
+        # (``if not hasattr(self, "h"): self.h = register_forward_hook(...)``: its hooks replay as
+        # the forward ended, ModuleState's, so its lazily made objects do)
+        objects = i >= n_modules and type(table) is dict
         for k, v in table.items():
-            if isinstance(v, SCALARS) and k != "training":  # modules' flags: ModuleState's
+            if isinstance(v, SCALARS):
+                if k != "training":  # modules' flags: ModuleState's
+                    out.setdefault((id(table), k), (table, k, v))
+            elif objects and not isinstance(v, torch.Tensor):
                 out.setdefault((id(table), k), (table, k, v))
     for glb, name in r.scalar_globals:  # global STEP; STEP += 1
         v = glb.get(name, _ABSENT)
         if v is _ABSENT or isinstance(v, SCALARS):
             out.setdefault((id(glb), name), (glb, name, v))
-    return list(out.values()), [(t, set(t)) for t in tables], [(c, _members(c)) for c in sets]
+    # (a key added to a module's table replays absent only if it holds a tensor or a scalar, as above)
+    return (list(out.values()), [(t, set(t), i >= n_modules) for i, t in enumerate(tables)],
+            [(c, _members(c)) for c in sets])
 
 
 class PlainBindings:
@@ -167,7 +181,8 @@ class PlainBindings:
     a set the forward changed (``seen.add(self)``) holds its start members during the replay.
 
     Args:
-        starts: ``(slots, tables, sets)`` from :func:`plain_starts`, taken as the forward began.
+        starts: ``(slots, tables, sets)`` from :func:`plain_starts`, taken as the forward began
+            (``tables``: ``(table, its keys, whether a key added with any value replays absent)``).
 
     Attributes:
         bound: ``(holder, key, value the replay reads)`` of each recorded slot.
@@ -191,12 +206,14 @@ class PlainBindings:
     def settle(self, guarded: bool) -> None:
         """After the forward: note what it rebound (``guarded``: it called ``is_replaying()``)."""
         entries = [(h, k, v, _get(h, k)) for h, k, v in self.starts]
-        for t, keys in self.tables:
+        for t, keys, objects in self.tables:
             if len(t) != len(keys) or _keys(t) != keys:
-                entries += [(t, k, _ABSENT, _get(t, k)) for k in _keys(t) - keys]
+                added = ((t, k, _ABSENT, _get(t, k)) for k in _keys(t) - keys)
+                entries += [a for a in added if objects or _replayable(a[3])]
+        modules = {id(t) for t, _, objects in self.tables if not objects}
         self.bound, self.changed = [], []
         for h, k, v, e in entries:
-            if not _replayable(e):
+            if id(h) in modules and not _replayable(e):  # (``self.h = None`` -> a hook's handle: as above)
                 continue
             if _same(v, e):
                 self.bound.append((h, k, v))
