@@ -183,3 +183,87 @@ def test_an_added_or_rebound_entry_replays_as_of_the_forward(kind, mode, strict)
 def test_the_fixed_kinds_under_both_preservers(kind, preserve):
     _assert_eager(kind, "plain", preserve)
     _assert_eager(kind, "stateful", preserve, state=[], on_undeclared="raise")
+
+
+# -- a module's own attribute bound to an object ------------------------------------------------
+
+class _Rebinds(nn.Module):
+    """``self.state = State(self.state.v * 0.5 + h)``: a module attribute rebound to a new object."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4).to(D)
+        self.state = _State(torch.zeros(4, dtype=D))
+
+    def forward(self, x):
+        h = self.lin(x)
+        self.state = _State(self.state.v * 0.5 + h.detach()[0])
+        return torch.sin(h * self.state.v)
+
+
+class _LazyCache(nn.Module):
+    """``if self.cache is None: self.cache = State(...)``: made by the first forward, which reads 1."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4).to(D)
+        self.cache = None
+
+    def forward(self, x):
+        h = self.lin(x)
+        if self.cache is None:
+            self.cache = _State(_full(3))
+            return torch.sin(h)
+        self.cache.v = self.cache.v + 1
+        return torch.sin(h * self.cache.v)
+
+
+class _LazyAttribute(_LazyCache):
+    """``if not hasattr(self, "extra"): self.extra = State(...)``: an attribute the forward adds."""
+
+    def forward(self, x):
+        h = self.lin(x)
+        if not hasattr(self, "extra"):
+            self.extra = _State(_full(3))
+            return torch.sin(h)
+        return torch.sin(h * self.extra.v)
+
+
+MODULE_KINDS = {"attribute rebound to an object": _Rebinds, "None rebound to a lazily made object": _LazyCache,
+                "object attribute added": _LazyAttribute}
+
+
+def _run_module(kind: str, mode: str, preserve: str = "region", **kw):
+    torch.manual_seed(0)
+    m = MODULE_KINDS[kind]()
+    kw = dict(preserve=preserve, **kw)
+    wrapped = StatefulCheckpoint(m, **kw) if mode == "stateful" else None
+    out = []
+    for s in range(STEPS):
+        m.zero_grad()
+        x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(s))
+        if mode == "eager":
+            y = m(x)
+        elif mode == "stateful":
+            y = wrapped(x)
+        elif mode == "nested":
+            y = checkpoint(lambda z: checkpoint(m, z, **kw) * 1.0, x, **kw)
+        else:
+            y = checkpoint(m, x, early_stop=mode == "plain", **kw)
+        y.pow(2).sum().backward()
+        out += [y.detach().clone(), m.lin.weight.grad.clone()]
+    held = getattr(m, "state", None) or getattr(m, "extra", None) or m.cache
+    return out + [held.v]
+
+
+@pytest.mark.parametrize("strict", list(STRICT))
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("preserve", PRESERVERS)
+@pytest.mark.parametrize("kind", list(MODULE_KINDS))
+def test_a_modules_object_attribute_replays_as_of_the_forward(kind, preserve, mode, strict):
+    """A module attribute rebound to, or added as, an object: eager's results bit for bit (before,
+    the replay read the forward's new object). A hook's handle made the same way replays as the
+    forward ended, as its hook does (``tests/test_torch_hook_kinds.py``)."""
+    want, got = _run_module(kind, "eager"), _run_module(kind, mode, preserve, **STRICT[strict])
+    for i, (a, b) in enumerate(zip(want, got)):
+        assert torch.equal(a, b), f"entry {i} differs from eager"

@@ -8,10 +8,10 @@ cache made lazily). Its replay would read the new value and, for an update, make
 time. In data-flow order:
 
 - forward: :func:`plain_starts` records, as the forward begins, every such slot the segment
-  reaches that holds a tensor or a Python scalar, and the other values of reached dicts and plain
-  objects; at the forward's end :meth:`PlainBindings.settle` keeps the slots that were rebound or
-  added (a module's own attributes and weak mappings' values: only to a tensor, a scalar or
-  nothing — a module's lazily made hook handle replays as its hooks do, as the forward ended);
+  reaches that holds a tensor or a Python scalar, and the other values of reached dicts, plain
+  objects and modules' own attributes; at the forward's end :meth:`PlainBindings.settle` keeps
+  the slots that were rebound or added (to anything but a hook's handle, which replays as its
+  hooks do: as the forward ended);
 - restore: :meth:`PlainBindings.as_of_forward` binds each to its value at the forward's start;
 - reinstate: each gets back the value it held before the replay.
 
@@ -37,9 +37,10 @@ import types
 from typing import Any, Iterator
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from ._errors import ReplayError
-from ._scan import Reach, weak_kind
+from ._scan import MODULE_INTERNALS, Reach, weak_kind
 
 _ABSENT = object()  # a slot that is not bound at all
 
@@ -116,8 +117,15 @@ def _same(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and isinstance(a, SCALARS) and a == b)
 
 
-def _replayable(v: Any) -> bool:
-    return v is _ABSENT or isinstance(v, (torch.Tensor, *SCALARS))
+#: Values no plain binding holds: tensors (slots, ModuleState's) and hooks' handles (see :func:`_handle`).
+_NOT_PLAIN = (torch.Tensor, RemovableHandle)
+
+
+def _handle(v: Any) -> bool:
+    """A hook's handle (``if not hasattr(self, "h"): self.h = m.register_forward_hook(...)``): the
+    hooks replay as the forward ended (ModuleState's), so the handle does too — bound as of the
+    forward's start, the replay would register the hook a second time."""
+    return isinstance(v, RemovableHandle)
 
 
 def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, list]:
@@ -151,24 +159,28 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, li
             kind = weak_kind(c)  # (a weakref.proxy's attributes: its referent's vars())
             (sets if kind == "set" else tables).append(c if kind in ("set", "mapping") else vars(c))
     for i, table in enumerate(tables):
-        # an object bound in a dict or a plain object (``box["s"] = State(...)``) is a binding too;
-        # not a weak mapping's (held here, its value would outlive its referents) nor a module's
-        # (``if not hasattr(self, "h"): self.h = register_forward_hook(...)``: its hooks replay as
-        # the forward ended, ModuleState's, so its lazily made objects do)
-        objects = i >= n_modules and type(table) is dict
+        # an object bound in a dict, a plain object or a module's own attribute (``box["s"] =
+        # State(...)``, ``self.state = State(...)``) is a binding too; not a weak mapping's (held
+        # here, its value would outlive its referents), nor ``nn.Module``'s own tables
+        # (ModuleState's), nor a hook's handle (see :func:`_handle`)
+        module = i < n_modules
+        if not module and type(table) is not dict:
+            for k, v in table.items():
+                if isinstance(v, SCALARS):
+                    out.setdefault((id(table), k), (table, k, v))
+            continue
+        skip = MODULE_INTERNALS if module else ()
         for k, v in table.items():
             if isinstance(v, SCALARS):
                 if k != "training":  # modules' flags: ModuleState's
                     out.setdefault((id(table), k), (table, k, v))
-            elif objects and not isinstance(v, torch.Tensor):
+            elif k not in skip and not isinstance(v, _NOT_PLAIN):  # (the hook tables: ModuleState's)
                 out.setdefault((id(table), k), (table, k, v))
     for glb, name in r.scalar_globals:  # global STEP; STEP += 1
         v = glb.get(name, _ABSENT)
         if v is _ABSENT or isinstance(v, SCALARS):
             out.setdefault((id(glb), name), (glb, name, v))
-    # (a key added to a module's table replays absent only if it holds a tensor or a scalar, as above)
-    return (list(out.values()), [(t, set(t), i >= n_modules) for i, t in enumerate(tables)],
-            [(c, _members(c)) for c in sets])
+    return list(out.values()), [(t, set(t)) for t in tables], [(c, _members(c)) for c in sets]
 
 
 class PlainBindings:
@@ -181,8 +193,7 @@ class PlainBindings:
     a set the forward changed (``seen.add(self)``) holds its start members during the replay.
 
     Args:
-        starts: ``(slots, tables, sets)`` from :func:`plain_starts`, taken as the forward began
-            (``tables``: ``(table, its keys, whether a key added with any value replays absent)``).
+        starts: ``(slots, tables, sets)`` from :func:`plain_starts`, taken as the forward began.
 
     Attributes:
         bound: ``(holder, key, value the replay reads)`` of each recorded slot.
@@ -206,14 +217,12 @@ class PlainBindings:
     def settle(self, guarded: bool) -> None:
         """After the forward: note what it rebound (``guarded``: it called ``is_replaying()``)."""
         entries = [(h, k, v, _get(h, k)) for h, k, v in self.starts]
-        for t, keys, objects in self.tables:
+        for t, keys in self.tables:
             if len(t) != len(keys) or _keys(t) != keys:
-                added = ((t, k, _ABSENT, _get(t, k)) for k in _keys(t) - keys)
-                entries += [a for a in added if objects or _replayable(a[3])]
-        modules = {id(t) for t, _, objects in self.tables if not objects}
+                entries += [(t, k, _ABSENT, _get(t, k)) for k in _keys(t) - keys]
         self.bound, self.changed = [], []
         for h, k, v, e in entries:
-            if id(h) in modules and not _replayable(e):  # (``self.h = None`` -> a hook's handle: as above)
+            if isinstance(e, RemovableHandle):  # (see _handle)
                 continue
             if _same(v, e):
                 self.bound.append((h, k, v))

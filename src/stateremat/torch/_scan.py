@@ -61,6 +61,7 @@ _NORM_TYPES = (nn.modules.batchnorm._NormBase,)
 #: ``nn.Module``'s own instance attributes (tables, hooks, flags): everything else a module
 #: holds in its ``__dict__``, underscored or not, is user state the scan follows.
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__)
+MODULE_INTERNALS = _MODULE_INTERNALS
 #: Plain values that hold no tensor (not followed).
 _ATOMS = (str, bytes, int, float, complex, bool, type, types.ModuleType)
 
