@@ -4,8 +4,8 @@ Kind 1: a forward that reads and changes state a user's Python module holds (``n
 ``gmod.counter["n"] += 1``, ``gmod.buf.add_(1)``, ``gmod.state.v = gmod.state.v * 0.5 + h``, a
 tensor or scalar attribute rebound) where ``gmod`` is a ``types.ModuleType`` the code names as a
 global, a closure captures (``import mod`` inside a function), a nested function loads, a package
-holds (``gpkg.sub.G``), an ``nn.Module`` holds as an attribute (``self.gm.G``), or whose own
-function does it (``helpers.run(h)``). Before, the scan did
+holds (``gpkg.sub.G``), an ``nn.Module`` holds as an attribute (``self.gm.G``), a callable
+object's ``__call__`` loads, or whose own function does it (``helpers.run(h)``). Before, the scan did
 not follow module objects: the replay advanced the generator again, or read the rebound value
 (silently wrong gradients from the first step). Now a module is followed through the attribute
 names its code loads (``_scan._add_python_module``), so each kind replays as eager or is refused
@@ -110,6 +110,12 @@ def _segment_fn(kind: str, holder: str, m: types.ModuleType):
         src = ("class K(torch.nn.Module):\n    def __init__(self, m):\n        super().__init__()\n"
                f"        self.gm = m\n\n    def forward(self, h):\n{_indent(body.replace('gmod.', 'self.gm.'), 8)}\n"
                "k = K(gmod)\n")
+    elif holder in ("a callable object's __call__", "a callable object as a global"):
+        src = f"class C:\n    def __call__(self, h):\n{_indent(body, 8)}\n"
+        if holder == "a callable object as a global":
+            src += "c = C()\ndef k(h):\n    return c(h)\n"
+        else:
+            src += "def make():\n    c = C()\n    def k(h):\n        return c(h)\n    return k\nk = make()\n"
     else:
         raise AssertionError(holder)
     exec(src, ns)
@@ -117,7 +123,8 @@ def _segment_fn(kind: str, holder: str, m: types.ModuleType):
 
 
 HOLDERS = ["global", "nested function", "package attribute", "closure (import inside a function)",
-           "from pkg import mod, in a closure", "the module's own function", "nn.Module attribute"]
+           "from pkg import mod, in a closure", "the module's own function", "nn.Module attribute",
+           "a callable object's __call__", "a callable object as a global"]
 
 
 class _Wrap(nn.Module):

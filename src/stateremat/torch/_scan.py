@@ -173,7 +173,8 @@ def _state_global(v: Any) -> bool:
         return True
     if isinstance(v, (types.FunctionType, functools.partial)):
         return isinstance(v, functools.partial) or _user_code(v)
-    return not (v is None or callable(v) or isinstance(v, _ATOMS))
+    # (a user's callable object too: what its ``__call__`` loads, ``helper = Helper()``)
+    return not (v is None or isinstance(v, _ATOMS)) and (not callable(v) or _user_code(v))
 
 
 def module_attrs(m: nn.Module) -> list[tuple[str, Any]]:
@@ -620,7 +621,9 @@ def _add_object(r: Reach, v: Any, cls: type, what: str, depth: int, prefix: str)
     if callable(v):  # a callable object's __call__ and helpers may load globals
         for name, glb in _class_globals(cls):
             g = glb.get(name)
-            if _state_global(g) and not isinstance(g, types.FunctionType):
+            if type(g) is types.ModuleType:  # ``gmod.G`` in its ``__call__``
+                _add_python_module(r, g, _class_names(cls), depth + 1)
+            elif _state_global(g) and not isinstance(g, types.FunctionType):
                 _add_value(r, g, f"global {name!r}", depth + 1, name)
 
 
