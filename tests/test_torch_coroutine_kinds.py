@@ -195,3 +195,60 @@ def test_a_reached_coroutine_left_alone_still_replays():
     block(torch.ones(3, 4, dtype=D)).sum().backward()
     assert block.recompute_count == 1  # kept its activations
     assert torch.equal(_send(c), torch.full((4,), 3.0, dtype=D))
+
+
+_CORO = None
+
+
+class _HoldsCoroutine(nn.Module):
+    def __init__(self, lin, c):
+        super().__init__()
+        self.lin, self.c = lin, c
+
+    def forward(self, x):
+        return torch.sin(self.lin(x) * _send(self.c))
+
+
+def _global_coroutine_fn(lin):
+    def fn(x):
+        return torch.sin(lin(x) * _send(_CORO))  # a global the segment's code loads
+    return fn
+
+
+@pytest.mark.parametrize("state", ["auto", None])
+@pytest.mark.parametrize("holder", ["global", "module attribute", "dict"])
+def test_every_place_the_scan_finds_a_coroutine(holder, state):
+    """A global, a module attribute, a dict: the default runs the forward as eager (exact over three
+    steps, the coroutine where eager leaves it), strict mode refuses it."""
+    global _CORO
+
+    def run(ckpt: bool):
+        global _CORO
+        torch.manual_seed(0)
+        lin, c = nn.Linear(4, 4).to(D), _counting_coroutine()
+        if holder == "global":
+            _CORO = c
+            fn = _global_coroutine_fn(lin)
+        elif holder == "module attribute":
+            fn = _HoldsCoroutine(lin, c)
+        else:
+            held = {"c": c}
+
+            def fn(x):
+                return torch.sin(lin(x) * _send(held["c"]))
+        out = []
+        for s in range(STEPS):
+            lin.zero_grad()
+            x = torch.randn(3, 4, dtype=D, generator=torch.Generator().manual_seed(s))
+            y = checkpoint(fn, x, state=state) if ckpt else fn(x)
+            y.pow(2).sum().backward()
+            out += [y.detach().clone(), lin.weight.grad.clone()]
+        return out + [_send(c)]
+    try:
+        if state is None:
+            with pytest.raises(UnsupportedError, match="advanced coroutine '_counting_coroutine'"):
+                run(True)
+            return
+        assert all(torch.equal(a, b) for a, b in zip(run(False), run(True)))
+    finally:
+        _CORO = None
