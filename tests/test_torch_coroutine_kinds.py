@@ -78,7 +78,8 @@ KINDS = {
     "async generator": (_counting_async_generator, _asend),
     "types.coroutine generator": (_generator_coroutine, _send),
 }
-_WHAT = {"coroutine": "coroutine '_counting_coroutine'", "coroutine awaiting a coroutine": "coroutine '_awaiting_coroutine'",
+_WHAT = {"coroutine": "coroutine '_counting_coroutine'",
+         "coroutine awaiting a coroutine": "coroutine '_awaiting_coroutine'",
          "async generator": "async generator '_counting_async_generator'",
          "types.coroutine generator": "generator '_generator_coroutine'"}
 

@@ -24,9 +24,9 @@ see). An update after the value's last use needs no guard.
 A slot is ``(holder, key)``: the holder is a dict (a container, a module's ``__dict__`` or
 ``_buffers``, an object's ``vars()``, module globals), a list (a tensor entry by index), a class
 or a ``weakref`` mapping (an entry of a ``WeakValueDictionary`` / ``WeakKeyDictionary``, as a
-dict's: a key the forward adds is absent during the replay, whatever it holds). A set's membership (a ``set``'s, a
-``WeakSet``'s: ``seen.add(self)``) replays as of the forward too: what the forward added is
-absent during the replay, what it removed is back. A list's Python scalars are not state here:
+dict's: a key the forward adds is absent during the replay, whatever it holds). A set's
+membership (a ``set``'s, a ``WeakSet``'s: ``seen.add(self)``) replays as of the forward too: what
+the forward added is absent during the replay, what it removed is back. A list's Python scalars are not state here:
 ``counter = [0]; counter[0] += 1`` is how code counts calls, replays included (torch's own tests
 do), as a list's appends are.
 """
@@ -222,7 +222,7 @@ class PlainBindings:
                 entries += [(t, k, _ABSENT, _get(t, k)) for k in _keys(t) - keys]
         self.bound, self.changed = [], []
         for h, k, v, e in entries:
-            if isinstance(e, RemovableHandle):  # (see _handle)
+            if _handle(e):
                 continue
             if _same(v, e):
                 self.bound.append((h, k, v))

@@ -5,10 +5,11 @@ It can *reach*: the parameters, buffers and other attributes (underscored or not
 modules included) of the modules it runs (``fn`` itself, a bound method's ``self``, modules
 captured in its closure, named as globals or passed as arguments), their classes' attributes,
 the globals their methods (``forward`` and its helpers) and ``fn`` load — a user's Python module
-among them (a global ``gmod``, ``from pkg import mod`` in a closure) followed through the attribute
-names that code loads (``gmod.G``: ``G``, as a global of the module; library and standard-library
-modules are not) —, tensors in its arguments and closure, and — up to :data:`MAX_DEPTH` levels — tensors inside captured lists,
-tuples, dicts, sets, plain objects' attributes (``self.memory.bank``), the live referents of
+among them (a global ``gmod``, ``from pkg import mod`` in a closure, a module's attribute, named
+in a callable object's ``__call__``) followed through the attribute names that code loads
+(``gmod.G``: ``G``, as a global of the module; library and standard-library modules are not) —,
+tensors in its arguments and closure, and — up to :data:`MAX_DEPTH` levels — tensors inside
+captured lists, tuples, dicts, sets, plain objects' attributes (``self.memory.bank``), the live referents of
 weak references (``ref``, ``WeakMethod``, ``proxy``), the live values of ``WeakValueDictionary`` /
 ``WeakKeyDictionary`` and members of ``WeakSet`` (subclasses of each included), and what user
 functions, bound methods, callable objects and module hooks capture, hold or load as globals (a
