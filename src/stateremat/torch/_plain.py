@@ -132,6 +132,14 @@ def _handle(v: Any) -> bool:
     return isinstance(v, RemovableHandle)
 
 
+def _framework_object(c: Any) -> bool:
+    """An object of torch's own classes (FSDP2's state, its communication context): its
+    bindings are the framework's, rebound by its hooks between forward and backward; bound as of
+    the forward for the replay, they would make the framework's replay run as its forward did
+    (gather again, record other state)."""
+    return type(c).__module__.partition(".")[0] == "torch" and hasattr(c, "__dict__") and not isinstance(c, type)
+
+
 def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, list]:
     """As the forward begins: ``(holder, key, value)`` of every slot the segment reaches that holds
     a tensor, a Python scalar or an object — tensors bound in lists, dicts, weak mappings, plain
@@ -170,6 +178,10 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, li
             tables.append(c)
         elif isinstance(c, set):
             sets.append(c)
+        elif _framework_object(c):  # (FSDP's state, reached as its hooks' self: the framework's, scalars only)
+            for k, v in vars(c).items():
+                if isinstance(v, SCALARS):
+                    out.setdefault((id(vars(c)), k), (vars(c), k, v))
         elif not isinstance(c, list):  # (a list's tensor entries: slots)
             kind = weak_kind(c)  # (a weakref.proxy's attributes: its referent's vars())
             (sets if kind == "set" else tables).append(c if kind in ("set", "mapping") else vars(c))
