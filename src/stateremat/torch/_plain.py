@@ -31,6 +31,7 @@ do), as a list's appends are.
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from typing import Any, Iterator
 
@@ -47,6 +48,9 @@ EMPTY_SET: frozenset = frozenset()
 
 #: Immutable Python values a slot may hold as state (a step counter, a scale, a flag).
 SCALARS = (bool, int, float, complex, str, bytes, type(None))
+#: Functions a module attribute may hold (``self.act = torch.tanh``, swapped by the forward after
+#: its use): replayed as of the forward, as a scalar is (exact types: one set lookup each).
+FUNCTIONS = frozenset({types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial})
 
 
 def _table(holder: Any) -> Any:
@@ -119,7 +123,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 def _replayable(v: Any) -> bool:
-    return v is _ABSENT or isinstance(v, (torch.Tensor, *SCALARS))
+    return v is _ABSENT or isinstance(v, (torch.Tensor, *SCALARS)) or type(v) in FUNCTIONS
 
 
 def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, list]:
@@ -147,7 +151,7 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, li
             if isinstance(v, torch.Tensor):
                 if module_tensors:
                     out[(id(d), k)] = (d, k, v)
-            elif isinstance(v, SCALARS) and k != "training":  # modules' flags: ModuleState's
+            elif (isinstance(v, SCALARS) or type(v) in FUNCTIONS) and k != "training":  # (flags: ModuleState's)
                 out.setdefault((id(d), k), (d, k, v))
     modules_end = len(tables)
     sets = []

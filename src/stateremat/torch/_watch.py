@@ -265,6 +265,9 @@ class Watch:
         self.promoted: list[torch.Tensor] = []
         self._promoted_scan: list = []  # their scan records
         self.gaps: list[torch.Tensor] = []
+        #: what the forward changed of the module structure and hook registrations (``_structure``,
+        #: set by ``run_segment`` at its end): under ``state="auto"`` it keeps its activations
+        self.restructured: tuple[str, ...] = ()
         #: storage keys a watched ``state="auto"`` forward passed to an op (set at its end by
         #: ``_learn.end``; None: not watched), read by ``_learn.refuse_changed_reads``
         self.touched: frozenset | None = None
@@ -424,6 +427,8 @@ class Watch:
         written = [(n, t) for n, t, _ in [*self.scan, *self._promoted_scan] if describe(n) in wanted]
         if self.txn.auto and when == "after the forward":  # state="auto": a gap, this forward eager
             self.gaps, names, written = _split_gaps(names, written)
+            if self.restructured:  # (a parameter or buffer it registered: this forward runs as eager)
+                names = [n for n in names if not n.endswith("(rebound to another tensor)")]
             if not names:
                 return
         listed = ", ".join(names)

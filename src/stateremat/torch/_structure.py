@@ -1,0 +1,151 @@
+"""Module structure and hook registrations a forward changes: what no replay can see as it was (issue 25).
+
+A replay re-runs the forward's code against the world as the forward saw it: tensors, Python
+values and module bindings are put back. What a forward *registers* is not: a hook it adds
+behind a one-time flag (``if not self.ready: self.ready = True; w.register_hook(...)``) would be
+added a second time by the replay (the flag replays as of the forward's start) and stay for
+every later step; a one-shot hook that removes itself is gone for the replay; a child it
+appends to a ``ModuleList``, a submodule it swaps after using it, a parameter or buffer it
+registers, a parametrization (a class swap) cannot be had as of the forward's start without
+duplicating the objects autograd accumulates into.
+
+:class:`StructureWatch` records, when the forward begins, one flat list of cheap reads (types,
+lengths, the keys of non-empty hook tables and the identities of each reached module's
+children) over torch's global module hook tables, every reached module (``Reach.modules``:
+its class, the number of its parameters and buffers, its forward/backward hook tables, its
+children) and every reached tensor that is no input of the segment (its tensor hooks); at the
+forward's end it reads them again and says what differs. A hook registered and removed inside
+the forward, or one registered or removed between the forward and its backward, changes
+nothing here (the replay runs the former again; hooks replay as the forward ended). The record
+holds the reached modules' children until the forward ends, and nothing after.
+
+The caller acts on the answer (``run_segment``): under ``state="auto"`` that one forward keeps
+its activations (it runs as eager: no replay, nothing registered twice) and the next step,
+structure unchanged, is checkpointed; strict mode refuses it (:func:`refuse`) unless the forward
+guards its set-up with ``is_replaying()``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from torch.nn.modules import module as _module
+
+from ._errors import UnsupportedError
+from ._mode import warn_undeclared
+from ._scan import describe, is_input_name
+
+#: A module's hook tables: registering or removing a hook adds or drops a key in one of these
+#: (the kwargs / always-called side tables only flag keys of the first two).
+_TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_GLOBALS = tuple(getattr(_module, f"_global{n}") for n in _TABLES if hasattr(_module, f"_global{n}"))
+_WHAT = ("forward pre-hooks", "forward hooks", "backward pre-hooks", "backward hooks")
+
+
+def _table(sig: list, t: Any) -> None:
+    # its length, then its keys (handle ids, never reused) when it has any: exact and cheap
+    if t:
+        sig.append(len(t))
+        sig += t
+    else:
+        sig.append(0)
+
+
+def _module_part(sig: list, m: Any) -> None:
+    d = m.__dict__
+    sig += (type(m), len(m._parameters), len(m._buffers))
+    for n in _TABLES:
+        _table(sig, d.get(n))
+    children = m._modules
+    sig.append(len(children))
+    if children:
+        sig += children.values()
+
+
+def _signature(modules: list, tensors: list, marks: list | None) -> list:
+    sig: list = []
+    for t in _GLOBALS:
+        _table(sig, t)
+    for _, m in modules:
+        if marks is not None:
+            marks.append(len(sig))
+        _module_part(sig, m)
+    for _, t in tensors:
+        if marks is not None:
+            marks.append(len(sig))
+        _table(sig, t._backward_hooks)
+        _table(sig, t._post_accumulate_grad_hooks)
+    return sig
+
+
+class StructureWatch:
+    """Module structure and hook registrations around one forward (see the module docstring).
+
+    Args:
+        modules: the reached ``(path, module)`` pairs (``Reach.modules``).
+        tensors: the reached tensors (``Reach.tensors``); the segment's inputs are left out (a hook
+            the replay registers on its detached inputs never runs).
+    """
+
+    def __init__(self, modules: list, tensors: dict) -> None:
+        self.modules = modules
+        self.tensors = [(n, t) for n, t in tensors.values() if not (isinstance(n, str) and is_input_name(n))]
+        self._start: list | None = _signature(modules, self.tensors, None)
+
+    def changes(self) -> tuple[str, ...]:
+        """At the forward's end: what it changed (empty: nothing), described; the record is dropped."""
+        start, self._start = self._start, None
+        if start is None:
+            return ()
+        end = _signature(self.modules, self.tensors, None)
+        if end == start:  # (identity first for each entry: no __eq__ of a module is called)
+            self.modules, self.tensors = (), ()
+            return ()
+        marks: list = []
+        _signature(self.modules, self.tensors, marks)
+        i = next((i for i, (a, b) in enumerate(zip(start, end)) if not (a is b or a == b)), min(len(start), len(end)))
+        out = (_describe(self, marks, i, start, end),)
+        self.modules, self.tensors = (), ()
+        return out
+
+
+def _describe(w: StructureWatch, marks: list, i: int, start: list, end: list) -> str:
+    """Name what changed at the first differing entry ``i`` (earlier parts are equal in both)."""
+    k = sum(1 for m in marks if m <= i) - 1  # the part holding entry i
+    if k < 0:
+        return "torch's global module hooks (register_module_forward_hook / _backward_hook ...)"
+    if k >= len(w.modules):
+        name, _ = w.tensors[k - len(w.modules)]
+        return f"the hooks of {describe(name)} (register_hook / register_post_accumulate_grad_hook)"
+    path, m = w.modules[k]
+    where = f"module {path!r}" if path else f"the segment's module ({type(m).__name__})"
+    a, b = start[marks[k]:], end[marks[k]:]
+    if a[0] is not b[0]:
+        return f"{where}: its class ({a[0].__name__} -> {b[0].__name__}, e.g. register_parametrization)"
+    if a[1] != b[1] or a[2] != b[2]:
+        return f"{where}: its parameters or buffers (added or removed)"
+    pa, pb = 3, 3
+    for what in _WHAT:
+        if a[pa:pa + 1 + a[pa]] != b[pb:pb + 1 + b[pb]]:
+            return f"{where}: its {what} (registered or removed)"
+        pa, pb = pa + 1 + a[pa], pb + 1 + b[pb]
+    return f"{where}: its submodules (added, removed or rebound)"
+
+
+def refuse(name: str, changed: tuple[str, ...], on_undeclared: str) -> None:
+    """Strict mode, at the forward's end: a forward that changed what its replay cannot see as it
+    was is refused (``on_undeclared="warn"``: warned; the replay runs against the changed world).
+
+    Raises:
+        UnsupportedError: naming what changed, with what to do.
+    """
+    msg = (f"stateremat.torch.checkpoint: segment {name!r} changed {'; '.join(changed)} in its forward; its "
+           "replay would run that code again against the changed modules (a hook registered twice and kept, "
+           "a one-shot hook missing, a child appended again), so its gradients would differ from eager's "
+           "(expected the module structure and hook registrations the forward began with, got a change). "
+           "Tip: run the set-up once before checkpointing (one step without checkpoint), or guard it with "
+           "'if not stateremat.torch.is_replaying():' (then the replay sees what the forward left), or "
+           "leave state= at its default (state='auto' runs such a forward as eager, once).")
+    if on_undeclared == "warn":
+        warn_undeclared(msg)
+        return
+    raise UnsupportedError(msg)
