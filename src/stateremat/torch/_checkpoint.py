@@ -41,7 +41,7 @@ from ._preserve import PRESERVERS
 from ._runtime import runtime
 from ._scan import Declared, check_state, describe, reach, resolve_state, root_module
 from ._storage import storage_key
-from ._structure import StructureWatch, refuse as refuse_restructured
+from ._structure import StructureWatch
 from ._txn import Transaction
 from ._watch import Watch
 
@@ -380,9 +380,9 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
         with watch.observing():
             out = frame.run(watch, args, kwargs)
             txn.end_forward(r.modules)
-            watch.restructured = shape.changes()
-            if watch.restructured and not auto and not txn.modules.plain.guarded:
-                refuse_restructured(name, watch.restructured, on_undeclared)
+            watch.restructured = shape.changes(keep=not auto)
+            if watch.restructured and not auto:  # strict mode: the replay must change nothing
+                watch.reshaped = shape
             watch.end_forward()
             if auto:
                 _learn.end(rt, r.tensors, on_undeclared, watch, frame)

@@ -21,17 +21,19 @@ holds the reached modules' children until the forward ends, and nothing after.
 
 The caller acts on the answer (``run_segment``): under ``state="auto"`` that one forward keeps
 its activations (it runs as eager: no replay, nothing registered twice) and the next step,
-structure unchanged, is checkpointed; strict mode refuses it (:func:`refuse`) unless the forward
-guards its set-up with ``is_replaying()``.
+structure unchanged, is checkpointed. Strict mode (activations already dropped) checks the
+replay instead (:meth:`StructureWatch.around_replay`): one that changes them again — its set-up
+ran a second time — is refused with ``ReplayError``; one guarded by ``is_replaying()`` or by
+something the replay sees as the forward left it (``if not hasattr(self, "handle")``) replays.
 """
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from typing import Any, Iterator
 
 from torch.nn.modules import module as _module
 
-from ._errors import UnsupportedError
-from ._mode import warn_undeclared
+from ._errors import ReplayError
 from ._scan import describe, is_input_name
 
 #: A module's hook tables: registering or removing a hook adds or drops a key in one of these
@@ -91,21 +93,36 @@ class StructureWatch:
         self.tensors = [(n, t) for n, t in tensors.values() if not (isinstance(n, str) and is_input_name(n))]
         self._start: list | None = _signature(modules, self.tensors, None)
 
-    def changes(self) -> tuple[str, ...]:
-        """At the forward's end: what it changed (empty: nothing), described; the record is dropped."""
+    def changes(self, keep: bool = False) -> tuple[str, ...]:
+        """At the forward's (or a replay's) end: what it changed (empty: nothing), described; the
+        record is dropped, and what it reaches too unless ``keep`` (strict mode checks the replay)."""
         start, self._start = self._start, None
-        if start is None:
-            return ()
-        end = _signature(self.modules, self.tensors, None)
-        if end == start:  # (identity first for each entry: no __eq__ of a module is called)
+        end = _signature(self.modules, self.tensors, None) if start is not None else start
+        out: tuple[str, ...] = ()
+        if end != start:  # (identity first for each entry: no __eq__ of a module is called)
+            marks: list = []
+            _signature(self.modules, self.tensors, marks)
+            i = next((i for i, (a, b) in enumerate(zip(start, end)) if not (a is b or a == b)),
+                     min(len(start), len(end)))
+            out = (_describe(self, marks, i, start, end),)
+        if not (keep and out):
             self.modules, self.tensors = (), ()
-            return ()
-        marks: list = []
-        _signature(self.modules, self.tensors, marks)
-        i = next((i for i, (a, b) in enumerate(zip(start, end)) if not (a is b or a == b)), min(len(start), len(end)))
-        out = (_describe(self, marks, i, start, end),)
-        self.modules, self.tensors = (), ()
         return out
+
+    @contextlib.contextmanager
+    def around_replay(self, name: str, inner: Any) -> Iterator[None]:
+        """Strict mode, around the replay of a forward that changed its modules: a replay that changes
+        them again (its set-up ran a second time) is refused before its recomputed tensors are used.
+
+        Raises:
+            ReplayError: naming what the replay changed (it is not undone), with what to do.
+        """
+        self._start = _signature(self.modules, self.tensors, None)
+        with inner:
+            yield
+        again = self.changes(keep=True)
+        if again:
+            raise ReplayError(_message(name, again))
 
 
 def _describe(w: StructureWatch, marks: list, i: int, start: list, end: list) -> str:
@@ -131,21 +148,12 @@ def _describe(w: StructureWatch, marks: list, i: int, start: list, end: list) ->
     return f"{where}: its submodules (added, removed or rebound)"
 
 
-def refuse(name: str, changed: tuple[str, ...], on_undeclared: str) -> None:
-    """Strict mode, at the forward's end: a forward that changed what its replay cannot see as it
-    was is refused (``on_undeclared="warn"``: warned; the replay runs against the changed world).
-
-    Raises:
-        UnsupportedError: naming what changed, with what to do.
-    """
-    msg = (f"stateremat.torch.checkpoint: segment {name!r} changed {'; '.join(changed)} in its forward; its "
-           "replay would run that code again against the changed modules (a hook registered twice and kept, "
-           "a one-shot hook missing, a child appended again), so its gradients would differ from eager's "
-           "(expected the module structure and hook registrations the forward began with, got a change). "
-           "Tip: run the set-up once before checkpointing (one step without checkpoint), or guard it with "
-           "'if not stateremat.torch.is_replaying():' (then the replay sees what the forward left), or "
-           "leave state= at its default (state='auto' runs such a forward as eager, once).")
-    if on_undeclared == "warn":
-        warn_undeclared(msg)
-        return
-    raise UnsupportedError(msg)
+def _message(name: str, changed: tuple[str, ...]) -> str:
+    return (f"stateremat.torch.checkpoint: segment {name!r}: its replay changed {'; '.join(changed)}, as its "
+            "forward had: the forward's set-up ran a second time (a flag it sets replays as of the forward's "
+            "start), so the replay computed against other hooks or modules than the forward did (expected the "
+            "replay to leave the module structure and hook registrations as the forward left them, got a "
+            "change; it stays: remove it before retrying). Tip: guard the set-up with 'if not "
+            "stateremat.torch.is_replaying():' (the replay then sees what the forward left), or run one step "
+            "without checkpointing first, or leave state= at its default (state='auto' runs such a forward "
+            "as eager, once).")
