@@ -43,39 +43,29 @@ _GLOBALS = tuple(getattr(_module, f"_global{n}") for n in _TABLES if hasattr(_mo
 _WHAT = ("forward pre-hooks", "forward hooks", "backward pre-hooks", "backward hooks")
 
 
-def _table(sig: list, t: Any) -> None:
-    # its length, then its keys (handle ids, never reused) when it has any: exact and cheap
-    if t:
-        sig.append(len(t))
-        sig += t
-    else:
-        sig.append(0)
-
-
-def _module_part(sig: list, m: Any) -> None:
-    d = m.__dict__
-    sig += (type(m), len(m._parameters), len(m._buffers))
-    for n in _TABLES:
-        _table(sig, d.get(n))
-    children = m._modules
-    sig.append(len(children))
-    if children:
-        sig += children.values()
+def _keys(t: Any) -> Any:
+    # a table's keys (handle ids, never reused: exact), allocated only when it has any
+    return (*t,) if t else 0
 
 
 def _signature(modules: list, tensors: list, marks: list | None) -> list:
-    sig: list = []
-    for t in _GLOBALS:
-        _table(sig, t)
+    """One flat list (one loop, no call per module: this runs twice per segment and step)."""
+    sig: list = [_keys(t) for t in _GLOBALS]
+    fp, f, bp, b = _TABLES
     for _, m in modules:
         if marks is not None:
             marks.append(len(sig))
-        _module_part(sig, m)
+        d = m.__dict__
+        children, h1, h2, h3, h4 = d["_modules"], d.get(fp), d.get(f), d.get(bp), d.get(b)
+        sig += (type(m), len(d["_parameters"]), len(d["_buffers"]), (*h1,) if h1 else 0, (*h2,) if h2 else 0,
+                (*h3,) if h3 else 0, (*h4,) if h4 else 0, len(children))
+        if children:
+            sig += children.values()
     for _, t in tensors:
         if marks is not None:
             marks.append(len(sig))
-        _table(sig, t._backward_hooks)
-        _table(sig, t._post_accumulate_grad_hooks)
+        h1, h2 = t._backward_hooks, t._post_accumulate_grad_hooks
+        sig += ((*h1,) if h1 else 0, (*h2,) if h2 else 0)
     return sig
 
 
@@ -140,11 +130,9 @@ def _describe(w: StructureWatch, marks: list, i: int, start: list, end: list) ->
         return f"{where}: its class ({a[0].__name__} -> {b[0].__name__}, e.g. register_parametrization)"
     if a[1] != b[1] or a[2] != b[2]:
         return f"{where}: its parameters or buffers (added or removed)"
-    pa, pb = 3, 3
-    for what in _WHAT:
-        if a[pa:pa + 1 + a[pa]] != b[pb:pb + 1 + b[pb]]:
+    for j, what in enumerate(_WHAT):
+        if a[3 + j] != b[3 + j]:
             return f"{where}: its {what} (registered or removed)"
-        pa, pb = pa + 1 + a[pa], pb + 1 + b[pb]
     return f"{where}: its submodules (added, removed or rebound)"
 
 
