@@ -18,7 +18,7 @@ import torch.nn.utils.parametrize as P
 from torch.nn.modules import module as _module
 
 from stateremat.torch import StatefulCheckpoint, checkpoint, is_replaying
-from stateremat.torch._errors import ReplayError
+from stateremat.torch._errors import ReplayError, UnsupportedError
 
 D = torch.float64
 _TABLES = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
@@ -196,10 +196,23 @@ def test_strict_refuses_a_replay_that_runs_the_setup_again(kind):
     m = _Model(kind)
     x = torch.randn(3, 4, dtype=D, requires_grad=True)
     y = checkpoint(m, x, state=[], on_undeclared="raise")
-    with pytest.raises(ReplayError, match="its replay changed .*is_replaying"):
+    with pytest.raises(ReplayError, match="its replay left .*otherwise than its forward did.*is_replaying"):
         y.sum().backward()
     for h in m.handles:
         h.remove()
+
+
+def test_strict_refuses_a_forward_that_removes_a_hook():
+    """A one-shot hook gone at the forward's end cannot run in the replay: refused at once."""
+    m = _Model("one_shot_hook")
+    with pytest.raises(UnsupportedError, match="removed a hook in its forward.*module 'l'.*Tip: remove the hook outside"):
+        checkpoint(m, torch.randn(3, 4, dtype=D, requires_grad=True), state=[], on_undeclared="raise")
+
+
+def test_strict_replays_a_buffer_a_declared_module_registers():
+    """A buffer registered on the first forward of a declared module: the replay registers it again as
+    the forward did (its bindings replay as of the start), so it ends as the forward ended: exact."""
+    _assert_eager("buffer", lambda m: (lambda x: checkpoint(m, x, state="buffers", on_undeclared="raise")))
 
 
 @pytest.mark.parametrize("kind", ["param_hook", "forward_pre_hook", "full_backward_hook", "modulelist"])

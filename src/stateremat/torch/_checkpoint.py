@@ -381,7 +381,8 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
             out = frame.run(watch, args, kwargs)
             txn.end_forward(r.modules)
             watch.restructured = shape.changes(keep=not auto)
-            if watch.restructured and not auto:  # strict mode: the replay must change nothing
+            if watch.restructured and not auto:  # strict mode: the replay must end as the forward did
+                shape.refuse_removed(name)
                 watch.reshaped = shape
             watch.end_forward()
             if auto:

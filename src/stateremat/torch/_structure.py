@@ -33,7 +33,7 @@ from typing import Any, Iterator
 
 from torch.nn.modules import module as _module
 
-from ._errors import ReplayError
+from ._errors import ReplayError, UnsupportedError
 from ._scan import describe, is_input_name
 
 #: A module's hook tables: registering or removing a hook adds or drops a key in one of these
@@ -84,35 +84,61 @@ class StructureWatch:
         self._start: list | None = _signature(modules, self.tensors, None)
 
     def changes(self, keep: bool = False) -> tuple[str, ...]:
-        """At the forward's (or a replay's) end: what it changed (empty: nothing), described; the
-        record is dropped, and what it reaches too unless ``keep`` (strict mode checks the replay)."""
+        """At the forward's end: what it changed (empty: nothing), described; the record is dropped,
+        and what it reaches too unless ``keep`` (strict mode: the replay is checked against the
+        forward's end, :meth:`around_replay`)."""
         start, self._start = self._start, None
-        end = _signature(self.modules, self.tensors, None) if start is not None else start
-        out: tuple[str, ...] = ()
-        if end != start:  # (identity first for each entry: no __eq__ of a module is called)
-            marks: list = []
-            _signature(self.modules, self.tensors, marks)
-            i = next((i for i, (a, b) in enumerate(zip(start, end)) if not (a is b or a == b)),
-                     min(len(start), len(end)))
-            out = (_describe(self, marks, i, start, end),)
-        if not (keep and out):
+        end = _signature(self.modules, self.tensors, None) if start is not None else None
+        out = self._diff(start, end) if start is not None else ()
+        if keep and out:
+            self._end, self._removed, self._what = end, _hooks_of(start) - _hooks_of(end), "; ".join(out)
+        else:
             self.modules, self.tensors = (), ()
         return out
 
-    @contextlib.contextmanager
-    def around_replay(self, name: str, inner: Any) -> Iterator[None]:
-        """Strict mode, around the replay of a forward that changed its modules: a replay that changes
-        them again (its set-up ran a second time) is refused before its recomputed tensors are used.
+    def _diff(self, before: list, now: list) -> tuple[str, ...]:
+        if now == before:  # (identity first for each entry: no __eq__ of a module is called)
+            return ()
+        marks: list = []
+        _signature(self.modules, self.tensors, marks)  # (offsets of ``now``'s parts)
+        i = next((i for i, (a, b) in enumerate(zip(before, now)) if not (a is b or a == b)),
+                 min(len(before), len(now)))
+        return (_describe(self, marks, i, before, now),)
+
+    def refuse_removed(self, name: str) -> None:
+        """Strict mode, at the forward's end: a hook the forward removed (a one-shot hook) cannot be
+        there for the replay, which would compute without it.
 
         Raises:
-            ReplayError: naming what the replay changed (it is not undone), with what to do.
+            UnsupportedError: naming what changed, with what to do.
         """
-        self._start = _signature(self.modules, self.tensors, None)
+        if self._removed:
+            raise UnsupportedError(
+                f"stateremat.torch.checkpoint: segment {name!r} removed a hook in its forward ({self._what}): its "
+                "replay would run without it and compute other saved tensors than the forward did (expected "
+                "the hooks the forward began with to be there as it ends, got one removed). Tip: remove the "
+                "hook outside the checkpointed segment (e.g. after backward), or run that step without "
+                "checkpointing, or leave state= at its default (state='auto' runs such a forward as eager).")
+
+    @contextlib.contextmanager
+    def around_replay(self, name: str, inner: Any) -> Iterator[None]:
+        """Strict mode, around the replay of a forward that changed its modules: a replay that leaves
+        them otherwise than the forward did (its set-up ran a second time: a flag replays as of the
+        forward's start) is refused before its recomputed tensors are used.
+
+        Raises:
+            ReplayError: naming what differs (the replay's change is not undone), with what to do.
+        """
         with inner:
             yield
-        again = self.changes(keep=True)
+        again = self._diff(self._end, _signature(self.modules, self.tensors, None))
         if again:
             raise ReplayError(_message(name, again))
+
+
+def _hooks_of(sig: list) -> set:
+    """Every hook id in a signature (ids are never reused: one missing at the end was removed)."""
+    return {k for e in sig if type(e) is tuple for k in e}
 
 
 def _describe(w: StructureWatch, marks: list, i: int, start: list, end: list) -> str:
@@ -137,8 +163,8 @@ def _describe(w: StructureWatch, marks: list, i: int, start: list, end: list) ->
 
 
 def _message(name: str, changed: tuple[str, ...]) -> str:
-    return (f"stateremat.torch.checkpoint: segment {name!r}: its replay changed {'; '.join(changed)}, as its "
-            "forward had: the forward's set-up ran a second time (a flag it sets replays as of the forward's "
+    return (f"stateremat.torch.checkpoint: segment {name!r}: its replay left {'; '.join(changed)} otherwise "
+            "than its forward did: the forward's set-up ran a second time (a flag it sets replays as of the forward's "
             "start), so the replay computed against other hooks or modules than the forward did (expected the "
             "replay to leave the module structure and hook registrations as the forward left them, got a "
             "change; it stays: remove it before retrying). Tip: guard the set-up with 'if not "
