@@ -363,12 +363,38 @@ def test_a_reader_whose_state_a_later_segment_first_writes_is_refused_never_sile
                 break
             except ReplayError as exc:
                 assert "buffer 'q'" in str(exc) and "Tip: put the tensor back as it was before this step and rerun" in str(exc)
+                # the other tip, followed by the test below (running a step without checkpointing does not help)
+                assert "declare it where it is read (checkpoint(fn, ..., state=[tensor])" in str(exc)
+                assert "run one step before" not in str(exc)
                 refused.append(step)
                 with torch.no_grad():  # the user reruns the step from the state before it
                     got.q.copy_(q0)
                 got.n = n0
         assert torch.equal(got.a.weight.grad, ref.a.weight.grad) and torch.equal(got.q, ref.q)
     assert refused == [late - 1]
+
+
+@pytest.mark.parametrize("late", [1, 3])
+@pytest.mark.parametrize("preserve", ["region", "whole"])
+def test_the_refusals_declaration_tip_is_exact_from_the_first_step(late, preserve):
+    """The refusal's tip: declare the tensor where it is read (A's checkpoint gets state=[q]): every
+    step equals eager, the step B first writes q included (a step run without checkpointing
+    first teaches the default nothing, so the tip no longer suggests it)."""
+    x = torch.randn(16, 8, dtype=D, generator=torch.Generator().manual_seed(1))
+    torch.manual_seed(0)
+    ref = _ReaderWriter(late)
+    got = copy.deepcopy(ref)
+
+    def declared(x):
+        return checkpoint(got.B, checkpoint(got.A, x, state=[got.q], preserve=preserve), preserve=preserve)
+
+    for step in range(5):
+        ref.zero_grad()
+        got.zero_grad()
+        ref(x, False).pow(2).sum().backward()
+        declared(x).pow(2).sum().backward()
+        assert torch.equal(got.a.weight.grad, ref.a.weight.grad) and torch.equal(got.b.weight.grad, ref.b.weight.grad)
+        assert torch.equal(got.q, ref.q) and got.n == ref.n
 
 
 class _CountsAndReads(nn.Module):

@@ -7,6 +7,7 @@ nesting and other write ops. A pattern ends either exactly right or in a clear e
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import types
 import warnings
@@ -659,6 +660,40 @@ def test_profile_restores_generators_and_containers_the_model_holds():
     profile(model, ["0", "1"], torch.randn(4, 8), repeats=1)
     assert all(torch.equal(b.g.get_state(), s) for b, s in zip(model, states))
     assert all(b.seen == [0] for b in model)
+
+
+@pytest.mark.parametrize("preserve", ["region", "whole"])
+def test_the_lazy_modules_tip_followed_gives_eager_results(preserve):
+    """The lazy-module refusal's tip (one forward in evaluation mode without gradients) only
+    materializes the parameters: the BatchNorm statistics stay as built (the tip's old wording,
+    a forward in training mode, updated them), and checkpointed training from there equals eager
+    training from the same materialized model, bit for bit."""
+    torch.manual_seed(0)
+    got = nn.Sequential(nn.LazyLinear(4), nn.LazyBatchNorm1d(), nn.Dropout(0.2), nn.Tanh(), nn.Linear(4, 2)).double()
+    x = torch.randn(6, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with pytest.raises(ValueError, match=r"lazy") as exc:
+        checkpoint(got, x.clone().requires_grad_(), preserve=preserve)
+    assert "model.eval(); with torch.no_grad(): model(x); model.train()" in str(exc.value)
+    got.eval()  # the tip
+    with torch.no_grad():
+        got(x)
+    got.train()
+    bn = got[1]
+    assert torch.equal(bn.running_mean, torch.zeros(4, dtype=torch.float64))
+    assert torch.equal(bn.running_var, torch.ones(4, dtype=torch.float64)) and int(bn.num_batches_tracked) == 0
+    ref = copy.deepcopy(got)
+    for step in range(3):
+        torch.manual_seed(step)
+        xr = (x + step).requires_grad_()
+        ref(xr).pow(2).sum().backward()
+        torch.manual_seed(step)
+        xg = (x + step).requires_grad_()
+        checkpoint(got, xg, preserve=preserve).pow(2).sum().backward()
+        assert torch.equal(xr.grad, xg.grad)
+        assert all(torch.equal(p.grad, q.grad) for p, q in zip(ref.parameters(), got.parameters()))
+        assert all(torch.equal(a, b) for a, b in zip(ref.buffers(), got.buffers()))
+        ref.zero_grad()
+        got.zero_grad()
 
 
 def test_clear_errors_for_lazy_modules_and_too_many_sequential_segments():

@@ -435,8 +435,9 @@ def _refuse_lazy(r: Any, name: str) -> None:
     if lazy:
         raise ValueError(f"stateremat.torch.checkpoint: segment {name!r} reaches uninitialized lazy "
                          f"parameters/buffers ({', '.join(lazy[:3])}); their first forward creates them, which "
-                         "a replay cannot repeat. Tip: run one forward (e.g. under torch.no_grad()) before "
-                         "checkpointing lazy modules.")
+                         "a replay cannot repeat. Tip: run one forward in evaluation mode without gradients before "
+                         "checkpointing (model.eval(); with torch.no_grad(): model(x); model.train()): in training "
+                         "mode that forward would also update BatchNorm statistics and draw dropout's random numbers.")
 
 
 def _identity(x: Any) -> Any:

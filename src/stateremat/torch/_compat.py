@@ -247,6 +247,11 @@ def global_forward_hook_tables() -> list[dict]:
             if hasattr(_module, n)]
 
 
+def parametrize_caching() -> bool:
+    """True inside ``torch.nn.utils.parametrize.cached()`` now."""
+    return bool(_parametrize._cache_enabled)
+
+
 def parametrize_cache_of() -> tuple[int, dict]:
     """``torch.nn.utils.parametrize.cached()`` as of now: its nesting depth and a shallow copy of
     its cache (``{(id(module), tensor name): tensor}``; empty when caching is off), so a replay
@@ -472,6 +477,11 @@ class _LibraryOps:
                 _pop_mode()
             for m in reversed(self.popped):
                 _push_mode(m)
+
+
+def in_library_ops() -> bool:
+    """True inside :func:`library_ops` on this thread (stateremat's own tensor bookkeeping runs)."""
+    return _HIDDEN.depth > 0
 
 
 def library_ops() -> _LibraryOps:

@@ -94,6 +94,13 @@ class _OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+#: The replay draws torch's random numbers as the forward did, not Python's or NumPy's (their state
+#: is not kept: reading it costs more than most segments' bookkeeping); a branch on them diverges.
+RANDOM_TIP = ("a branch on Python's random or numpy.random (LayerDrop, stochastic depth) takes another "
+              "way in the replay: draw from torch's generator instead (e.g. torch.rand(()) < p, which the "
+              "replay reproduces) or draw outside and pass it in (checkpoint(fn, x, random.random())).")
+
+
 class SavedChecks:
     """What a recomputation is checked against (torch's ``_CheckpointFrame`` metadata checks): the
     shape, dtype and device of each tensor the forward saved, with ``verify`` a copy of it (R4),
@@ -167,7 +174,7 @@ class SavedChecks:
             raise ReplayError(self.debug_text(
                 f"stateremat.torch.checkpoint: segment {self.name!r}: A different number of tensors was saved "
                 f"during the original forward and recomputation (expected {n}, got {got}). Tip: make the segment's "
-                "control flow depend only on its inputs and declared state."))
+                "control flow depend only on its inputs and state; " + RANDOM_TIP))
         for idx, ref in enumerate(holders if self.check_metadata else ()):
             holder = ref()
             if holder is None or holder.handles.get(gid) is None:
@@ -359,7 +366,7 @@ class Frame:
                 raise ReplayError(seg.checks.debug_text(
                     f"stateremat.torch.checkpoint: segment {seg.name!r}: trying to save more tensors during "
                     f"recomputation than during the original forward pass (expected {len(seg.weak_holders)}). Tip: "
-                    "make the segment's control flow depend only on its inputs and declared state."))
+                    "make the segment's control flow depend only on its inputs and state; " + RANDOM_TIP))
             holder = seg.weak_holders[idx]()
             if holder is not None:
                 seg.checks.compare(gid, idx, x)

@@ -13,8 +13,10 @@ which ones it advanced:
 - dict and set iterators (``iter(d.values())``, ``iter(d.items())``, ``iter(s)``): their
   ``__length_hint__``, which counts down on each step (a dict resized under one reads as advanced);
 - ``enumerate``: its count; ``itertools.count``: its repr (the next value);
-- generators: a ``sys.setprofile`` hook, installed only while a run that reaches a live generator
-  runs, sees each resume of the generator's frame (a ``'call'`` event, the only sound sign of a
+- generators, coroutines (``async def``, advanced by ``coro.send(None)``; a ``types.coroutine``
+  function's is a generator) and async generators (``agen.asend(None).send(None)``): a
+  ``sys.setprofile`` hook, installed only while a run that reaches a live one runs, sees each
+  resume of its frame (a ``'call'`` event, the only sound sign of a
   resume: it may stop at the same ``yield`` with the same locals); a Python profile function
   already installed is called on from it and put back after. A generator closed or finished
   shows in its state. The hook is a Python call per call event of the run (measured: a segment of
@@ -32,14 +34,16 @@ its activations (it runs as eager: no replay), strict mode refuses it, and a rep
 one (a path its forward did not take) raises ``ReplayError``.
 
 Danger:
-    An iterator the scan does not reach (deeper than its depth, inside standard-library objects),
-    one advanced from another thread, and files and sockets (their position is the OS's) are not
-    watched.
+    An iterator the scan does not reach (deeper than its depth, inside standard-library objects;
+    a user's Python module is followed through the attribute names its code loads),
+    one advanced from another thread, an ``asend()``/``athrow()`` awaitable held apart from its async
+    generator, and files and sockets (their position is the OS's) are not watched.
 """
 from __future__ import annotations
 
 import contextlib
 import itertools
+import operator
 import sys
 import threading
 import types
@@ -82,6 +86,21 @@ del _d
 #: Modules whose iterators show no position (``zip``, ``map``, ``itertools.cycle``, ...).
 _OPAQUE_MODULES = frozenset({"builtins", "itertools", "_collections", "collections"})
 _WATCHED: dict[type, bool] = {}  # type -> is it watched (cached)
+#: Resumable types (their frame's resumes are seen by the profile hook) -> ``(frame, running, code,
+#: what it is called)``: a generator's, a coroutine's and an async generator's attributes.
+_RESUMABLE: dict[type, tuple[Callable[[Any], Any], Callable[[Any], bool], Callable[[Any], Any], str]] = {
+    t: (operator.attrgetter(f"{p}_frame"), operator.attrgetter(f"{p}_running"), operator.attrgetter(f"{p}_code"), name)
+    for t, p, name in ((types.GeneratorType, "gi", "generator"), (types.CoroutineType, "cr", "coroutine"),
+                       (types.AsyncGeneratorType, "ag", "async generator"))}
+
+
+def _resumable_state(g: Any) -> tuple[bool, Any]:
+    """``(finished or closed, where it stands)``: a start, close or finish changes it (an async
+    generator has no ``ag_suspended``: its frame's last instruction)."""
+    frame = _RESUMABLE[type(g)][0](g)
+    if frame is None:
+        return True, None
+    return False, g.gi_suspended if type(g) is types.GeneratorType else getattr(g, "cr_suspended", frame.f_lasti)
 
 
 def is_watched_iterator(v: Any) -> bool:
@@ -90,16 +109,17 @@ def is_watched_iterator(v: Any) -> bool:
     t = type(v)
     w = _WATCHED.get(t)
     if w is None:
-        w = _WATCHED[t] = t is types.GeneratorType or t in _KNOWN or (
+        w = _WATCHED[t] = t in _RESUMABLE or t in _KNOWN or (
             t.__module__ in _OPAQUE_MODULES and hasattr(t, "__next__"))
     return w
 
 
 def describe_iterator(it: Any) -> str:
-    """``generator 'make.<locals>.gen'``, ``list_iterator``, ``itertools.cycle object``."""
-    if type(it) is types.GeneratorType:
-        return f"generator {it.__qualname__!r}"
+    """``generator 'make.<locals>.gen'``, ``coroutine 'step'``, ``async generator 'feed'``,
+    ``list_iterator``, ``itertools.cycle object``."""
     t = type(it)
+    if t in _RESUMABLE:
+        return f"{_RESUMABLE[t][3]} {it.__qualname__!r}"
     return f"{t.__name__}" if t.__module__ == "builtins" else f"{t.__module__}.{t.__name__} object"
 
 
@@ -107,10 +127,11 @@ def describe_iterator(it: Any) -> str:
 
 class _Hook:
     """The thread's profile hook while runs watch generators: code -> ``(generator, resumed ids of
-    the run watching it)`` (by code, not frame: a resume is the one whose generator is running)."""
+    the run watching it)`` (by code, not frame: a resume is the one whose generator — or coroutine,
+    async generator — is running)."""
 
     def __init__(self) -> None:
-        self.codes: dict[Any, list[tuple[Any, set]]] = {}
+        self.codes: dict[Any, list[tuple[Any, Callable[[Any], bool], set]]] = {}
         self.users = 0
         self.prev: Any = None
         self.fn: Any = None
@@ -138,8 +159,8 @@ def _install(h: _Hook) -> None:
         if event == "call":
             watched = codes.get(frame.f_code)
             if watched is not None:
-                for g, resumed in watched:
-                    if g.gi_running:
+                for g, running, resumed in watched:
+                    if running(g):
                         resumed.add(id(g))
         if prev is not None:
             prev(frame, event, arg)
@@ -213,11 +234,11 @@ class IteratorWatch:
     @contextlib.contextmanager
     def _run(self, out: list) -> Iterator[None]:
         out.clear()
-        gens = [(n, g) for n, g in self.items if type(g) is types.GeneratorType and g.gi_frame is not None
-                and not g.gi_running]
-        others = [(n, it, _KNOWN.get(type(it), _opaque)) for n, it in self.items if type(it) is not types.GeneratorType]
+        gens = [(n, g) for n, g in self.items if type(g) in _RESUMABLE and _RESUMABLE[type(g)][0](g) is not None
+                and not _RESUMABLE[type(g)][1](g)]
+        others = [(n, it, _KNOWN.get(type(it), _opaque)) for n, it in self.items if type(it) not in _RESUMABLE]
         before = [reader(it) for _, it, reader in others]
-        states = [(g.gi_frame is None, g.gi_suspended) for _, g in gens]
+        states = [_resumable_state(g) for _, g in gens]
         resumed: set[int] = set()
         h = _hook() if gens else None
         if h is not None:
@@ -225,7 +246,8 @@ class IteratorWatch:
                 _install(h)
             h.users += 1
             for _, g in gens:
-                h.codes.setdefault(g.gi_code, []).append((g, resumed))
+                _, running, code, _ = _RESUMABLE[type(g)]
+                h.codes.setdefault(code(g), []).append((g, running, resumed))
         try:
             yield
         finally:
@@ -236,7 +258,7 @@ class IteratorWatch:
                                 "holds the thread (a C-level profiler, or code in the run replaced ours)"))
                 elif id(g) in resumed:
                     out.append((n, describe_iterator(g), "resumed by next(), send() or throw()"))
-                elif (g.gi_frame is None, g.gi_suspended) != state:
+                elif _resumable_state(g) != state:
                     out.append((n, describe_iterator(g), "started, closed or finished"))
             for (n, it, reader), b in zip(others, before):
                 if reader is _opaque:
@@ -248,8 +270,9 @@ class IteratorWatch:
 
 def _leave(h: _Hook, gens: list, resumed: set) -> bool:
     """A run stops watching ``gens``; the hook goes when its last user does. False: resumes were not seen."""
-    for code in {id(g.gi_code): g.gi_code for _, g in gens}.values():  # (generators of one function share one)
-        watched = [w for w in h.codes[code] if w[1] is not resumed]
+    codes = (_RESUMABLE[type(g)][2](g) for _, g in gens)
+    for code in {id(c): c for c in codes}.values():  # (generators of one function share one)
+        watched = [w for w in h.codes[code] if w[2] is not resumed]
         if watched:
             h.codes[code] = watched
         else:
@@ -263,7 +286,7 @@ def _leave(h: _Hook, gens: list, resumed: set) -> bool:
 
 #: What a segment that needs a value from an iterator does instead (tests follow it).
 TIP = ("call next() outside the segment and pass the value as an argument, e.g. checkpoint(f, x, next(it)) "
-       "with def f(x, value)")
+       "with def f(x, value) (a coroutine: v = coro.send(None) outside it, then checkpoint(f, x, v))")
 
 
 def _listed(items: list[tuple[str, str, str]]) -> str:

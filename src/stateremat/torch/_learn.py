@@ -160,6 +160,7 @@ def refuse_changed_reads(rt: Any, watch: Any, name: str) -> None:
             "is preserved wherever it is reached from the next forward on (expected the bytes the "
             "forward read, got bytes written since). Tip: put the tensor back as it was before this step "
             "and rerun the step (this step's forward already wrote it once, and the parameters' gradients "
-            "may be partial: zero them); to be exact from the first step, run one step before "
-            "checkpointing or declare it where it is read (checkpoint(fn, ..., state=[tensor]))."
+            "may be partial: zero them); to be exact from the first step, declare it where it is read "
+            "(checkpoint(fn, ..., state=[tensor]): a step run without checkpointing teaches the default "
+            "nothing)."
         )

@@ -30,7 +30,8 @@ import torch
 
 from stateremat.contract import rule
 
-from ._compat import PLAIN_TENSOR_TYPES, TorchDispatchMode, dtensor_local, has_storage, in_foreign_recompute
+from ._compat import PLAIN_TENSOR_TYPES, TorchDispatchMode, dtensor_local, has_storage, in_foreign_recompute, \
+    in_library_ops
 from ._errors import ReplayError
 from ._framework import framework_op
 from ._preserve import PRESERVERS, Preserver
@@ -354,8 +355,8 @@ class StrictMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if self.pending:
             self._settle()
-        if self.rt.touched is not None and self.role == "forward":
-            _touch(self.rt.touched, args, kwargs)
+        if self.rt.touched is not None and self.role == "forward" and not in_library_ops():
+            _touch(self.rt.touched, args, kwargs)  # (what the forward reads, not our own checks' ops)
         writes = _WRITES.get(func)
         if writes is None:
             writes = _writes(func)

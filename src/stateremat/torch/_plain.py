@@ -3,13 +3,15 @@
 A forward may rebind what a dict, a plain object, a class, a module's globals or a module
 attribute holds: a Python scalar (``self.t = self.t + 1``, a spiking neuron's step), a tensor in
 a container (``ctx.key = k``, a Megatron-style RNG tracker's ``states[name] =
-torch.get_rng_state()``). Its replay would read the new value and, for an update, make it a
-second time. In data-flow order:
+torch.get_rng_state()``), an object in a dict or a plain object (``box["s"] = State(...)``, a
+cache made lazily). Its replay would read the new value and, for an update, make it a second
+time. In data-flow order:
 
 - forward: :func:`plain_starts` records, as the forward begins, every such slot the segment
-  reaches that holds a tensor or a Python scalar; at the forward's end
-  :meth:`PlainBindings.settle` keeps the slots that were rebound (to a tensor, a scalar or
-  nothing);
+  reaches that holds a tensor or a Python scalar, and the other values of reached dicts, plain
+  objects and modules' own attributes; at the forward's end :meth:`PlainBindings.settle` keeps
+  the slots that were rebound or added (to anything but a hook's handle, which replays as its
+  hooks do: as the forward ended);
 - restore: :meth:`PlainBindings.as_of_forward` binds each to its value at the forward's start;
 - reinstate: each gets back the value it held before the replay.
 
@@ -22,23 +24,23 @@ see). An update after the value's last use needs no guard.
 A slot is ``(holder, key)``: the holder is a dict (a container, a module's ``__dict__`` or
 ``_buffers``, an object's ``vars()``, module globals), a list (a tensor entry by index), a class
 or a ``weakref`` mapping (an entry of a ``WeakValueDictionary`` / ``WeakKeyDictionary``, as a
-dict's: a key the forward adds is absent during the replay). A set's membership (a ``set``'s, a
-``WeakSet``'s: ``seen.add(self)``) replays as of the forward too: what the forward added is
-absent during the replay, what it removed is back. A list's Python scalars are not state here:
+dict's: a key the forward adds is absent during the replay, whatever it holds). A set's
+membership (a ``set``'s, a ``WeakSet``'s: ``seen.add(self)``) replays as of the forward too: what
+the forward added is absent during the replay, what it removed is back. A list's Python scalars are not state here:
 ``counter = [0]; counter[0] += 1`` is how code counts calls, replays included (torch's own tests
 do), as a list's appends are.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
 import types
 from typing import Any, Iterator
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from ._errors import ReplayError
-from ._scan import Reach, weak_kind
+from ._scan import MODULE_INTERNALS, Reach, weak_kind
 
 _ABSENT = object()  # a slot that is not bound at all
 #: Containers a segment keeps from its forward to its backward are objects the garbage collector's
@@ -48,9 +50,6 @@ EMPTY_SET: frozenset = frozenset()
 
 #: Immutable Python values a slot may hold as state (a step counter, a scale, a flag).
 SCALARS = (bool, int, float, complex, str, bytes, type(None))
-#: Functions a module attribute may hold (``self.act = torch.tanh``, swapped by the forward after
-#: its use): replayed as of the forward, as a scalar is (exact types: one set lookup each).
-FUNCTIONS = frozenset({types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial})
 
 
 def _table(holder: Any) -> Any:
@@ -122,15 +121,23 @@ def _same(a: Any, b: Any) -> bool:
     return a is b or (type(a) is type(b) and isinstance(a, SCALARS) and a == b)
 
 
-def _replayable(v: Any) -> bool:
-    return v is _ABSENT or isinstance(v, (torch.Tensor, *SCALARS)) or type(v) in FUNCTIONS
+#: Values no plain binding holds: tensors (slots, ModuleState's) and hooks' handles (see :func:`_handle`).
+_NOT_PLAIN = (torch.Tensor, RemovableHandle)
+
+
+def _handle(v: Any) -> bool:
+    """A hook's handle (``if not hasattr(self, "h"): self.h = m.register_forward_hook(...)``): the
+    hooks replay as the forward ended (ModuleState's), so the handle does too — bound as of the
+    forward's start, the replay would register the hook a second time."""
+    return isinstance(v, RemovableHandle)
 
 
 def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, list]:
     """As the forward begins: ``(holder, key, value)`` of every slot the segment reaches that holds
-    a tensor or a Python scalar — tensors bound in lists, dicts, weak mappings, plain objects,
-    classes and module globals (:attr:`Reach.slots`), the scalars of reached dicts, weak mappings,
-    plain objects and module attributes; with ``module_tensors`` (``state="auto"``) also the reached
+    a tensor, a Python scalar or an object — tensors bound in lists, dicts, weak mappings, plain
+    objects, classes and module globals (:attr:`Reach.slots`), the scalars of reached dicts, weak
+    mappings, plain objects and module attributes, the other values of reached dicts, plain objects
+    and modules' own attributes; with ``module_tensors`` (``state="auto"``) also the reached
     modules' buffers and tensor attributes (parameters are the framework's: FSDP swaps them) —;
     ``(table, its keys)`` of those tables (a key the forward adds is absent during the replay); and
     ``(set, its members)`` of every reached set and ``WeakSet``."""
@@ -139,7 +146,7 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, li
         table = _table(holder)
         out[(id(table), key)] = (table, key, t)
     tables: list[Any] = []
-    for _, m in r.modules:
+    for _, m in r.modules:  # one pass over each module's own attributes
         d = m.__dict__
         tables.append(d)
         if module_tensors:
@@ -147,13 +154,16 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, li
             for k, v in b.items():
                 if isinstance(v, torch.Tensor):
                     out[(id(b), k)] = (b, k, v)
-        for k, v in d.items():  # one pass: its tensors (module_tensors) and its scalars
+        for k, v in d.items():
             if isinstance(v, torch.Tensor):
                 if module_tensors:
                     out[(id(d), k)] = (d, k, v)
-            elif (isinstance(v, SCALARS) or type(v) in FUNCTIONS) and k != "training":  # (flags: ModuleState's)
+            elif isinstance(v, SCALARS):
+                if k != "training":  # modules' flags: ModuleState's
+                    out.setdefault((id(d), k), (d, k, v))
+            elif k not in MODULE_INTERNALS and not isinstance(v, _NOT_PLAIN):  # (hook tables: ModuleState's)
                 out.setdefault((id(d), k), (d, k, v))
-    modules_end = len(tables)
+    n_modules = len(tables)
     sets = []
     for c in r.mutables:
         if isinstance(c, dict):
@@ -163,9 +173,20 @@ def plain_starts(r: Reach, module_tensors: bool = False) -> tuple[list, list, li
         elif not isinstance(c, list):  # (a list's tensor entries: slots)
             kind = weak_kind(c)  # (a weakref.proxy's attributes: its referent's vars())
             (sets if kind == "set" else tables).append(c if kind in ("set", "mapping") else vars(c))
-    for table in tables[modules_end:]:
+    for table in tables[n_modules:]:
+        # an object bound in a dict or a plain object (``box["s"] = State(...)``; a module's own
+        # attribute above, ``self.state = State(...)``) is a binding too; not a weak mapping's (held
+        # here, its value would outlive its referents), nor a hook's handle (see :func:`_handle`)
+        if type(table) is not dict:
+            for k, v in table.items():
+                if isinstance(v, SCALARS):
+                    out.setdefault((id(table), k), (table, k, v))
+            continue
         for k, v in table.items():
-            if isinstance(v, SCALARS) and k != "training":  # modules' flags: ModuleState's
+            if isinstance(v, SCALARS):
+                if k != "training":  # modules' flags: ModuleState's
+                    out.setdefault((id(table), k), (table, k, v))
+            elif not isinstance(v, _NOT_PLAIN):
                 out.setdefault((id(table), k), (table, k, v))
     for glb, name in r.scalar_globals:  # global STEP; STEP += 1
         v = glb.get(name, _ABSENT)
@@ -213,7 +234,7 @@ class PlainBindings:
                 entries += [(t, k, _ABSENT, _get(t, k)) for k in _keys(t) - keys]
         self.bound, self.changed = [], []
         for h, k, v, e in entries:
-            if not _replayable(e):
+            if _handle(e):
                 continue
             if _same(v, e):
                 self.bound.append((h, k, v))

@@ -4,9 +4,12 @@ A segment *declares* tensors (``state=``: tensors, modules = all their buffers, 
 It can *reach*: the parameters, buffers and other attributes (underscored or not, unregistered
 modules included) of the modules it runs (``fn`` itself, a bound method's ``self``, modules
 captured in its closure, named as globals or passed as arguments), their classes' attributes,
-the globals their methods (``forward`` and its helpers) and ``fn`` load, tensors in its
-arguments and closure, and — up to :data:`MAX_DEPTH` levels — tensors inside captured lists,
-tuples, dicts, sets, plain objects' attributes (``self.memory.bank``), the live referents of
+the globals their methods (``forward`` and its helpers) and ``fn`` load — a user's Python module
+among them (a global ``gmod``, ``from pkg import mod`` in a closure, a module's attribute, named
+in a callable object's ``__call__``) followed through the attribute names that code loads
+(``gmod.G``: ``G``, as a global of the module; library and standard-library modules are not) —,
+tensors in its arguments and closure, and — up to :data:`MAX_DEPTH` levels — tensors inside
+captured lists, tuples, dicts, sets, plain objects' attributes (``self.memory.bank``), the live referents of
 weak references (``ref``, ``WeakMethod``, ``proxy``), the live values of ``WeakValueDictionary`` /
 ``WeakKeyDictionary`` and members of ``WeakSet`` (subclasses of each included), and what user
 functions, bound methods, callable objects and module hooks capture, hold or load as globals (a
@@ -26,9 +29,11 @@ parameters (FSDP2's sharded ones, tensor parallelism's) are left to their framew
 
 Danger:
     Tensors reachable only through deeper object graphs (or past :data:`MAX_OBJECTS` objects),
-    or through objects and functions of the standard library (other than ``SimpleNamespace``
-    and the ``weakref`` module's references, proxies, mappings and ``WeakSet``),
-    torch, numpy or jax are not checked: an undeclared write to one repeats at replay.
+    or through objects, functions and modules of the standard library (other than
+    ``SimpleNamespace`` and the ``weakref`` module's references, proxies, mappings and ``WeakSet``),
+    torch, numpy or jax are not checked: an undeclared write to one repeats at replay. A Python
+    module's attribute read by name (``getattr(gmod, name)``, ``vars(gmod)[...]``) is no name the
+    code loads: not followed.
 """
 from __future__ import annotations
 
@@ -57,6 +62,7 @@ _NORM_TYPES = (nn.modules.batchnorm._NormBase,)
 #: ``nn.Module``'s own instance attributes (tables, hooks, flags): everything else a module
 #: holds in its ``__dict__``, underscored or not, is user state the scan follows.
 _MODULE_INTERNALS = frozenset(nn.Module().__dict__)
+MODULE_INTERNALS = _MODULE_INTERNALS
 #: Plain values that hold no tensor (not followed).
 _ATOMS = (str, bytes, int, float, complex, bool, type, types.ModuleType)
 
@@ -85,6 +91,22 @@ def _class_globals(cls: type) -> tuple[tuple[str, dict], ...]:
                 for n in _code_names(code):
                     out.setdefault((n, id(glb)), (n, glb))
     return tuple(out.values())
+
+
+@functools.lru_cache(maxsize=None)
+def _class_names(cls: type) -> frozenset[str]:
+    """Every name the methods of ``cls`` (classes outside torch) load: the attribute names followed
+    on a Python module they name (``gmod.G``)."""
+    out: set[str] = set()
+    for c in cls.__mro__:
+        if c is object or c.__module__.split(".")[0] == "torch":
+            continue
+        for v in vars(c).values():
+            f = v.fget if isinstance(v, property) else getattr(v, "__func__", v)
+            code = getattr(f, "__code__", None)
+            if isinstance(code, types.CodeType):
+                out |= _code_names(code)
+    return frozenset(out)
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,6 +149,15 @@ def _user_class(cls: type) -> bool:
         and not issubclass(cls, enum.Enum)
 
 
+def _user_module(m: types.ModuleType) -> bool:
+    """A Python module outside the standard library, torch, numpy, jax and this package (a user's
+    ``helpers``, a ``types.ModuleType`` made at run time): the attributes the code loads from it are
+    state like globals (``next(gmod.G)``, ``gmod.counter["n"] += 1``)."""
+    name = m.__dict__.get("__name__")
+    top = name.partition(".")[0] if isinstance(name, str) else "?"
+    return bool(top) and top not in _LIBRARIES and top not in sys.stdlib_module_names
+
+
 #: Globals of these types are Python values a forward may rebind (``global STEP; STEP += 1``).
 _SCALAR_GLOBALS = (int, float, bool, complex, str)
 
@@ -143,7 +174,8 @@ def _state_global(v: Any) -> bool:
         return True
     if isinstance(v, (types.FunctionType, functools.partial)):
         return isinstance(v, functools.partial) or _user_code(v)
-    return not (v is None or callable(v) or isinstance(v, _ATOMS))
+    # (a user's callable object too: what its ``__call__`` loads, ``helper = Helper()``)
+    return not (v is None or isinstance(v, _ATOMS)) and (not callable(v) or _user_code(v))
 
 
 def module_attrs(m: nn.Module) -> list[tuple[str, Any]]:
@@ -333,6 +365,9 @@ class Reach:
     #: replay that stops at its last saved tensor hands backward unfilled memory (torch's
     #: checkpoint too); the replay must run to the end
     replay_to_end: bool = False
+    #: ``(id of a Python module's __dict__, attribute name)`` -> the depth it was followed at
+    #: (``_add_python_module``)
+    module_names: dict[tuple[int, str], int] = field(default_factory=dict)
 
     def budget_left(self) -> bool:
         return len(self.seen) < MAX_OBJECTS
@@ -368,6 +403,8 @@ def _add_module(r: Reach, m: nn.Module, prefix: str) -> None:
             if isinstance(v, torch.Tensor):
                 slots[("__dict__", k)] = v
                 r.tensors.setdefault(id(v), (("tensor attribute", path, k), v))
+            elif type(v) is types.ModuleType:  # ``self.helpers = helpers``: the names its methods load
+                _add_python_module(r, v, _class_names(type(sub)), 1)
             else:
                 where = f"{path}.{k}" if path else k
                 _add_value(r, v, f"attribute {where}", 1, where)
@@ -396,16 +433,11 @@ def _add_class(r: Reach, cls: type, depth: int, shadowed: dict = {}, methods: bo
             _add_value(r, v, what, depth)
     if not methods:
         return
+    names = _class_names(cls)
     for name, cell in _class_cells(cls):  # what its methods capture (a class defined in a function)
-        _add_cell(r, name, cell, depth)
+        _add_cell(r, name, cell, depth, names)
     for name, glb in _class_globals(cls):  # globals its forward and helpers use
-        v = glb.get(name)
-        if type(v) in _SCALAR_GLOBALS:
-            r.scalar_globals.append((glb, name))
-        elif _state_global(v):
-            if isinstance(v, torch.Tensor):
-                r.slots.append((f"global {name!r}", glb, name, v))
-            _add_value(r, v, f"global {name!r}", 0, name)
+        _add_global(r, glb, name, 0, names)
 
 
 def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
@@ -427,14 +459,18 @@ def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
         _add_module(r, root, prefix)
         fn = getattr(type(root), "forward", None) if fn is root else getattr(fn, "__func__", fn)
     elif isinstance(fn, types.MethodType):  # a method of a plain object: its attributes
-        _add_value(r, fn.__self__, f"{prefix or 'method'}.__self__", depth + 1, prefix)
+        # (at the method's own depth: a bound method and its ``self`` are one level, as a weak
+        # reference and its referent; one level more put a captured ``obj.step``'s ``self`` past
+        # the depth, and its rebinding replayed silently on the new value)
+        _add_value(r, fn.__self__, f"{prefix or 'method'}.__self__", depth, prefix)
         fn = fn.__func__
     code = getattr(fn, "__code__", None)
     if code is None:
         return
+    names = _code_names(code)
     cells = getattr(fn, "__closure__", None) or ()
     for name, cell in zip(code.co_freevars, cells):
-        _add_cell(r, name, cell, depth)
+        _add_cell(r, name, cell, depth, names)
     defaults = (getattr(fn, "__defaults__", None) or ()) + tuple((getattr(fn, "__kwdefaults__", None) or {}).values())
     for i, v in enumerate(defaults):
         _add_value(r, v, f"default argument {i}", depth)
@@ -446,25 +482,57 @@ def _add_callable(r: Reach, fn: Any, prefix: str, depth: int = 0) -> None:
                 r.slots.append((what, attrs, k, v))
             _add_value(r, v, what, depth + 1)
     glb = getattr(fn, "__globals__", {})
-    for name in _code_names(code):
-        v = glb.get(name)
-        if type(v) in _SCALAR_GLOBALS:
-            r.scalar_globals.append((glb, name))
-        elif _state_global(v):
-            if isinstance(v, torch.Tensor):
-                r.slots.append((f"global {name!r}", glb, name, v))
-            _add_value(r, v, f"global {name!r}", depth, name)
+    for name in names:
+        _add_global(r, glb, name, depth, names)
 
 
-def _add_cell(r: Reach, name: str, cell: types.CellType, depth: int) -> None:
+def _add_global(r: Reach, glb: dict, name: str, depth: int, names: Any, owner: str = "") -> None:
+    """The global ``name`` of ``glb`` (or, with ``owner``, the attribute ``name`` of the Python module
+    ``owner`` whose ``__dict__`` is ``glb``): a plain value or a tensor is a slot (rebound, replayed as
+    of the forward, ``_plain``), state is followed, and a user's Python module is followed through
+    the attribute names ``names`` the code loads."""
+    v = glb.get(name)
+    t = type(v)
+    if t in _SCALAR_GLOBALS:
+        r.scalar_globals.append((glb, name))
+    elif t is types.ModuleType:
+        _add_python_module(r, v, names, depth)
+    elif _state_global(v):
+        what = f"module attribute {owner}.{name}" if owner else f"global {name!r}"
+        if isinstance(v, torch.Tensor):
+            r.slots.append((what, glb, name, v))
+        _add_value(r, v, what, depth, name)
+
+
+def _add_python_module(r: Reach, m: types.ModuleType, names: Any, depth: int) -> None:
+    """A Python module the code names (a global ``gmod``, ``from pkg import mod`` captured by a
+    closure): only its attributes the code loads (``names``: co_names, so ``gmod.G`` follows ``G``),
+    each as a global of the module, once per scan; library and standard-library modules are not
+    followed (they hold no state of a model's, and the scan runs every step)."""
+    if not _user_module(m):
+        return
+    glb = m.__dict__
+    owner = None
+    for name in names:
+        if name in glb and r.module_names.get((id(glb), name), MAX_DEPTH + 1) > depth and r.budget_left():
+            r.module_names[(id(glb), name)] = depth  # (again only from a shallower place)
+            owner = owner or glb.get("__name__", "?")
+            _add_global(r, glb, name, depth, names, owner)
+
+
+def _add_cell(r: Reach, name: str, cell: types.CellType, depth: int, names: Any = ()) -> None:
     """A captured variable: a tensor in it is a slot (a ``nonlocal`` rebinding replays as of the
-    forward, ``_plain``); anything else is followed."""
+    forward, ``_plain``); a user's Python module is followed through the names the code loads
+    (``names``); anything else is followed."""
     try:
         v = cell.cell_contents
     except ValueError:  # empty cell
         return
     if isinstance(v, torch.Tensor):
         r.slots.append((f"captured variable {name!r}", cell, "cell_contents", v))
+    elif type(v) is types.ModuleType:
+        _add_python_module(r, v, names, depth)
+        return
     _add_value(r, v, f"captured variable {name!r}", depth, name)
 
 
@@ -495,6 +563,8 @@ def _add_value(r: Reach, v: Any, what: str, depth: int, prefix: str = "") -> Non
         _add_module(r, v, prefix or what)
         return
     if depth >= MAX_DEPTH or v is None:
+        if v is not None and is_watched_iterator(v):  # a leaf, like a tensor: seen at the last level too
+            r.iterators.setdefault(id(v), (what, v))
         return
     if isinstance(v, type):  # a user class the segment captures or loads: its class attributes
         if _user_class(v) and id(v) not in r.seen and r.budget_left():
@@ -558,7 +628,9 @@ def _add_object(r: Reach, v: Any, cls: type, what: str, depth: int, prefix: str)
     if callable(v):  # a callable object's __call__ and helpers may load globals
         for name, glb in _class_globals(cls):
             g = glb.get(name)
-            if _state_global(g) and not isinstance(g, types.FunctionType):
+            if type(g) is types.ModuleType:  # ``gmod.G`` in its ``__call__``
+                _add_python_module(r, g, _class_names(cls), depth + 1)
+            elif _state_global(g) and not isinstance(g, types.FunctionType):
                 _add_value(r, g, f"global {name!r}", depth + 1, name)
 
 

@@ -42,7 +42,7 @@ import torch
 from . import _learn, _mark, _rng
 from ._bindings import ModuleState
 from ._compat import DisableTorchFunctionSubclass, autocast_kwargs, has_storage, infer_device_type, library_ops, \
-    parametrize_cache_as_of, parametrize_cache_of, reset_versions
+    parametrize_cache_as_of, parametrize_cache_of, parametrize_caching, reset_versions
 from ._errors import ReplayError, UnsupportedError
 from stateremat.contract import rule
 from ._preserve import KEPT_WHOLE, PRESERVERS, Preserver, begin_all, reinstate_all, restore_all
@@ -466,8 +466,15 @@ class Transaction:
 
     @contextlib.contextmanager
     def _replay(self, segment: Any) -> Iterator[ReplayLog]:
-        with self.modules.as_of_forward(), _bytes_as_of_forward(self.items, segment, self.runtime.counters) as log, \
-                _rng.replayed(self.rng), autocast_as_of(self.autocast), parametrize_cache_as_of(self.param_cache):
+        with contextlib.ExitStack() as rooms:  # (steps 2-5 in order; a room with nothing to put back is not entered)
+            rooms.enter_context(self.modules.as_of_forward())
+            log = rooms.enter_context(_bytes_as_of_forward(self.items, segment, self.runtime.counters))
+            if self.rng is not None:
+                rooms.enter_context(_rng.replayed(self.rng))
+            if self.autocast[1] is not None or _autocast_on(self.autocast[0]):
+                rooms.enter_context(autocast_as_of(self.autocast))
+            if self.param_cache[0] or parametrize_caching():
+                rooms.enter_context(parametrize_cache_as_of(self.param_cache))
             yield log
 
 

@@ -176,8 +176,9 @@ class ByteChecks:
 
     def __init__(self, scan: list, probes: dict) -> None:
         self.ptrs = [(n, t, t.data_ptr()) for n, t, _ in scan]
-        self.fingerprints = [(n, t, fingerprint(t)) for n, t, _ in scan  # (not a list's log entries)
-                             if not t.requires_grad and id(t) not in probes and t.numel() and not is_list_entry(n)]
+        with library_ops():  # (an enclosing watched forward must not take these reads for its own)
+            self.fingerprints = [(n, t, fingerprint(t)) for n, t, _ in scan  # (not a list's log entries)
+                                 if not t.requires_grad and id(t) not in probes and t.numel() and not is_list_entry(n)]
         self.norm_probes: list[tuple[Any, torch.Tensor, torch.Tensor]] = []
         if probes:
             with library_ops():
@@ -194,8 +195,8 @@ class ByteChecks:
         with library_ops():
             self.norm_probes = [(n, t, t.clone() if storage_key(t) in keys else before)
                                 for n, t, before in self.norm_probes]
-        self.fingerprints = [(n, t, fingerprint(t) if storage_key(t) in keys else fp)
-                             for n, t, fp in self.fingerprints]
+            self.fingerprints = [(n, t, fingerprint(t) if storage_key(t) in keys else fp)
+                                 for n, t, fp in self.fingerprints]
         self.ptrs = [(n, t, t.data_ptr() if storage_key(t) in keys else ptr) for n, t, ptr in self.ptrs]
 
     def changed(self, skip: set[int], own: set, found: dict[str, str], checks: list) -> None:
@@ -217,7 +218,8 @@ class ByteChecks:
         for n, t, fp in self.fingerprints:
             if id(t) in skip or describe(n) in found or storage_key(t) in own:
                 continue
-            changed = fingerprint_changed(t, fp)
+            with library_ops():
+                changed = fingerprint_changed(t, fp)
             if isinstance(changed, torch.Tensor):
                 checks.append((describe(n), "bytes (written through .data or another alias)", changed))
             elif changed:
