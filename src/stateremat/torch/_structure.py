@@ -21,10 +21,13 @@ holds the reached modules' children until the forward ends, and nothing after.
 
 The caller acts on the answer (``run_segment``): under ``state="auto"`` that one forward keeps
 its activations (it runs as eager: no replay, nothing registered twice) and the next step,
-structure unchanged, is checkpointed. Strict mode (activations already dropped) checks the
-replay instead (:meth:`StructureWatch.around_replay`): one that changes them again — its set-up
-ran a second time — is refused with ``ReplayError``; one guarded by ``is_replaying()`` or by
-something the replay sees as the forward left it (``if not hasattr(self, "handle")``) replays.
+structure unchanged, is checkpointed. Strict mode (activations already dropped) refuses a
+forward that removed a hook (:meth:`StructureWatch.refuse_removed`: the replay would run
+without it) and checks the replay (:meth:`StructureWatch.around_replay`): one that ends
+otherwise than its forward did — its set-up ran a second time — is refused with
+``ReplayError``; one guarded by ``is_replaying()`` or by something the replay sees as the
+forward left it (``if not hasattr(self, "handle")``), or that registers again what the
+declared bindings put back as of the forward's start, replays.
 """
 from __future__ import annotations
 
