@@ -41,6 +41,7 @@ from ._preserve import PRESERVERS
 from ._runtime import runtime
 from ._scan import Declared, check_state, describe, reach, resolve_state, root_module
 from ._storage import storage_key
+from ._structure import StructureWatch
 from ._txn import Transaction
 from ._watch import Watch
 
@@ -374,10 +375,15 @@ def run_segment(fn: Callable, args: tuple, kwargs: dict, *, state: Any, preserve
                   check_metadata=check_metadata, recompute_context=recompute_context,
                   keep=auto)
     watch = Watch(rt, fn, name, txn, r, args, kwargs, on_undeclared=on_undeclared, verify=verify)
+    shape = StructureWatch(r.modules, r.tensors)  # hooks and structure the forward may change (_structure)
     try:
         with watch.observing():
             out = frame.run(watch, args, kwargs)
             txn.end_forward(r.modules)
+            watch.restructured = shape.changes(keep=not auto)
+            if watch.restructured and not auto:  # strict mode: the replay must end as the forward did
+                shape.refuse_removed(name)
+                watch.reshaped = shape
             watch.end_forward()
             if auto:
                 _learn.end(rt, r.tensors, on_undeclared, watch, frame)

@@ -132,7 +132,8 @@ def end(rt: Any, r_tensors: dict, mode: str, watch: Any, frame: Any) -> None:
         lr.see(r_tensors, rt.touched or set())
         if not rt.forward[:-1]:  # the outermost watched forward ends: stop noting
             rt.touched = None
-    frame.settle(eager=bool(watch.gaps or watch.iters.advanced))  # (an iterator it advanced: _iterators)
+    # an iterator it advanced (_iterators), hooks or structure it changed (_structure): no replay
+    frame.settle(eager=bool(watch.gaps or watch.iters.advanced or watch.restructured))
 
 
 def refuse_changed_reads(rt: Any, watch: Any, name: str) -> None:

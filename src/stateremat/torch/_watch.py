@@ -267,6 +267,7 @@ class Watch:
         self.promoted: list[torch.Tensor] = []
         self._promoted_scan: list = []  # their scan records
         self.gaps: list[torch.Tensor] = []
+        self.restructured, self.reshaped = (), None  # hooks/structure it changed; strict: check (_structure)
         #: storage keys a watched ``state="auto"`` forward passed to an op (set at its end by
         #: ``_learn.end``; None: not watched), read by ``_learn.refuse_changed_reads``
         self.touched: frozenset | None = None
@@ -324,7 +325,8 @@ class Watch:
         """Around the replay (``segment``: the frame): every op watched when the forward's were, and under
         ``state="auto"`` unless a ``context_fn``'s modes (selective checkpointing's cache) must be innermost."""
         strict = self.strict or (self.on_undeclared == "learn" and type(segment.recompute_context) is _NULL)
-        return self.iters.replay(StrictMode(self.rt, "replay", segment) if strict else contextlib.nullcontext())
+        inner = StrictMode(self.rt, "replay", segment) if strict else contextlib.nullcontext()
+        return self.iters.replay(inner if self.reshaped is None else self.reshaped.around_replay(self.name, inner))
 
     def end_forward(self) -> None:
         """After the forward (the transaction's end noted): refuse an updated Python-state cache,
@@ -425,7 +427,7 @@ class Watch:
         wanted = set(names)
         written = [(n, t) for n, t, _ in [*self.scan, *self._promoted_scan] if describe(n) in wanted]
         if self.txn.auto and when == "after the forward":  # state="auto": a gap, this forward eager
-            self.gaps, names, written = _split_gaps(names, written)
+            self.gaps, names, written = _split_gaps(names, written, bool(self.restructured))
             if not names:
                 return
         listed = ", ".join(names)
@@ -532,10 +534,12 @@ def _rebindings(slots: list, plain_slots: list, mods: ModuleState, found: dict[s
         found.setdefault(name, "binding")
 
 
-def _split_gaps(names: list[str], written: list) -> tuple[list[torch.Tensor], list[str], list]:
+def _split_gaps(names: list[str], written: list, eager: bool = False) -> tuple[list[torch.Tensor], list[str], list]:
     """``state="auto"`` after its first step: the written tensors the default learns (gaps), and
-    the names (with their ``written`` pairs) no default can help — inputs and bindings."""
+    the names (with their ``written`` pairs) no default can help — inputs and bindings (unless
+    ``eager``: the forward changed its modules' structure, ``_structure``, and keeps its activations:
+    a parameter or buffer it registered is no rebinding a replay would miss)."""
     inputs = set(_written_inputs(written))
     tensors = {describe(n): t for n, t in written if describe(n) not in inputs}
-    rest = [n for n in names if n not in tensors]
+    rest = [n for n in names if n not in tensors and not (eager and n.endswith("(rebound to another tensor)"))]
     return list(tensors.values()), rest, [(n, t) for n, t in written if describe(n) in set(rest)]
